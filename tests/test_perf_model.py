@@ -1,0 +1,241 @@
+"""Tests of scripts/perf_model.py: the seed's figures, the expert-paging maths, edge cases.
+
+Expected values come from the seed README's figures and from reasoning done here (the
+hypergeometric miss probability, the 1 + q^6 identity), never from the model's own output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+
+import perf_model
+import pytest
+from perfmodel import budget as B
+from perfmodel import paging as P
+
+SEED_STEP_MS = 67.0
+SEED_STEPS_PER_S = 14.5
+SEED_TREE_RATIO = 1.85
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+# --- the seed's figures, within 10% -------------------------------------------------------
+
+def test_step_time_and_rate_match_seed() -> None:
+    inp = B.Inputs()
+    assert rel(B.step_ms(inp), SEED_STEP_MS) < 0.10
+    assert rel(B.steps_per_s(inp), SEED_STEPS_PER_S) < 0.10
+
+
+def test_budget_components_match_seed_breakdown() -> None:
+    seed = {"moe_experts": 30, "dense_fp8_gemms": 10.5, "weight_only_gemms": 7,
+            "draft_verify_heads": 4, "nccl": 4.5, "misc": 6}
+    got = {c.name: c.ms for c in B.components(B.Inputs())}
+    for name, ms in seed.items():
+        assert rel(got[name], ms) < 0.10, name
+    # The seed's parts sum to 62 ms, not its 67 ms total: the gap must be shown, not hidden.
+    assert got["unattributed"] == pytest.approx(67 - 62)
+
+
+@pytest.mark.parametrize("alpha", [0.75, 0.8, 0.85])
+def test_plausible_acceptance_lands_in_seed_band(alpha: float) -> None:
+    tok = B.tok_s(B.Inputs(), B.Acceptance.geometric(alpha, 5))
+    assert 45 * 0.9 <= tok <= 65 * 1.1
+
+
+def test_seed_band_maps_to_plausible_alphas() -> None:
+    inp = B.Inputs()
+    lo, hi = B.alpha_for_tok_s(inp, 45), B.alpha_for_tok_s(inp, 65)
+    assert 0.6 < lo < hi < 0.95
+    # tok/s = steps/s x (accepted + 1), checked by hand at the low end.
+    acc = B.Acceptance.geometric(lo, 5)
+    assert B.steps_per_s(inp) * (1 + sum(lo**k for k in range(1, 6))) == pytest.approx(
+        45, rel=1e-6)
+    assert acc.mean_accept_len() == pytest.approx(1 + sum(lo**k for k in range(1, 6)))
+
+
+@pytest.mark.parametrize("routing", B.ROUTING_MODES)
+def test_width2_tree_costs_about_185x_moe(routing: str) -> None:
+    inp = B.Inputs(routing=routing)
+    ratio = B.moe_ms(replace(inp, tree_width=2)) / B.moe_ms(inp)
+    assert rel(ratio, SEED_TREE_RATIO) < 0.10
+
+
+def test_seed_tree_ratio_identity() -> None:
+    # (1 - q^12) / (1 - q^6) = 1 + q^6 for the seed's formula with M 6 -> 12.
+    q = 249 / 256
+    assert P.distinct_seed(12) / P.distinct_seed(6) == pytest.approx(1 + q**6)
+    assert rel(1 + q**6, SEED_TREE_RATIO) < 0.01
+
+
+def test_aggregate_ceiling_anchor_and_shape() -> None:
+    inp = B.Inputs()
+    acc = B.Acceptance.geometric(B.REF_ALPHA, 5)
+    per_seq = B.calibrated_per_seq_ms(inp)
+    assert per_seq > 0
+    assert B.aggregate_tok_s(inp, acc, 24, per_seq) == pytest.approx(131, rel=0.10)
+    aggs = [B.aggregate_tok_s(inp, acc, b, per_seq) for b in range(1, 33)]
+    assert all(b > a for a, b in zip(aggs, aggs[1:], strict=False))
+    # more sequences never make one sequence faster
+    steps = [B.step_ms(inp, b, per_seq) for b in range(1, 33)]
+    per_stream = [acc.mean_accept_len() / s for s in steps]
+    assert all(b < a for a, b in zip(per_stream, per_stream[1:], strict=False))
+    # the bandwidth-only roofline is an upper bound on the calibrated curve
+    assert all(B.aggregate_tok_s(inp, acc, b, 0.0) >= a for b, a in enumerate(aggs, 1))
+
+
+# --- expert paging: closed form vs hypergeometric vs Monte-Carlo ------------------------
+
+def test_exact_miss_probability_is_hypergeometric() -> None:
+    assert math.comb(255, 6) / math.comb(256, 6) == pytest.approx(P.exact_base())
+    assert P.exact_base() == pytest.approx(250 / 256)
+
+
+def test_single_token_pages_its_own_experts() -> None:
+    assert P.distinct_routed_exact(1) == pytest.approx(6)
+    # the seed's base charges 7 = 6 routed + 1 shared at M=1
+    assert P.distinct_seed(1) == pytest.approx(7)
+
+
+@pytest.mark.parametrize("m", [1, 6, 12])
+def test_monte_carlo_agrees_with_exact_closed_form(m: int) -> None:
+    mc = P.monte_carlo_distinct(m, trials=3000, seed=7)
+    exact = P.distinct_routed_exact(m)
+    assert abs(mc.mean - exact) <= 5 * mc.stderr + 1e-9
+    if m == 1:
+        assert mc.mean == 6 and mc.stderr == 0
+    else:
+        # the seed's 249/256 lies far outside the simulation's noise
+        assert P.distinct_seed(m) - mc.mean > 20 * mc.stderr
+
+
+def test_sampled_sets_have_no_repeats_and_cover_range() -> None:
+    import numpy as np
+
+    sets = P._sample_topk_sets(np.random.default_rng(1), 20000, 256, 6)
+    assert all(len(set(r)) == 6 for r in sets[:2000].tolist())
+    counts = np.bincount(sets.ravel(), minlength=256)
+    # each expert is picked 20000*6/256 ~ 469 times; uniformity within 6 sigma
+    assert counts.min() > 469 - 6 * math.sqrt(469) and counts.max() < 469 + 6 * math.sqrt(469)
+
+
+def test_distinct_is_monotone_and_bounded() -> None:
+    prev = 0.0
+    for m in range(1, 300):
+        d = P.distinct_routed_exact(m)
+        assert prev < d <= min(256, 6 * m) + 1e-9
+        prev = d
+
+
+def test_effective_tokens_inverts_distinct() -> None:
+    for m in (1.0, 3.7, 12.0, 100.0):
+        d = P.distinct_experts(m, P.exact_base())
+        assert P.effective_tokens(d, P.exact_base()) == pytest.approx(m)
+
+
+def test_seed_moe_time_implies_routing_locality() -> None:
+    # 30 ms at 87% of 235 GB/s cannot hold 34 uniform experts of 3*4096*2048 MXFP4 params
+    # per rank per layer; the model must say so rather than silently agree.
+    expert = 3 * 4096 * 2048 * 4.25 / 8 / 2
+    uniform_ms = 43 * P.distinct_routed_exact(6) * expert / (235e9 * 0.87) * 1e3
+    inp = B.Inputs(routing="uniform")
+    assert B.moe_ms(inp) == pytest.approx(uniform_ms)
+    assert uniform_ms > 30 * 1.3
+    rho = B.routing_independence(B.Inputs())
+    assert 0 < rho < 1
+
+
+# --- bandwidth, draft head, acceptance edge cases -----------------------------------------
+
+def test_bandwidth_scaling() -> None:
+    slow, fast = B.Inputs(), B.Inputs(hw=B.Hardware(bw_gbs=470.0))
+    cs = {c.name: c.ms for c in B.components(slow)}
+    cf = {c.name: c.ms for c in B.components(fast)}
+    for name in ("moe_experts", "dense_fp8_gemms", "weight_only_gemms", "draft_verify_heads"):
+        assert cf[name] == pytest.approx(cs[name] / 2), name
+    for name in ("nccl", "misc", "unattributed"):
+        assert cf[name] == pytest.approx(cs[name]), name
+    assert B.step_ms(B.Inputs(hw=B.Hardware(bw_gbs=273.0))) < B.step_ms(slow)
+
+
+def test_fp8_draft_head_saves_the_seed_gemm_delta() -> None:
+    fp8, bf16 = B.Inputs(), B.Inputs(draft_head_fp8=False)
+    assert B.step_ms(bf16) - B.step_ms(fp8) == pytest.approx(2.73 - 1.45, rel=1e-6)
+
+
+def test_acceptance_edges_and_rates_roundtrip() -> None:
+    assert B.Acceptance.geometric(1.0, 5).mean_accept_len() == pytest.approx(6)
+    assert B.Acceptance.geometric(0.0, 5).mean_accept_len() == pytest.approx(1)
+    acc = B.Acceptance((0.9, 0.8, 0.7, 0.6, 0.5))
+    back = B.Acceptance.from_rates(acc.rates())
+    assert back.conditional == pytest.approx(acc.conditional)
+    assert acc.mean_accepted() == pytest.approx(0.9 + 0.72 + 0.504 + 0.3024 + 0.1512)
+    with pytest.raises(ValueError):
+        B.Acceptance.from_rates([0.5, 0.6])
+    with pytest.raises(ValueError):
+        B.Acceptance((1.2,))
+
+
+def test_more_drafts_page_more_experts() -> None:
+    base = B.Inputs()
+    wide = replace(base, model=replace(base.model, gamma=7))
+    assert B.moe_ms(wide) > B.moe_ms(base)
+
+
+# --- the CLI ------------------------------------------------------------------------------
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    rc = perf_model.main(list(args))
+    return rc, capsys.readouterr().out
+
+
+def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = run_cli(capsys, "--json", "--mc-trials", "200", "--m", "1,6,12")
+    assert rc == 0
+    doc = json.loads(out)
+    for key in ("schema_version", "inputs", "budget", "step_ms", "steps_per_s", "acceptance",
+                "tok_s", "tok_s_band", "expert_paging", "tree", "aggregate", "seed_checks"):
+        assert key in doc, key
+    assert doc["schema_version"] == 1
+    assert {c["source"] for c in doc["budget"]} <= {"derived", "calibrated", "residual"}
+    assert sum(c["ms"] for c in doc["budget"]) == pytest.approx(doc["step_ms"], abs=0.01)
+    assert [r["m"] for r in doc["expert_paging"]] == [1, 6, 12]
+    assert doc["tok_s"] == pytest.approx(doc["steps_per_s"] * doc["acceptance"]["mean_accept_len"],
+                                         rel=1e-3)
+    assert doc["aggregate"]["rows"][-1]["num_seqs"] == 24
+
+
+def test_cli_flags_change_the_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    _, a = run_cli(capsys, "--json", "--mc-trials", "0")
+    _, b = run_cli(capsys, "--json", "--mc-trials", "0", "--bw-gbs", "273",
+                   "--accept", "0.9,0.8,0.7,0.6,0.5", "--max-num-seqs", "8")
+    da, db = json.loads(a), json.loads(b)
+    assert db["steps_per_s"] > da["steps_per_s"]
+    by_hand = math.fsum(math.prod((0.9, 0.8, 0.7, 0.6, 0.5)[:k]) for k in range(1, 6))
+    assert db["acceptance"]["mean_accepted"] == pytest.approx(by_hand, abs=1e-3)
+    assert db["aggregate"]["rows"][-1]["num_seqs"] == 8
+    assert da["expert_paging"][0]["monte_carlo"] is None
+
+
+def test_cli_rejects_bad_acceptance(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        perf_model.main(["--accept", "0.9,0.8"])
+    assert e.value.code == 2
+    assert perf_model.main(["--accept-kind", "rate", "--accept", "0.5,0.6,0.4,0.3,0.2"]) == 2
+
+
+def test_help_and_table_run_as_script(repo_root) -> None:
+    script = str(repo_root / "scripts" / "perf_model.py")
+    h = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    assert h.returncode == 0 and "--max-num-seqs" in h.stdout
+    t = subprocess.run([sys.executable, script, "--mc-trials", "100"], capture_output=True,
+                       text=True)
+    assert t.returncode == 0, t.stderr
+    assert "verify steps/s" in t.stdout and "Monte-Carlo" in t.stdout

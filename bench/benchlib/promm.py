@@ -1,0 +1,117 @@
+"""Scrape vLLM's /metrics and compute counter deltas.
+
+Parsing goes through prometheus_client's text parser (no regexes). A real vLLM /metrics page is
+tens of kB of histograms; the guard scrapes it every ~150 ms while streams are being timed, so we
+first keep only the lines of the families we use (a cheap `startswith`) and let the parser do the
+rest — less Python work under the GIL that the stream threads need.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+COUNTERS = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+)
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+_FAMILIES = (RUNNING, WAITING, PER_POS.removesuffix("_total")) + tuple(
+    c.removesuffix("_total") for c in COUNTERS
+)
+
+
+@dataclass
+class Snapshot:
+    """One scrape: gauges, counters summed over label sets, accepted tokens per draft position."""
+
+    t_ns: int
+    running: float | None = None
+    waiting: float | None = None
+    counters: dict[str, float] = field(default_factory=dict)
+    per_pos: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def in_flight(self) -> float | None:
+        """running + waiting, or None when the server exports neither gauge."""
+        if self.running is None and self.waiting is None:
+            return None
+        return (self.running or 0.0) + (self.waiting or 0.0)
+
+
+def _keep(line: str) -> bool:
+    if line.startswith("# HELP ") or line.startswith("# TYPE "):
+        line = line[7:]
+    return line.startswith(_FAMILIES)
+
+
+def parse(text: str, t_ns: int | None = None) -> Snapshot:
+    """Parse Prometheus text exposition into a Snapshot (unknown families are ignored)."""
+    snap = Snapshot(t_ns=time.monotonic_ns() if t_ns is None else t_ns)
+    kept = "\n".join(ln for ln in text.splitlines() if _keep(ln)) + "\n"
+    for fam in text_string_to_metric_families(kept):
+        for s in fam.samples:
+            if s.name == RUNNING:
+                snap.running = (snap.running or 0.0) + s.value
+            elif s.name == WAITING:
+                snap.waiting = (snap.waiting or 0.0) + s.value
+            elif s.name == PER_POS:
+                pos = int(s.labels.get("position", "-1"))
+                snap.per_pos[pos] = snap.per_pos.get(pos, 0.0) + s.value
+            elif s.name in COUNTERS:
+                snap.counters[s.name] = snap.counters.get(s.name, 0.0) + s.value
+    return snap
+
+
+def scrape(session: requests.Session, url: str, timeout_s: float = 5.0) -> Snapshot:
+    """GET {url}/metrics and parse it; raises requests exceptions on failure."""
+    r = session.get(url.rstrip("/") + "/metrics", timeout=timeout_s)
+    r.raise_for_status()
+    return parse(r.text)
+
+
+def delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:
+    """Counter deltas over a wave + DSpark acceptance derived from them.
+
+    mean_accept_len = 1 + accepted / drafts (tokens emitted per verify step)
+    accept_rate_pos[p] = accepted_at_position_p / drafts
+    draft_accept_rate = accepted / draft_tokens
+    Missing counters give None, never 0.
+    """
+
+    def d(name: str) -> float | None:
+        if name in before.counters and name in after.counters:
+            return after.counters[name] - before.counters[name]
+        return None
+
+    out: dict[str, Any] = {
+        "prompt_tokens": d("vllm:prompt_tokens_total"),
+        "generation_tokens": d("vllm:generation_tokens_total"),
+        "spec_drafts": d("vllm:spec_decode_num_drafts_total"),
+        "spec_draft_tokens": d("vllm:spec_decode_num_draft_tokens_total"),
+        "spec_accepted_tokens": d("vllm:spec_decode_num_accepted_tokens_total"),
+        "prefix_cache_queries": d("vllm:prefix_cache_queries_total"),
+        "prefix_cache_hits": d("vllm:prefix_cache_hits_total"),
+    }
+    drafts, acc, dt = out["spec_drafts"], out["spec_accepted_tokens"], out["spec_draft_tokens"]
+    ok = drafts is not None and acc is not None and drafts > 0
+    out["mean_accept_len"] = 1.0 + acc / drafts if ok else None
+    out["draft_accept_rate"] = acc / dt if acc is not None and dt else None
+    per_pos = {
+        p: after.per_pos[p] - before.per_pos.get(p, 0.0) for p in sorted(after.per_pos) if p >= 0
+    }
+    out["accept_rate_pos"] = (
+        [per_pos[p] / drafts for p in sorted(per_pos)] if ok and per_pos else None
+    )
+    return out

@@ -1,0 +1,268 @@
+"""A tiny stdlib OpenAI/vLLM-like server with known timings, for testing bench/ without a model.
+
+Streams chat completions as vLLM does (role-only chunk first, then token events, then a usage
+chunk, then [DONE]) with a fixed TTFT and a fixed step period, each step carrying a known number
+of tokens, and exports vLLM's /metrics names. Knobs let tests inject foreign traffic, gauge lag,
+quality-gate answers, errors, slowness and malformed JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class MockConfig:
+    ttft_s: float = 0.05  # request received -> first token event
+    step_s: float = 0.02  # period of decode steps
+    tokens_per_step: tuple[int, ...] = (3,)  # cycled; accepted = n - 1 per step
+    prefill_tok_s: float | None = None  # if set, TTFT = ttft_s + prompt_tokens / prefill_tok_s
+    count_lag_s: float = 0.0  # server gauge forgets a finished request this late
+    start_lag_s: float = 0.0  # and notices a new one this late (tokenization)
+    answers: dict[str, str] = field(default_factory=dict)  # quality gate: prompt -> content
+    mode: str = "ok"  # ok | slow | http500 | badjson | nogauges
+    slow_s: float = 5.0
+
+
+class MockState:
+    def __init__(self, cfg: MockConfig) -> None:
+        self.cfg = cfg
+        self.lock = threading.Lock()
+        self.running = 0
+        self.foreign_until: list[float] = []
+        self.counters = {
+            "prompt_tokens": 0.0,
+            "generation_tokens": 0.0,
+            "spec_decode_num_drafts": 0.0,
+            "spec_decode_num_draft_tokens": 0.0,
+            "spec_decode_num_accepted_tokens": 0.0,
+        }
+        self.per_pos = [0.0] * 5
+        self.records: list[dict[str, Any]] = []
+
+    def foreign(self) -> int:
+        now = time.monotonic()
+        return sum(1 for t in self.foreign_until if t > now)
+
+    def metrics_text(self) -> str:
+        with self.lock:
+            running = self.running + self.foreign()
+            c = dict(self.counters)
+            pp = list(self.per_pos)
+        lines = []
+        if self.cfg.mode != "nogauges":
+            lines += [
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+                "# TYPE vllm:num_requests_running gauge",
+                f'vllm:num_requests_running{{engine="0",model_name="mock"}} {running}',
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+                "# TYPE vllm:num_requests_waiting gauge",
+                'vllm:num_requests_waiting{engine="0",model_name="mock"} 0.0',
+            ]
+        lines += [
+            "# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency.",
+            "# TYPE vllm:e2e_request_latency_seconds histogram",
+            'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="mock"} 1.0',
+            'vllm:e2e_request_latency_seconds_count{model_name="mock"} 1.0',
+            'vllm:e2e_request_latency_seconds_sum{model_name="mock"} 1.0',
+        ]
+        for k, v in c.items():
+            lines += [
+                f"# HELP vllm:{k}_total counter",
+                f"# TYPE vllm:{k}_total counter",
+                f'vllm:{k}_total{{engine="0",model_name="mock"}} {v}',
+            ]
+        lines += [
+            "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total per position",
+            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter",
+        ]
+        for i, v in enumerate(pp):
+            lines.append(
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+                f'{{engine="0",model_name="mock",position="{i}"}} {v}'
+            )
+        return "\n".join(lines) + "\n"
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+    return max(1, len(text) // 4)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    state: MockState
+
+    def log_message(self, *a: Any) -> None:  # quiet
+        pass
+
+    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def do_GET(self) -> None:
+        st = self.state
+        if self.path == "/v1/models":
+            doc = {"object": "list", "data": [{"id": "mock-model", "owned_by": "mock"}]}
+            self._send(200, json.dumps(doc).encode())
+        elif self.path == "/metrics":
+            self._send(200, st.metrics_text().encode(), "text/plain; version=0.0.4")
+        elif self.path == "/mock/requests":
+            with st.lock:
+                self._send(200, json.dumps(st.records).encode())
+        else:
+            self._send(404, b'{"error": "not found"}')
+
+    def do_POST(self) -> None:
+        received = time.monotonic_ns()
+        st = self.state
+        n = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(n) or b"{}")
+        if self.path == "/mock/foreign":
+            with st.lock:
+                st.foreign_until += [time.monotonic() + body["seconds"]] * body["requests"]
+            self._send(200, b"{}")
+        elif self.path == "/tokenize":
+            self._send(200, json.dumps({"count": _prompt_tokens(body)}).encode())
+        elif self.path == "/v1/chat/completions":
+            if st.cfg.mode == "http500":
+                self._send(500, b'{"error": {"message": "boom"}}')
+            elif body.get("stream"):
+                self._stream(body, received)
+            else:
+                self._complete(body)
+        else:
+            self._send(404, b'{"error": "not found"}')
+
+    def _complete(self, body: dict[str, Any]) -> None:
+        cfg = self.state.cfg
+        if cfg.mode == "slow":
+            time.sleep(cfg.slow_s)
+        prompt = body["messages"][-1]["content"]
+        answer = cfg.answers.get(prompt, "I do not know.")
+        if cfg.mode == "badjson":
+            self._send(200, b'{"choices": [{"message": {"content": "4')
+            return
+        doc = {
+            "id": "cmpl-1",
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": answer},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+        }
+        self._send(200, json.dumps(doc).encode())
+
+    def _chunk(self, obj: dict[str, Any] | str) -> None:
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        payload = f"data: {data}\n\n".encode()
+        self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+        self.wfile.flush()
+
+    def _stream(self, body: dict[str, Any], received: int) -> None:
+        st, cfg = self.state, self.state.cfg
+        max_tokens = int(body.get("max_tokens") or 16)
+        ptoks = _prompt_tokens(body)
+        rid = f"mock-{received}"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("X-Request-Id", rid)
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        if cfg.start_lag_s:
+            time.sleep(cfg.start_lag_s)
+        with st.lock:
+            st.running += 1
+            st.counters["prompt_tokens"] += ptoks
+        base = {"id": rid, "object": "chat.completion.chunk", "model": "mock-model"}
+        self._chunk(base | {"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+        ttft = cfg.ttft_s + (ptoks / cfg.prefill_tok_s if cfg.prefill_tok_s else 0.0)
+        t0 = time.monotonic()
+        deadline = t0 + ttft
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        first_token = time.monotonic_ns()
+        self._chunk(base | {"choices": [{"index": 0, "delta": {"content": "w0"}}]})
+        done, step = 1, 0
+        while done < max_tokens:
+            k = min(cfg.tokens_per_step[step % len(cfg.tokens_per_step)], max_tokens - done)
+            deadline += cfg.step_s
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            self._chunk(base | {"choices": [{"index": 0, "delta": {"content": " w" * k}}]})
+            with st.lock:
+                st.counters["spec_decode_num_drafts"] += 1
+                st.counters["spec_decode_num_draft_tokens"] += 5
+                st.counters["spec_decode_num_accepted_tokens"] += k - 1
+                for p in range(k - 1):
+                    st.per_pos[p] += 1
+            done += k
+            step += 1
+        with st.lock:
+            st.counters["generation_tokens"] += done
+        finish = time.monotonic_ns()
+        fin = {"index": 0, "delta": {}, "finish_reason": "length"}
+        self._chunk(base | {"choices": [fin]})
+        usage = {"prompt_tokens": ptoks, "completion_tokens": done, "total_tokens": ptoks + done}
+        self._chunk(base | {"choices": [], "usage": usage})
+        self._chunk("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        with st.lock:
+            st.records.append(
+                {
+                    "id": rid,
+                    "received_ns": received,
+                    "first_token_ns": first_token,
+                    "finish_ns": finish,
+                    "prompt_tokens": ptoks,
+                    "completion_tokens": done,
+                }
+            )
+
+        def forget() -> None:
+            with st.lock:
+                st.running -= 1
+
+        if cfg.count_lag_s:
+            threading.Timer(cfg.count_lag_s, forget).start()
+        else:
+            forget()
+
+
+class MockServer:
+    """Context manager: `with MockServer(MockConfig(...)) as m: m.url`."""
+
+    def __init__(self, cfg: MockConfig | None = None) -> None:
+        self.state = MockState(cfg or MockConfig())
+        handler = type("H", (Handler,), {"state": self.state})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> MockServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def inject_foreign(self, requests: int, seconds: float) -> None:
+        with self.state.lock:
+            self.state.foreign_until += [time.monotonic() + seconds] * requests

@@ -181,7 +181,8 @@ def render(doc: dict) -> str:
     i, hw, m = doc["inputs"], doc["inputs"]["hw"], doc["inputs"]["model"]
     out = [f"DSV4-Flash DSpark on a GB10 pair: TP={m['tp']}, gamma={m['gamma']}, "
            f"BW={hw['bw_gbs']:g} GB/s, routing={i['routing']}, "
-           f"draft head={'fp8' if i['draft_head_fp8'] else 'bf16'}, tree width={i['tree_width']}",
+           f"draft head={'fp8' if i['draft_head_fp8'] else 'bf16'}, chain vs width-"
+           f"{doc['tree']['width']} tree",
            "", "Per-verify-step budget (one rank)"]
     out.append(_table(["component", "ms", "share", "source", "how"],
                       [[c["name"], round(c["ms"], 2), f"{c['share']:.0%}", c["source"], c["note"]]

@@ -48,11 +48,10 @@ def main(argv: list[str] | None = None) -> int:
             cli.log(f"depth {d}: server has no /tokenize; length estimated (usage is the truth)")
 
     def one(depth: int):
-        msgs = prompts.messages_for(texts[depth], prompts.nonce(rng))
-        payload = b.chat_payload(msgs, args.max_tokens)
-
         def wave(tr: InFlightTracker):
-            return b.stream(payload, tr)
+            # A fresh nonce per attempt: a retry must not hit the prefix cache of the last one.
+            msgs = prompts.messages_for(texts[depth], prompts.nonce(rng))
+            return b.stream(b.chat_payload(msgs, args.max_tokens), tr)
 
         gp = b.guarded(f"depth {depth}", wave)
         m = request_metrics(gp.result) if gp.result is not None else None

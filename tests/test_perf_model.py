@@ -165,6 +165,13 @@ def test_bandwidth_scaling() -> None:
     assert B.step_ms(B.Inputs(hw=B.Hardware(bw_gbs=273.0))) < B.step_ms(slow)
 
 
+def test_more_rails_only_shrink_the_allreduce_bytes() -> None:
+    two, four = B.Inputs(), B.Inputs(hw=B.Hardware(rails=4))
+    bytes_2rail_ms = 86 * 6 * 4096 * 2 / (2 * 25e9) * 1e3  # 86 all-reduces of M=6 rows
+    assert B.nccl_ms(two) - B.nccl_ms(four) == pytest.approx(bytes_2rail_ms / 2)
+    assert B.nccl_ms(two) == pytest.approx(4.5)
+
+
 def test_fp8_draft_head_saves_the_seed_gemm_delta() -> None:
     fp8, bf16 = B.Inputs(), B.Inputs(draft_head_fp8=False)
     assert B.step_ms(bf16) - B.step_ms(fp8) == pytest.approx(2.73 - 1.45, rel=1e-6)

@@ -73,6 +73,8 @@ class SeedFigures:
     ceiling_before_tok_s: float = 108.0  # previous setting not stated in the seed
     tree_ratio: float = 1.85
     gamma: int = 5  # the seed's operating point: chain of gamma drafts, gamma+1 verified
+    link_gbps: float = 200.0  # the seed's link: 2 rails of 200G RoCE
+    rails: int = 2
 
     def component_sum_ms(self) -> float:
         return (
@@ -232,7 +234,9 @@ def nccl_bytes_ms(inp: Inputs, num_seqs: int) -> float:
 
 def allreduce_latency_us(inp: Inputs) -> float:
     """Per-all-reduce latency implied by the seed's NCCL time (at its single-stream M=6)."""
-    ref = replace(inp, tree_width=1, model=replace(inp.model, gamma=inp.seed.gamma))
+    s = inp.seed
+    ref = replace(inp, tree_width=1, model=replace(inp.model, gamma=s.gamma),
+                  hw=replace(inp.hw, link_gbps=s.link_gbps, rails=s.rails))
     return (inp.seed.nccl_ms - nccl_bytes_ms(ref, 1)) / n_allreduce(inp) * 1e3
 
 
@@ -299,7 +303,7 @@ def calibrated_per_seq_ms(inp: Inputs) -> float:
     sequence's KV cache, sampling, scheduling); the seed gives no breakdown of it.
     """
     s = inp.seed
-    ref = replace(inp, hw=replace(inp.hw, bw_gbs=s.bw_gbs), tree_width=1,
+    ref = replace(inp, hw=Hardware(s.bw_gbs, s.link_gbps, s.rails), tree_width=1,
                   model=replace(inp.model, gamma=s.gamma))
     acc = Acceptance.geometric(REF_ALPHA, s.gamma)
     b = s.ceiling_num_seqs

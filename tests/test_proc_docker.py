@@ -1,0 +1,218 @@
+"""The rehearsal's process runtime (`scripts/rehearsal/bin/docker`), tested directly.
+
+It stands in for Docker under the launcher, so it must fail where docker fails (unknown
+flags, missing image, name conflicts) and report real process state (a crash shows as
+exited with its code), or the launcher's rehearsal would prove nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from rehearsal.hosts import remove_created_paths
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKER = REPO / "scripts" / "rehearsal" / "bin" / "docker"
+
+pytestmark = pytest.mark.needs_root  # unshare --mount/--pid and bind mounts
+
+
+@pytest.fixture()
+def state(tmp_path: Path) -> Path:
+    st = tmp_path / "state"
+    st.mkdir()
+    yield st
+    # Kill whatever a failing test left running, remove mount points the runtime made.
+    for cdir in (st / "containers").glob("*"):
+        subprocess.run([str(DOCKER), "rm", "-f", cdir.name], env=_env(st),
+                       capture_output=True)
+    remove_created_paths(st)
+
+
+def _env(st: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "DSV4R_DOCKER_STATE": str(st), **extra}
+
+
+def docker(st: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(DOCKER), *args], env=_env(st, **extra), capture_output=True,
+                          text=True, timeout=60)
+
+
+def run_d(st: Path, *args: str, **extra: str) -> str:
+    res = docker(st, "run", "-d", "--network", "host", *args, **extra)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def wait_state(st: Path, name: str, want: str, timeout: float = 10) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = json.loads(docker(st, "inspect", name).stdout)[0]
+        if info["State"]["Status"] == want or time.monotonic() > deadline:
+            return info
+        time.sleep(0.05)
+
+
+def test_run_records_labels_env_mounts_and_ps_json(state: Path, tmp_path: Path) -> None:
+    docker(state, "load-fake", "img:1", "abc123")
+    src = tmp_path / "src"
+    src.mkdir()
+    cid = run_d(state, "--name", "dsv4-p-rank0", "--label", "dsv4.pair=p",
+                "--label", "dsv4.rank=0", "--gpus", "all", "--ipc", "host", "--shm-size", "1g",
+                "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+                "-v", f"{src}:{tmp_path}/new/mnt:ro", "-e", "A=1", "img:1", "sleep", "30")
+    assert len(cid) == 64
+    rows = [json.loads(line) for line in docker(
+        state, "ps", "-a", "--no-trunc", "--filter", "label=dsv4.pair=p",
+        "--format", "{{json .}}").stdout.splitlines()]
+    assert [r["ID"] for r in rows] == [cid]
+    assert rows[0]["Names"] == "dsv4-p-rank0" and rows[0]["State"] == "running"
+    assert set(rows[0]["Labels"].split(",")) == {"dsv4.pair=p", "dsv4.rank=0"}
+    # AND semantics of label filters: a second, non-matching label filter hides it.
+    assert docker(state, "ps", "-a", "--filter", "label=dsv4.pair=p",
+                  "--filter", "label=dsv4.rank=1", "-q").stdout == ""
+    info = json.loads(docker(state, "inspect", "dsv4-p-rank0").stdout)[0]
+    assert info["State"]["Running"] is True and info["State"]["Pid"] > 0
+    assert info["Config"]["Labels"] == {"dsv4.pair": "p", "dsv4.rank": "0"}
+    assert "A=1" in info["Config"]["Env"]
+    assert info["HostConfig"]["Ulimits"][0] == {"Name": "memlock", "Soft": -1, "Hard": -1}
+    assert info["HostConfig"]["ShmSize"] == 1 << 30
+    assert info["Mounts"][0]["RW"] is False
+    assert docker(state, "image", "inspect", "--format", "{{.Id}}", "img:1").stdout.strip() \
+        == "sha256:abc123"
+    assert docker(state, "inspect", "--format", "{{.State.Running}}", cid).stdout.strip() \
+        == "true"
+    assert docker(state, "rm", "-f", cid).returncode == 0
+    assert docker(state, "ps", "-a", "-q").stdout == ""
+    # The missing mount point was created and recorded, so the harness can remove it.
+    created = (state / "created-paths.txt").read_text().split()
+    assert f"{tmp_path}/new/mnt" in created and f"{tmp_path}/new" in created
+    remove_created_paths(state)
+    assert not (tmp_path / "new").exists() and src.exists()
+
+
+def test_crash_shows_exited_with_code_and_logs(state: Path) -> None:
+    docker(state, "load-fake", "img", "1")
+    run_d(state, "--name", "c", "img", "sh", "-c", "echo one; echo two; echo boom >&2; exit 7")
+    info = wait_state(state, "c", "exited")
+    assert info["State"]["Running"] is False and info["State"]["ExitCode"] == 7
+    ps = docker(state, "ps", "-a", "--format", "{{.State}} {{.Status}}").stdout
+    assert ps.startswith("exited Exited (7)")
+    assert docker(state, "ps", "-q").stdout == ""  # without -a: running only
+    assert docker(state, "logs", "c").stdout.splitlines() == ["one", "two", "boom"]
+    assert docker(state, "logs", "--tail", "1", "c").stdout == "boom\n"
+    assert docker(state, "rm", "c").returncode == 0  # exited: no -f needed
+
+
+def test_killed_process_shows_signal_exit_code(state: Path) -> None:
+    docker(state, "load-fake", "img", "1")
+    run_d(state, "--name", "k", "img", "sleep", "60")
+    pid = json.loads(docker(state, "inspect", "k").stdout)[0]["State"]["Pid"]
+    os.kill(pid, 9)
+    info = wait_state(state, "k", "exited")
+    assert info["State"]["ExitCode"] == 137
+
+
+def test_mounts_are_real_and_read_only_where_asked(state: Path, tmp_path: Path) -> None:
+    docker(state, "load-fake", "img", "1")
+    ro, rw = tmp_path / "ro", tmp_path / "rw"
+    ro.mkdir()
+    rw.mkdir()
+    (ro / "f").write_text("payload")
+    run_d(state, "--name", "m", "-v", f"{ro}:{tmp_path}/in-ro:ro", "-v", f"{rw}:{tmp_path}/in-rw",
+          "img", "sh", "-c", f"cat {tmp_path}/in-ro/f; touch {tmp_path}/in-ro/x || echo RO; "
+          f"echo written > {tmp_path}/in-rw/out")
+    wait_state(state, "m", "exited")
+    out = docker(state, "logs", "m").stdout
+    assert "payload" in out and "RO" in out
+    assert (rw / "out").read_text() == "written\n"
+    assert not (ro / "x").exists()
+
+
+def test_rm_force_kills_the_whole_container(state: Path) -> None:
+    docker(state, "load-fake", "img", "1")
+    # A background child in a new session escapes the process group; the PID namespace
+    # still takes it down with the container.
+    run_d(state, "--name", "tree", "img", "sh", "-c",
+          "setsid sleep 300 & sleep 301 & echo started; wait")
+    info = wait_state(state, "tree", "running")
+    time.sleep(0.3)
+    marks = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+             and b"sleep\x00300" in _cmdline(p) or b"sleep\x00301" in _cmdline(p)]
+    assert len(marks) == 2, "the test's sleepers did not start"
+    refused = docker(state, "rm", "tree")
+    assert refused.returncode == 1 and "cannot remove a running container" in refused.stderr
+    assert docker(state, "rm", "-f", "tree").returncode == 0
+    assert all(not p.exists() or not _cmdline(p) for p in marks)
+    assert not Path(f"/proc/{info['State']['Pid']}/cmdline").exists() \
+        or not _cmdline(Path(f"/proc/{info['State']['Pid']}"))
+    assert docker(state, "ps", "-a", "-q").stdout == ""
+
+
+def _cmdline(p: Path) -> bytes:
+    try:
+        return (p / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["run", "-d", "--network", "host", "--bogus", "img", "x"], "unknown flag: --bogus"),
+    (["run", "-d", "--network", "host", "--rm", "img", "x"], "outside the subset"),
+    (["run", "-d", "-Z", "img", "x"], "unknown shorthand flag: 'Z' in -Z"),
+    (["run", "-d", "--network", "host", "nope:1", "x"], "Unable to find image 'nope:1'"),
+    (["run", "-d", "--network", "host", "--shm-size", "lots", "img", "x"], "invalid size"),
+    (["run", "-d", "--network", "host", "--ulimit", "bogus=1", "img", "x"],
+     "invalid ulimit type"),
+    (["run", "-d", "--network", "bridge", "img", "x"], "--network host"),
+    (["run", "-d", "--network", "host", "img", "no-such-exe"], "executable file not found"),
+    (["ps", "--bogus"], "unknown flag: --bogus"),
+])
+def test_bad_invocations_fail_like_docker(state: Path, args: list[str], needle: str) -> None:
+    docker(state, "load-fake", "img", "1")
+    res = docker(state, *args)
+    assert res.returncode in (125, 127), res
+    assert needle in res.stderr
+    assert docker(state, "ps", "-q").stdout == ""  # nothing started (docker may leave "created")
+
+
+def test_name_conflict_and_missing_container(state: Path) -> None:
+    docker(state, "load-fake", "img", "1")
+    run_d(state, "--name", "dup", "img", "sleep", "30")
+    res = docker(state, "run", "-d", "--network", "host", "--name", "dup", "img", "sleep", "1")
+    assert res.returncode == 125 and 'name "/dup" is already in use' in res.stderr
+    missing = docker(state, "inspect", "ghost")
+    assert missing.returncode == 1 and json.loads(missing.stdout) == []
+    assert "No such container: ghost" in docker(state, "rm", "-f", "ghost").stderr
+    assert docker(state, "image", "inspect", "ghost:1").returncode == 1
+
+
+def test_env_by_name_passes_callers_value_and_injected_env(state: Path) -> None:
+    docker(state, "load-fake", "img", "1", "--env", "FROM_IMAGE=yes")
+    (state / "inject.env").write_text("# test fault\nTWIN_FAULT=crash:loading\n")
+    run_d(state, "--name", "e", "-e", "SECRET_TOKEN", "-e", "UNSET_ONE", "img",
+          "sh", "-c", "env", SECRET_TOKEN="s3cret")
+    wait_state(state, "e", "exited")
+    env = docker(state, "logs", "e").stdout.splitlines()
+    assert "SECRET_TOKEN=s3cret" in env and not any(e.startswith("UNSET_ONE") for e in env)
+    assert "FROM_IMAGE=yes" in env and "TWIN_FAULT=crash:loading" in env
+    assert any(e.startswith("PATH=") and "scripts/rehearsal/bin" in e for e in env)
+
+
+def test_logs_follow_ends_when_container_exits(state: Path) -> None:
+    docker(state, "load-fake", "img", "1")
+    run_d(state, "--name", "f", "img", "sh", "-c", "echo a; sleep 1; echo b")
+    t0 = time.monotonic()
+    res = docker(state, "logs", "-f", "f")
+    assert res.stdout == "a\nb\n" and time.monotonic() - t0 < 8
+
+
+def test_without_state_dir_it_says_where_it_works() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DSV4R_DOCKER_STATE"}
+    res = subprocess.run([str(DOCKER), "ps"], env=env, capture_output=True, text=True)
+    assert res.returncode != 0 and "rehearsal test host" in res.stderr

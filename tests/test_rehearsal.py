@@ -1,0 +1,136 @@
+"""The rehearsal's two test hosts: real sshd, host keys, hostnames, disks, runtime.
+
+These are the properties the launcher's rehearsal relies on. If one silently broke (say
+ssh stopped checking host keys, or both hosts shared a disk), the end-to-end tests would
+still pass while proving much less, so each is asserted here on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from rehearsal import hosts, pairenv
+from rehearsal.testing import host_process_cmdlines, pair_fixture
+
+pytestmark = pytest.mark.needs_netns
+
+pair = pair_fixture("dsv4t")
+
+
+def test_hosts_have_own_hostname_ip_and_disk(pair: hosts.Pair) -> None:
+    lay = pairenv.layout(pair)
+    seen = []
+    for host in pair.hosts:
+        res = host.run(["sh", "-c", f"hostname; ip -o -4 addr show {host.nic}; "
+                                    f"sha256sum {lay.model_path}/config.json; "
+                                    f"echo {host.name} > {host.node_view}/whoami"])
+        assert res.returncode == 0, res.stderr
+        lines = res.stdout.splitlines()
+        assert lines[0] == host.name
+        assert f"{host.ip}/24" in lines[1]
+        seen.append(lines[2].split()[0])
+    assert seen[0] == seen[1]  # the same model files on both, like a synced pair
+    # Same path, different disks: each host wrote its own name to the same path.
+    assert (pair.h1.disk / "whoami").read_text() == f"{pair.h1.name}\n"
+    assert (pair.h2.disk / "whoami").read_text() == f"{pair.h2.name}\n"
+
+
+def test_ssh_login_gets_runtime_on_path(pair: hosts.Pair) -> None:
+    res = pair.h1.run(pair.ssh_argv(pair.h2, [
+        'echo "$(hostname) $(command -v docker) $DSV4R_DOCKER_STATE"; '
+        "docker image inspect --format '{{.Id}}' " + pairenv.IMAGE]))
+    assert res.returncode == 0, res.stderr
+    name, docker, state = res.stdout.splitlines()[0].split()
+    assert name == pair.h2.name and docker.endswith("scripts/rehearsal/bin/docker")
+    assert state == str(pair.h2.state_dir)
+    assert res.stdout.splitlines()[1] == pairenv.IMAGE_ID
+
+
+def test_wrong_known_hosts_is_a_host_key_failure(pair: hosts.Pair) -> None:
+    # Pair B's launcher pointed at pair A: ssh must refuse, not prompt or accept.
+    wrong = pair.base / "client" / "known_hosts.wrong"
+    pub = subprocess.run(["ssh-keygen", "-y", "-f", str(pair.identity)], capture_output=True,
+                         text=True, check=True).stdout.split()
+    wrong.write_text(f"{pair.h2.ip} {pub[0]} {pub[1]}\n")
+    res = pair.h1.run(pair.ssh_argv(pair.h2, ["true"], known_hosts=wrong))
+    assert res.returncode == 255
+    assert "Host key verification failed" in res.stderr
+    empty = pair.base / "client" / "known_hosts.empty"
+    empty.write_text("")
+    res = pair.h1.run(pair.ssh_argv(pair.h2, ["true"], known_hosts=empty))
+    assert res.returncode == 255 and "Host key verification failed" in res.stderr
+
+
+def test_container_started_over_ssh_detaches_and_serves(pair: hosts.Pair) -> None:
+    port = 8765
+    t0 = time.monotonic()
+    res = pair.h1.run(pair.ssh_argv(pair.h2, [
+        f"docker run -d --name web --label dsv4.pair=t --network host {pairenv.IMAGE} "
+        f"python3 -m http.server {port} --bind {pair.h2.ip}"]))
+    assert res.returncode == 0, res.stderr
+    assert time.monotonic() - t0 < 5, "ssh did not return: the container kept the session"
+    try:
+        body = ""
+        for _ in range(100):
+            got = pair.h1.run(["curl", "-s", f"http://{pair.h2.ip}:{port}/"])
+            body = got.stdout
+            if got.returncode == 0:
+                break
+            time.sleep(0.1)
+        assert "Directory listing" in body
+        # The server runs in host 2's netns and nowhere else.
+        assert any("http.server" in c for c in host_process_cmdlines(pair.h2))
+        assert not any("http.server" in c for c in host_process_cmdlines(pair.h1))
+        ps = pair.h2.docker("ps", "-a", "--format", "{{json .}}")
+        assert json.loads(ps.stdout)["Names"] == "web"
+    finally:
+        pair.h2.docker("rm", "-f", "web")
+    assert not any("http.server" in c for c in host_process_cmdlines(pair.h2))
+
+
+def test_stopped_sshd_makes_host_unreachable_then_restarts(pair: hosts.Pair) -> None:
+    pair.stop_sshd(pair.h2)
+    try:
+        res = pair.h1.run(pair.ssh_argv(pair.h2, ["true"]))
+        assert res.returncode == 255 and "Connection refused" in res.stderr
+    finally:
+        pair.start_sshd(pair.h2)
+    assert pair.h1.run(pair.ssh_argv(pair.h2, ["true"])).returncode == 0
+
+
+def _ours(prefix: str) -> list[str]:
+    found = []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found += [ln for ln in netns.splitlines() if ln.startswith(f"{prefix}-")]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    found += [ln for ln in links.splitlines() if f" {prefix}-" in ln]
+    found += [str(p) for p in Path("/tmp").glob(f"{prefix}-*")]
+    found += [str(p) for p in Path("/tmp").glob(f"{prefix}.lock")]
+    return found
+
+
+def test_teardown_and_leftover_cleanup_remove_everything() -> None:
+    prefix = "dsv4tc"
+    first = hosts.build_pair(prefix)
+    pairenv.load_image(first.h2)
+    cid = first.h2.docker("run", "-d", "--network", "host", "-v",
+                          f"{first.base}:/opt/dsv4tc-mnt/deep", pairenv.IMAGE, "sleep", "600")
+    assert cid.returncode == 0, cid.stderr
+    assert Path("/opt/dsv4tc-mnt/deep").is_dir()
+    # Simulate a crash: drop the lock without tearing down, then build again.
+    assert first.lock_fh is not None
+    first.lock_fh.close()
+    second = hosts.build_pair(prefix)
+    try:
+        assert not first.base.exists(), "leftover temp dir survived"
+        assert not Path("/opt/dsv4tc-mnt").exists(), "leftover mount point survived"
+        assert second.h2.pids() == [second.h2.sshd_pid()]
+        with pytest.raises(hosts.HarnessError, match="another rehearsal with prefix"):
+            hosts.build_pair(prefix)
+    finally:
+        hosts.teardown(second)
+    assert _ours(prefix) == []

@@ -84,8 +84,12 @@ class Engine:
 
     def __init__(self, prof: Profile, cfg: EngineConfig, metrics: Metrics,
                  prefix: PrefixCache, on_death: Callable[[str], None],
-                 on_first_step: Callable[[], None] | None = None) -> None:
+                 on_first_step: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], object] | None = None) -> None:
         self.prof, self.cfg, self.m, self.prefix = prof, cfg, metrics, prefix
+        # clock/sleep are injectable so tests can run the same loop on a virtual clock.
+        self._clock = clock
         self.on_death, self.on_first_step = on_death, on_first_step
         self._cond = threading.Condition()
         self._arrivals: deque[Request] = deque()
@@ -95,8 +99,10 @@ class Engine:
         self._order: deque[str] = deque()
         self._stop = threading.Event()
         self.steps = 0
+        self._prev_end = -1.0
         self.dead: str | None = None
         self._ids = itertools.count(1)
+        self._sleep = sleep or self._stop.wait
         self._thread = threading.Thread(target=self._loop, name="engine-core", daemon=True)
 
     # -- public ------------------------------------------------------------------------
@@ -187,50 +193,59 @@ class Engine:
             self._die(f"engine core crashed: {exc}")
 
     def _run(self) -> None:
-        prev_end = 0.0
         while not self._stop.is_set():
-            with self._cond:
-                while self._arrivals:
-                    self.waiting.append(self._arrivals.popleft())
-                self._drop_cancelled()
-                if not self.running and not self.waiting:
-                    self._publish_gauges()
-                    self._cond.wait(timeout=0.2)
-                    continue
-                decodes, chunks = self._schedule()
-                self._publish_gauges()
-            if not decodes and not chunks:
-                self._stop.wait(0.01)
-                continue
-            now = time.monotonic()
-            start = prev_end if 0.0 <= now - prev_end < 0.02 else now
-            dur = self._step_seconds(len(decodes), sum(n for _, n in chunks))
-            self.steps += 1
-            if self.steps == 1 and self.cfg.jit_stall_s > 0:
-                log.info("TileLang JIT: compiling kernels on first use (+%.1f s; no cache "
-                         "marker in TILELANG_CACHE_DIR)", self.cfg.jit_stall_s)
-                dur += self.cfg.jit_stall_s
-            dur += self.cfg.stall_steps.get(self.steps, 0.0)
-            timeout = self.cfg.step_timeout_s
-            if timeout is not None and dur > timeout:
-                self._stop.wait(max(start + timeout - time.monotonic(), 0.0))
-                self._die(f"execute_model step {self.steps} took longer than "
-                          f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={timeout:g} "
-                          f"(modelled {dur:.1f} s); raise it (the recipe uses 600)")
+            if not self.iterate():
                 return
-            end = start + dur
-            self._stop.wait(max(end - time.monotonic(), 0.0))
-            if self._stop.is_set():
-                return
-            if self.steps == 1 and self.on_first_step:
-                self.on_first_step()
-            with self._cond:
-                self._apply(decodes, chunks, end)
+
+    def iterate(self, idle_wait: float = 0.2) -> bool:
+        """One scheduling pass and (if there is work) one step; False once the engine stops.
+
+        The engine thread calls this in a loop; tests call it directly on a virtual clock.
+        """
+        with self._cond:
+            while self._arrivals:
+                self.waiting.append(self._arrivals.popleft())
+            self._drop_cancelled()
+            if not self.running and not self.waiting:
                 self._publish_gauges()
-            prev_end = end
+                self._cond.wait(timeout=idle_wait)
+                return True
+            decodes, chunks = self._schedule()
+            self._publish_gauges()
+        if not decodes and not chunks:
+            self._sleep(0.01)
+            return True
+        now = self._clock()
+        prev = self._prev_end
+        start = prev if 0.0 <= now - prev < 0.02 else now
+        dur = self._step_seconds(len(decodes), sum(n for _, n in chunks))
+        self.steps += 1
+        if self.steps == 1 and self.cfg.jit_stall_s > 0:
+            log.info("TileLang JIT: compiling kernels on first use (+%.1f s; no cache "
+                     "marker in TILELANG_CACHE_DIR)", self.cfg.jit_stall_s)
+            dur += self.cfg.jit_stall_s
+        dur += self.cfg.stall_steps.get(self.steps, 0.0)
+        timeout = self.cfg.step_timeout_s
+        if timeout is not None and dur > timeout:
+            self._sleep(max(start + timeout - self._clock(), 0.0))
+            self._die(f"execute_model step {self.steps} took longer than "
+                      f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={timeout:g} "
+                      f"(modelled {dur:.1f} s); raise it (the recipe uses 600)")
+            return False
+        end = start + dur
+        self._sleep(max(end - self._clock(), 0.0))
+        if self._stop.is_set():
+            return False
+        if self.steps == 1 and self.on_first_step:
+            self.on_first_step()
+        with self._cond:
+            self._apply(decodes, chunks, end)
+            self._publish_gauges()
+        self._prev_end = end
+        return True
 
     def _drop_cancelled(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         for r in [r for r in self.running if r.cancelled]:
             self._finish(r, "abort", now)
         for r in [r for r in self.waiting if r.cancelled]:

@@ -1,0 +1,94 @@
+"""Two twin ranks over real TCP: rendezvous, no serving before the join, dying together."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from test_twin_support import Twin, free_port, wait_http
+
+
+def pair_args(master_port: int, rank: int, http_port: int | None = None) -> list[str]:
+    args = ["dsv4", "-tp", "2", "--distributed-executor-backend", "mp", "--nnodes", "2",
+            "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+            "--master-port", str(master_port), "--twin-profile", "rehearsal"]
+    if rank == 1:
+        args.append("--headless")
+    else:
+        args += ["--host", "127.0.0.1", "--port", str(http_port)]
+    return args
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def procs():
+    started: list[Twin] = []
+    yield started
+    for t in started:
+        t.stop()
+
+
+def test_rank0_waits_for_rank1_then_dies_with_it(tmp_path, procs):
+    mport, hport = free_port(), free_port()
+    r0 = Twin(pair_args(mport, 0, hport), tmp_path, "r0")
+    procs.append(r0)
+    r0.wait_log(f"Waiting for rank 1 to join at 127.0.0.1:{mport}")
+    time.sleep(2.5)  # a single process would be serving by now
+    assert not port_open(hport) and r0.proc.poll() is None
+    r1 = Twin(pair_args(mport, 1), tmp_path, "r1")
+    procs.append(r1)
+    wait_http(f"http://127.0.0.1:{hport}/health", timeout=15)
+    assert "Rank 1 joined" in r0.log() and "Worker ready" in r1.log()
+    r1.kill()
+    t0 = time.monotonic()
+    assert r0.wait_exit(6) != 0
+    assert time.monotonic() - t0 < 5
+    assert "rank 1 is gone" in r0.log()
+
+
+def test_rank1_retries_until_rank0_then_dies_with_it(tmp_path, procs):
+    mport, hport = free_port(), free_port()
+    r1 = Twin(pair_args(mport, 1), tmp_path, "r1")
+    procs.append(r1)
+    time.sleep(1.5)
+    assert r1.proc.poll() is None  # still retrying, not failed
+    r0 = Twin(pair_args(mport, 0, hport), tmp_path, "r0")
+    procs.append(r0)
+    r1.wait_log("Worker ready", timeout=15)
+    r0.kill()
+    t0 = time.monotonic()
+    assert r1.wait_exit(6) != 0
+    assert time.monotonic() - t0 < 5
+    assert "rank 0 is gone" in r1.log()
+
+
+def test_fault_crash_in_rank1_phase_takes_pair_down(tmp_path, procs):
+    mport, hport = free_port(), free_port()
+    env = {"TWIN_FAULT": "crash:compiling:rank1"}
+    r0 = Twin(pair_args(mport, 0, hport), tmp_path, "r0", env=env)
+    r1 = Twin(pair_args(mport, 1), tmp_path, "r1", env=env)
+    procs += [r0, r1]
+    assert r1.wait_exit(15) == 1
+    assert r0.wait_exit(6) != 0
+    assert "injected fault crash:compiling" in r1.log()
+    assert "Compiling" not in r0.log().split("rank 1 is gone")[-1]
+    assert not port_open(hport)
+
+
+def test_single_process_faults_and_bad_specs(tmp_path, procs):
+    t = Twin(["m", "--port", str(free_port()), "--twin-profile", "rehearsal",
+              "--twin-fault", "slow-boot:3;crash:graphs"], tmp_path, "one")
+    procs.append(t)
+    assert t.wait_exit(15) == 1
+    log = t.log()
+    assert "Loading weights (1.2 s)" in log and "injected fault crash:graphs" in log
+    bad = Twin(["m", "--twin-fault", "explode:now"], tmp_path, "bad")
+    procs.append(bad)
+    assert bad.wait_exit(10) == 2
+    assert "not understood" in bad.log()

@@ -58,8 +58,8 @@ def test_stream_chat_and_metrics_within_10s_of_start(twin):
     # cold boot (no marker in TILELANG_CACHE_DIR): the first step pays the JIT stall, then
     # the marker is written so the next boot is warm
     assert "cold (no marker)" in log
-    first_content = next(t for t, e in zip(times, events, strict=True)
-                         if e != "[DONE]" and e["choices"] and e["choices"][0]["delta"].get("content"))
+    first_content = next(t for t, e in zip(times, events, strict=True) if e != "[DONE]"
+                         and e["choices"] and e["choices"][0]["delta"].get("content"))
     assert first_content - t_sent >= 1.0  # rehearsal profile jit_stall_s
     assert (twin.log_path.parent / "tilelang" / "spark-twin-tilelang.marker").is_file()
 
@@ -94,7 +94,8 @@ def test_metric_deltas_match_what_was_served(twin):
     gen = sum(u["completion_tokens"] for u in served)
     assert d("vllm:generation_tokens_total") == gen
     assert d("vllm:prompt_tokens_total") == sum(u["prompt_tokens"] for u in served)
-    drafts, acc = d("vllm:spec_decode_num_drafts_total"), d("vllm:spec_decode_num_accepted_tokens_total")
+    drafts = d("vllm:spec_decode_num_drafts_total")
+    acc = d("vllm:spec_decode_num_accepted_tokens_total")
     assert gen == len(served) + drafts + acc  # first token from prefill, then 1 + accepted
     assert d("vllm:spec_decode_num_draft_tokens_total") == 5 * drafts
     per_pos = [d("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(k))
@@ -119,9 +120,10 @@ def test_single_stream_decode_rate_matches_truth(twin):
     span = content[-1][0] - content[0][0]
     assert steps / span == pytest.approx(truth["steps_per_s"], rel=0.05)
     tokens = ev[-2]["usage"]["completion_tokens"] - 1
-    d = {n: metric(after, n) - metric(before, n) for n in
-         ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total")}
-    mal = 1 + d["vllm:spec_decode_num_accepted_tokens_total"] / d["vllm:spec_decode_num_drafts_total"]
+    drafts, acc = (metric(after, n) - metric(before, n) for n in
+                   ("vllm:spec_decode_num_drafts_total",
+                    "vllm:spec_decode_num_accepted_tokens_total"))
+    mal = 1 + acc / drafts
     assert tokens / span == pytest.approx(truth["steps_per_s"] * mal, rel=0.05)
     assert tokens / span == pytest.approx(truth["single_stream_decode_tok_s"], rel=0.08)
     recs = {r["id"]: r for r in requests.get(twin.base + "/twin/requests", timeout=5).json()}

@@ -41,7 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bw-gbs", type=float, default=235.0,
                    help="LPDDR5X bandwidth per GB10 in GB/s (seed: ~235; spec peak 273)")
     p.add_argument("--moe-eff", type=float, default=B.SEED.moe_eff,
-                   help="achieved fraction of bandwidth in the MoE kernels (seed: 0.87)")
+                   help="achieved fraction of bandwidth in the MoE kernels (seed: 0.87). "
+                        "Changes the MoE time only with --routing uniform; in calibrated mode "
+                        "the seed's 30 ms is kept and this changes the fitted locality rho")
     p.add_argument("--link-gbps", type=float, default=200.0, help="RoCE rail speed, Gb/s")
     p.add_argument("--rails", type=int, default=2, help="RoCE rails in use (one port per card)")
     p.add_argument("--gamma", type=int, default=5,

@@ -91,7 +91,7 @@ def start_server(args: ServeArgs, prof: profmod.Profile, faults: faultmod.Faults
                     on_first_step=None if warm else write_marker)
     encoder = encoder or PromptEncoder()
     builder = Builder(engine, encoder, prof, seed, cfg.gamma, cfg.max_model_len,
-                      prefix.block_size)
+                      prefix.block_size, answers_enabled=not faults.no_answers)
     try:
         server = TwinServer((args.host, args.port), engine, builder, metrics, names,
                             truth(args, prof, cfg, seed, warm, encoder.cached))

@@ -60,6 +60,7 @@ class Request:
     tokenize_ms: float = 0.0
     stop: list[str] = field(default_factory=list)
     foreign_until: float | None = None
+    canned: list[str] | None = None  # fixed reply, one entry per token (quality answers)
     events: queue.Queue = field(default_factory=queue.Queue)
     cached_tokens: int = 0
     computed: int = 0
@@ -291,7 +292,8 @@ class Engine:
         parts: list[str] = []
         reason = None
         for i in range(n):
-            parts.append(word(r.out_key, r.generated + i))
+            idx = r.generated + i
+            parts.append(r.canned[idx] if r.canned is not None else word(r.out_key, idx))
             if r.stop:
                 tail = r.text_tail + "".join(parts)
                 hit = [tail.index(s) for s in r.stop if s and s in tail]

@@ -12,6 +12,8 @@ limits an item to one rank; without it the item applies to every rank):
     stall:STEP:SECS                   engine step number STEP takes SECS longer (rank 0);
                                       beyond VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS it kills
                                       the engine, as a huge prefill step does in vLLM
+    no-answers                        do not serve the quality gate's known answers (the
+                                      gate then fails, as after a bad change)
 
 Example: TWIN_FAULT='crash:compiling:rank1;foreign:4:10:30'
 """
@@ -35,6 +37,7 @@ class Faults:
     crashes: dict[str, float] = field(default_factory=dict)  # phase -> delay s
     foreign: list[tuple[int, float, float]] = field(default_factory=list)
     stalls: dict[int, float] = field(default_factory=dict)
+    no_answers: bool = False
     spec: str = ""
 
     def crash_delay(self, phase: str) -> float | None:
@@ -84,6 +87,9 @@ def parse(spec: str | None, rank: int) -> Faults:
             n = int(_num(args[0], "N", item))
             if mine and rank == 0:
                 out.foreign.append((n, _num(args[1], "AT_S", item), _num(args[2], "FOR_S", item)))
+        elif kind == "no-answers" and not args:
+            if mine:
+                out.no_answers = True
         elif kind == "stall" and len(args) == 2:
             step = int(_num(args[0], "STEP", item))
             if mine and rank == 0:
@@ -91,6 +97,6 @@ def parse(spec: str | None, rank: int) -> Faults:
         else:
             raise FaultSpecError(
                 f"fault {item!r} not understood; expected slow-boot:FACTOR, "
-                "crash:PHASE[+SECS], foreign:N:AT_S:FOR_S or stall:STEP:SECS, "
+                "crash:PHASE[+SECS], foreign:N:AT_S:FOR_S, stall:STEP:SECS or no-answers, "
                 "optionally ending in :rank0 or :rank1")
     return out

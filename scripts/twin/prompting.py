@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -92,7 +91,6 @@ class PromptEncoder:
 
     def __init__(self) -> None:
         self.tokenizer = Tokenizer.from_file(tokenizer_path())
-        self._lock = threading.Lock()
         self.cached = False
         self._encode: Callable[[str], list[int]] = self._plain
         if os.environ.get("VLLM_INCREMENTAL_ENCODE_CACHE", "") == "1" and \
@@ -113,11 +111,13 @@ class PromptEncoder:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode(self, text: str) -> list[int]:
-        if self.cached:
-            # The cache object may keep state; one caller at a time keeps it consistent.
-            with self._lock:
-                return list(self._encode(text))
-        return self._plain(text)
+        # The overlay's encoder is thread-safe; several HTTP threads call this at once,
+        # as several renderer threads do in vLLM's API server.
+        return list(self._encode(text))
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+    def pieces(self, text: str) -> list[str]:
+        """``text`` split at its token boundaries (so it can be streamed token by token)."""
+        offsets = self.tokenizer.encode(text, add_special_tokens=False).offsets
+        cuts = [start for start, _ in offsets[1:]]
+        bounds = [0, *cuts, len(text)]
+        return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
+import logging
 import time
 from array import array
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from twin.engine import FOREVER, Engine, Request
@@ -18,6 +21,27 @@ from twin.prefix_cache import block_hashes
 from twin.profile import Profile
 from twin.prompting import PromptEncoder, render_chat
 from twin.sampling import AcceptanceDrawer, key_of, natural_length
+
+log = logging.getLogger("twin")
+
+
+def load_answers(prof: Profile) -> dict[str, str]:
+    """Prompt -> exact reply, from the profile's `answers.file` (the quality gate's JSON).
+
+    Lets the offline rehearsal pass the real quality gate; the fault `no-answers` turns it
+    off so the gate's failure path can be rehearsed too.
+    """
+    cfg = prof.section("answers")
+    name = cfg.get("file")
+    if not name:
+        return {}
+    path = Path(prof.raw.get("_path", ".")).parent / name
+    try:
+        doc = json.loads(path.read_text())
+        return {str(p["prompt"]): str(p["answer"]) for p in doc.get("prompts", [])}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("answers file %s unusable (%s): replies are generated words only", path, exc)
+        return {}
 
 
 class BadRequest(ValueError):
@@ -35,8 +59,10 @@ class Builder:
     gamma: int
     max_model_len: int
     block_size: int
+    answers_enabled: bool = True
 
     def __post_init__(self) -> None:
+        self.answers = load_answers(self.prof) if self.answers_enabled else {}
         self._sampled = itertools.count()
         out = self.prof.section("output")
         self.eos_lo = int(out.get("eos_min_tokens", 48))
@@ -100,12 +126,24 @@ class Builder:
         stop = body.get("stop") or []
         if isinstance(stop, str):
             stop = [stop]
+        canned = self._canned(body) if chat else None
+        if canned is not None:
+            target = min(len(canned), max_tokens)
         drawer = AcceptanceDrawer(self.prof.cum_accept(self.gamma), self.prof.sampling,
                                   key_of(key, "accept"))
         return Request(id=rid, prompt_len=n, hashes=block_hashes(ids, self.block_size),
                        target_len=target, max_tokens=max_tokens, out_key=key, drawer=drawer,
                        received_ns=received_ns, tokenize_ms=tok_ms,
-                       stop=[str(s) for s in stop])
+                       stop=[str(s) for s in stop], canned=canned)
+
+    def _canned(self, body: dict[str, Any]) -> list[str] | None:
+        """Token pieces of a known answer when the last message is a known prompt."""
+        if not self.answers:
+            return None
+        msgs = body.get("messages") or []
+        last = msgs[-1] if msgs and isinstance(msgs[-1], dict) else {}
+        answer = self.answers.get(last.get("content")) if last.get("role") == "user" else None
+        return self.encoder.pieces(answer) if answer else None
 
     def foreign(self, seconds: float, index: int) -> Request:
         """A phantom request: short prompt, decodes until `seconds` have passed."""

@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rank", type=int, choices=(0, 1), required=True)
     sp = add("wait", cmd_wait, "wait for health while watching both ranks")
     sp.add_argument("--timeout", type=float, default=900.0)
-    sp.add_argument("--poll", type=float, default=2.0)
+    # PAIRCTL_POLL_S: tests poll fast; operators keep the 2 s default.
+    sp.add_argument("--poll", type=float, default=float(os.environ.get("PAIRCTL_POLL_S", "2")))
     add("status", cmd_status, "containers, health, requests")
     add("endpoint", cmd_endpoint, "print the endpoint base URL")
     sp = add("logs", cmd_logs, "container logs of one rank")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 import requests
 import yaml
-from test_twin_support import Twin, free_port, metric, metrics, stream, wait_http
+from test_twin_support import REPO, Twin, free_port, metric, metrics, stream, wait_http
 
 MSG = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]
 
@@ -140,6 +141,11 @@ def test_tokenize_prompt_and_messages(twin):
     r = requests.post(twin.base + "/v1/chat/completions", timeout=60,
                       json={"messages": MSG, "max_tokens": 2}).json()
     assert m["count"] == r["usage"]["prompt_tokens"]
+    ref = json.loads((REPO / "bench" / "quality_ref_dspark.json").read_text())["prompts"][0]
+    r = requests.post(twin.base + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": ref["prompt"]}], "temperature": 0}).json()
+    assert r["choices"][0]["message"]["content"] == ref["answer"]
+    assert r["choices"][0]["finish_reason"] == "stop"
     bad = requests.post(twin.base + "/v1/chat/completions", timeout=5,
                         json={"model": "nope", "messages": MSG})
     assert bad.status_code == 404 and bad.headers["X-Spark-Twin"] == "simulator"

@@ -129,6 +129,13 @@ def cmd_endpoint(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sync_overlays(args: argparse.Namespace) -> int:
+    from pairctl.overlays import sync
+
+    cfg, _, _ = _load(args)
+    return sync(cfg, Path(args.src))
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     cfg, _, _ = _load(args)
     node = nodes(cfg)[args.rank]
@@ -174,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--poll", type=float, default=float(os.environ.get("PAIRCTL_POLL_S", "2")))
     add("status", cmd_status, "containers, health, requests")
     add("endpoint", cmd_endpoint, "print the endpoint base URL")
+    sp = add("sync-overlays", cmd_sync_overlays, "copy the overlays to both nodes, verified")
+    sp.add_argument("--src", default=str(OVERLAY_SRC))
     sp = add("logs", cmd_logs, "container logs of one rank")
     sp.add_argument("--rank", type=int, choices=(0, 1), default=0)
     sp.add_argument("-f", "--follow", action="store_true")

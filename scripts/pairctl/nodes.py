@@ -65,16 +65,20 @@ class Node:
             return list(argv)
         return ssh_argv(self.cfg, shlex.join(argv))
 
-    def run(self, argv: list[str], timeout: float = 60, stdin: str | None = None) -> Result:
+    def run(self, argv: list[str], timeout: float = 60,
+            stdin: str | bytes | None = None) -> Result:
         """Run argv on the node and capture output; rc 255 with ssh = ssh itself failed."""
+        data = stdin.encode() if isinstance(stdin, str) else stdin
         try:
-            p = subprocess.run(self.wrap(argv), input=stdin, capture_output=True, text=True,
-                               timeout=timeout, check=False)
+            p = subprocess.run(self.wrap(argv), input=data, capture_output=True,
+                               timeout=timeout, check=False,
+                               stdin=subprocess.DEVNULL if data is None else None)
         except subprocess.TimeoutExpired:
             return Result(124, "", f"timed out after {timeout:.0f}s: {argv[0]}")
         except FileNotFoundError as exc:
             return Result(127, "", str(exc))
-        return Result(p.returncode, p.stdout, p.stderr)
+        return Result(p.returncode, p.stdout.decode(errors="replace"),
+                      p.stderr.decode(errors="replace"))
 
     def run_script(self, script: str, timeout: float = 60) -> Result:
         """Run a POSIX sh script (read from stdin) on the node."""

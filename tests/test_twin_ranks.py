@@ -6,6 +6,7 @@ import socket
 import time
 
 import pytest
+import requests
 from test_twin_support import Twin, free_port, wait_http
 
 
@@ -92,3 +93,18 @@ def test_single_process_faults_and_bad_specs(tmp_path, procs):
     procs.append(bad)
     assert bad.wait_exit(10) == 2
     assert "not understood" in bad.log()
+
+
+def test_step_past_execute_timeout_kills_the_server(tmp_path, procs):
+    port = free_port()
+    t = Twin(["m", "-tp", "2", "--port", str(port), "--host", "127.0.0.1",
+              "--twin-profile", "rehearsal"], tmp_path, "timeout",
+             env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1", "TWIN_FAULT": "stall:1:30"})
+    procs.append(t)
+    base = f"http://127.0.0.1:{port}"
+    wait_http(base + "/health", timeout=15)
+    r = requests.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 5},
+                      timeout=20)
+    assert r.status_code == 500 and "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1" in r.text
+    assert t.wait_exit(5) == 1
+    assert "EngineCore died" in t.log()

@@ -127,6 +127,14 @@ class Handler(BaseHTTPRequestHandler):
             self._json(400, _error(str(exc), 400, "BadRequestError"))
         except (BrokenPipeError, ConnectionResetError):
             pass
+        except Exception as exc:  # noqa: BLE001 - answer 500 rather than drop the connection
+            log.exception("error serving %s", path)
+            self.close_connection = True
+            try:
+                self._json(500, _error(f"{type(exc).__name__}: {exc}", 500,
+                                       "InternalServerError"))
+            except OSError:
+                pass
 
     def _check_model(self, body: dict[str, Any]) -> str:
         names = self.server.model_names

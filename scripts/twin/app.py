@@ -86,8 +86,12 @@ def start_server(args: ServeArgs, prof: profmod.Profile, faults: faultmod.Faults
     prefix = PrefixCache(int(kv.get("block_size", 256)), int(kv.get("prefix_cache_blocks", 4688)),
                          enabled=bool(args.enable_prefix_caching))
     metrics = Metrics(names[0], cfg.gamma)
-    engine = Engine(prof, cfg, metrics, prefix,
-                    on_death=lambda why: die(f"EngineDeadError: {why}"),
+    def on_death(why: str) -> None:
+        # Like vLLM's API server: in-flight requests get their error, /health turns 503,
+        # then the process exits non-zero (and the peer rank follows via the heartbeat).
+        threading.Timer(1.0, die, args=(f"EngineDeadError: {why}; shutting down",)).start()
+
+    engine = Engine(prof, cfg, metrics, prefix, on_death=on_death,
                     on_first_step=None if warm else write_marker)
     encoder = encoder or PromptEncoder()
     builder = Builder(engine, encoder, prof, seed, cfg.gamma, cfg.max_model_len,

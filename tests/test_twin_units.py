@@ -149,3 +149,14 @@ def test_chat_render_and_real_tokenizer(monkeypatch):
     monkeypatch.setenv("VLLM_INCREMENTAL_ENCODE_CACHE", "1")
     cached = PromptEncoder()  # the overlay is on pytest's pythonpath
     assert cached.cached and cached.encode(text) == ids
+
+
+def test_tilelang_marker_makes_the_next_boot_warm(tmp_path, monkeypatch):
+    from twin import serve
+
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl"))
+    prof = profile.load("rehearsal")
+    fast = faults.Faults(slow_boot=0.0)
+    assert serve.boot(prof, fast) is False  # cold: nothing cached yet
+    serve.write_marker()  # what the engine does after its first (stalled) step
+    assert serve.boot(prof, fast) is True

@@ -191,3 +191,14 @@ def test_stop_string_and_determinism():
     run_until(eng, lambda: c.finish_reason is not None)
     assert c.finish_reason == "stop" and stop_word not in text(c)
     assert text(a).startswith(text(c)) and c.generated < 60
+
+
+def test_lone_prefill_time_matches_truth():
+    for threshold in (0, 4096):
+        eng, clock, _ = make_engine(lpt_threshold=threshold)
+        r = make_req(eng, clock, 32768, target=1)
+        eng.submit(r)
+        t0 = clock()
+        run_until(eng, lambda r=r: r.first_token_ns is not None)
+        expect = truth(lpt_threshold=threshold)["lone_prefill_s_by_prompt_tokens"]["32768"]
+        assert clock() - t0 == pytest.approx(expect, abs=2e-6)

@@ -131,6 +131,16 @@ class Profile:
         return tokens * 1000.0 / self.prefill_tok_s
 
 
+def lone_prefill_s(prof: Profile, tokens: int, max_num_batched_tokens: int,
+                   lpt_threshold: int) -> float:
+    """Engine time from admission to first token for a prompt alone on an idle engine."""
+    chunk = max_num_batched_tokens if lpt_threshold <= 0 else \
+        min(max_num_batched_tokens, lpt_threshold)
+    full, rest = divmod(tokens, chunk)
+    steps = [chunk] * full + ([rest] if rest else [])
+    return sum(prof.prefill_base_ms + prof.prefill_ms(n) for n in steps) / 1000.0
+
+
 def load(name: str | Path | None) -> Profile:
     return Profile(load_raw(name))
 
@@ -163,4 +173,8 @@ def derived(prof: Profile, gamma: int, fp8_head: bool, max_num_seqs: int,
         "prefill_chunk_tokens_beside_one_decode": chunk,
         "decode_step_ms_beside_prefill_chunk": round(under, 4),
         "decode_tok_s_beside_prefill": round(mal * 1000.0 / under, 4),
+        # TTFT of a lone, uncached prompt = real tokenization time + this
+        "lone_prefill_s_by_prompt_tokens": {
+            str(n): round(lone_prefill_s(prof, n, max_num_batched_tokens, lpt_threshold), 6)
+            for n in (1024, 8192, 32768, 131072)},
     }

@@ -112,9 +112,13 @@ class Builder:
             raise BadRequest(f"max_tokens={max_tokens} is too large: the prompt has {n} "
                              f"tokens and the maximum context length is {self.max_model_len}")
         digest = hashlib.blake2b(array("q", ids).tobytes(), digest_size=8).hexdigest()
-        temp = body.get("temperature")
+        try:
+            temp = float(body.get("temperature") or 0.0)
+            min_tokens = int(body.get("min_tokens") or 0)
+        except (TypeError, ValueError):
+            raise BadRequest("temperature must be a number and min_tokens an integer") from None
         variant: object = 0
-        if temp is not None and float(temp) > 0:
+        if temp > 0:
             req_seed = body.get("seed")
             variant = ("seed", req_seed) if req_seed is not None else ("n", next(self._sampled))
         key = key_of(self.seed, digest, variant)
@@ -122,7 +126,7 @@ class Builder:
             target = max_tokens
         else:
             target = min(max_tokens, natural_length(key, self.eos_lo, self.eos_hi))
-        target = max(target, min(int(body.get("min_tokens") or 0), max_tokens))
+        target = max(target, min(min_tokens, max_tokens))
         stop = body.get("stop") or []
         if isinstance(stop, str):
             stop = [stop]

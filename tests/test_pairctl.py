@@ -173,6 +173,14 @@ def test_phase_from_logs() -> None:
     assert phase_of("Waiting for rank 1 to join at 10.0.0.1:29501") == "waiting for rank 1"
 
 
+def test_readme_documents_every_check_and_exit_code() -> None:
+    text = (REPO / "launch" / "README.md").read_text()
+    for cid in CATALOGUE:
+        assert f"| {cid} |" in text, cid
+    for code in range(2, 7):
+        assert f"| {code} |" in text
+
+
 def test_check_ssh_remedies() -> None:
     assert check_ssh(ev()).status == PASS
     c = check_ssh({"reachable": False, "rc": 255, "stderr": "Host key verification failed."})

@@ -277,7 +277,7 @@ def cmd_run(store: Store, args: list[str]) -> int:
             "docker: Error response from daemon: failed to create task for container: "
             f'exec: "{exe}": executable file not found in $PATH: unknown.', code=127)
     scripts_dir = str(Path(__file__).resolve().parents[1])
-    subprocess.Popen([sys.executable, "-m", "rehearsal.supervise", "run", str(cdir)],
+    subprocess.Popen([sys.executable, "-S", "-m", "rehearsal.supervise", "run", str(cdir)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True,
                      cwd="/", env={**os.environ, "PYTHONPATH": scripts_dir})

@@ -58,7 +58,7 @@ def run(cdir: Path) -> int:
     """Start the container, record its init pid, wait, record its exit code."""
     scripts_dir = str(Path(__file__).resolve().parents[1])
     argv = ["unshare", "--mount", "--propagation", "private",
-            sys.executable, "-m", "rehearsal.supervise", "enter", str(cdir)]
+            sys.executable, "-S", "-m", "rehearsal.supervise", "enter", str(cdir)]
     env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
            "PYTHONPATH": scripts_dir}
     _unshare_pid_ns()

@@ -1,0 +1,228 @@
+"""End to end: the real launcher on two netns test hosts (real sshd, process runtime,
+simulator). The lifecycle, then each fault from issue 3, each ending in a clear message,
+the documented exit code (docs/INTERFACES.md) and no orphan process or container.
+
+Each test starts from a clean pair (the `fresh` fixture restores sshd, known_hosts,
+overlays and injected faults, and force-removes anything a failing test left), but the
+orphan checks run inside the tests, before that safety net, so an orphan is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rehearsal import chat, hosts, pairenv
+from rehearsal.testing import host_process_cmdlines, pair_fixture, run_launcher
+
+pytestmark = pytest.mark.needs_netns
+
+REPO = Path(__file__).resolve().parents[1]
+PAIR_ID = "rehearsal"
+LABEL = f"dsv4.pair={PAIR_ID}"
+EXIT_USAGE, EXIT_PREFLIGHT, EXIT_BOOT = 2, 3, 4
+
+pair = pair_fixture("dsv4e")
+
+
+@pytest.fixture(scope="module")
+def ready(pair: hosts.Pair) -> hosts.Pair:
+    pairenv.copy_overlays(pair, REPO)
+    return pair
+
+
+def _force_clean(pair: hosts.Pair) -> None:
+    """Safety net between tests: restore the pair to its pristine state."""
+    for host in pair.hosts:
+        pair.start_sshd(host)
+        (host.disk / "docker" / "inject.env").unlink(missing_ok=True)
+        ids = host.docker("ps", "-a", "-q", "--no-trunc").stdout.split()
+        if ids:
+            host.docker("rm", "-f", *ids)
+        sshd = host.sshd_pid()
+        for pid in host.pids():
+            if pid != sshd:
+                subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+    backup = pair.known_hosts.with_suffix(".orig")
+    if backup.exists():
+        shutil.copyfile(backup, pair.known_hosts)
+    pairenv.copy_overlays(pair, REPO)
+
+
+@pytest.fixture()
+def fresh(ready: hosts.Pair) -> Iterator[hosts.Pair]:
+    shutil.copyfile(ready.known_hosts, ready.known_hosts.with_suffix(".orig"))
+    yield ready
+    _force_clean(ready)
+
+
+def launch(pair: hosts.Pair, *args: str, env_file: Path | None = None,
+           timeout: float = 240) -> tuple[int, str]:
+    """Run the launcher on host 1; returns (exit code, stdout+stderr). Never leaks the
+    (fake) HF_TOKEN, whatever the command."""
+    res = run_launcher(pair, REPO, *args, env_file=env_file, timeout=timeout)
+    out = res.stdout + res.stderr
+    assert pairenv.FAKE_HF_TOKEN not in out, "the launcher printed HF_TOKEN"
+    return res.returncode, out
+
+
+def containers(host: hosts.Host) -> list[dict]:
+    res = host.docker("ps", "-a", "--no-trunc", "--format", "{{json .}}")
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def assert_no_orphans(pair: hosts.Pair, allowed: tuple[str, ...] = ()) -> None:
+    """No container and no process on either host except sshd and `allowed` substrings."""
+    deadline = time.monotonic() + 5  # an ssh session may take a moment to close
+    while True:
+        left = {h.name: [c["Names"] for c in containers(h)
+                         if not any(a in c["Names"] for a in allowed)] +
+                [p for p in host_process_cmdlines(h) if not any(a in p for a in allowed)]
+                for h in pair.hosts}
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not any(left.values()), f"orphans left: {left}"
+
+
+def inject(host: hosts.Host, fault: str) -> None:
+    (host.disk / "docker" / "inject.env").write_text(f"TWIN_FAULT={fault}\n")
+
+
+def pair_pids(host: hosts.Host) -> dict[str, int]:
+    return {c["Names"]: json.loads(host.docker("inspect", c["ID"]).stdout)[0]["State"]["Pid"]
+            for c in containers(host)}
+
+
+def test_lifecycle_up_chat_status_noop_down(fresh: hosts.Pair) -> None:
+    """up (with one overlay file missing on rank 1: warns, boots) -> chat -> status ->
+    up again changes nothing -> down leaves nothing. One boot covers both cases, because
+    a boot is the expensive part of these tests."""
+    pair = fresh
+    overlay = pair.h2.on_disk(pairenv.layout(pair).overlay_dir)
+    victim = sorted(p for p in (overlay / "dsv4_flash_overlays").glob("*.py")
+                    if p.name != "__init__.py")[0]
+    victim.unlink()
+    rc, out = launch(pair, "up", "--timeout", "120")
+    assert rc == 0, out
+    assert "healthy" in out
+    warns = [ln for ln in out.splitlines() if "WARN" in ln and "OVERLAY" in ln.upper()]
+    assert warns and any(victim.name in ln for ln in out.splitlines()), out
+    reply = chat.stream_chat(f"http://{pair.h1.ip}:8000", "Say hello.", max_tokens=16)
+    assert reply.simulator and (reply.content or reply.reasoning)
+    assert reply.usage.get("completion_tokens", 0) > 0
+    rc, out = launch(pair, "status")
+    assert rc == 0, out
+    assert f"dsv4-{PAIR_ID}-rank0 running" in out and f"dsv4-{PAIR_ID}-rank1 running" in out
+    before = [pair_pids(h) for h in pair.hosts]
+    assert set(before[0]) == {f"dsv4-{PAIR_ID}-rank0"}
+    assert set(before[1]) == {f"dsv4-{PAIR_ID}-rank1"}
+    rc, out = launch(pair, "up")
+    assert rc == 0, out
+    assert "nothing changed" in out.lower() or "already" in out.lower()
+    assert [pair_pids(h) for h in pair.hosts] == before, "up on a healthy pair restarted it"
+    rc, out = launch(pair, "down")
+    assert rc == 0, out
+    assert_no_orphans(pair)
+
+
+def test_rank1_sshd_down_fails_preflight(fresh: hosts.Pair) -> None:
+    pair = fresh
+    pair.stop_sshd(pair.h2)
+    rc, out = launch(pair, "up", "--timeout", "60")
+    assert rc == EXIT_PREFLIGHT, out
+    assert "PF-SSH" in out and "FAIL" in out
+    assert_no_orphans(pair)
+
+
+def test_rank1_host_key_mismatch_fails_preflight(fresh: hosts.Pair) -> None:
+    # The seed's incident: a copied launcher reaching a host whose key it does not know.
+    pair = fresh
+    lines = pair.known_hosts.read_text().splitlines()
+    h1_key = lines[0].split(" ", 1)[1]
+    pair.known_hosts.write_text(f"{lines[0]}\n{pair.h2.ip},{pair.h2.name} {h1_key}\n")
+    rc, out = launch(pair, "up", "--timeout", "60")
+    assert rc == EXIT_PREFLIGHT, out
+    assert "PF-SSH" in out and "host key" in out.lower()
+    assert_no_orphans(pair)
+
+
+def test_rank1_crash_during_boot_tears_down_both(fresh: hosts.Pair) -> None:
+    pair = fresh
+    inject(pair.h2, "crash:compiling:rank1")
+    rc, out = launch(pair, "up", "--timeout", "120")
+    assert rc == EXIT_BOOT, out
+    assert "rank 1" in out and "FAIL" in out
+    assert "compiling" in out.lower()  # the dead rank's log tail was printed
+    assert_no_orphans(pair)
+
+
+def test_head_crash_after_rank1_joined_tears_down_both(fresh: hosts.Pair) -> None:
+    pair = fresh
+    inject(pair.h1, "crash:loading:rank0")
+    rc, out = launch(pair, "up", "--timeout", "120")
+    assert rc == EXIT_BOOT, out
+    assert "rank 0" in out and "FAIL" in out
+    assert "joined" in out.lower()  # the head's log tail shows rank 1 had joined
+    assert_no_orphans(pair)
+
+
+def test_port_taken_by_foreign_process_fails_preflight(fresh: hosts.Pair) -> None:
+    pair = fresh
+    squatter = pair.h1.popen(["python3", "-m", "http.server", "8000", "--bind", pair.h1.ip],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if pair.h1.run(["curl", "-s", "-o", "/dev/null",
+                            f"http://{pair.h1.ip}:8000/"]).returncode == 0:
+                break
+            time.sleep(0.1)
+        rc, out = launch(pair, "up", "--timeout", "60")
+        assert rc == EXIT_PREFLIGHT, out
+        assert "PF-PORT-FREE" in out and "8000" in out
+        assert squatter.poll() is None, "the launcher killed a process it does not own"
+        assert_no_orphans(pair, allowed=("http.server",))
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+def test_other_pairs_container_on_rank1_survives(fresh: hosts.Pair) -> None:
+    pair = fresh
+    other = pair.h2.docker("run", "-d", "--name", "dsv4-pair-b-rank1",
+                           "--label", "dsv4.pair=pair-b", "--label", "dsv4.rank=1",
+                           "--label", "dsv4.role=worker", "--network", "host",
+                           pairenv.IMAGE, "sleep", "600")
+    assert other.returncode == 0, other.stderr
+    other_id = other.stdout.strip()
+    rc, out = launch(pair, "up", "--timeout", "60")
+    assert rc == EXIT_PREFLIGHT, out
+    assert "PF-FOREIGN-PAIR" in out and "pair-b" in out
+    rc, out = launch(pair, "down")
+    assert rc == 0, out
+    (survivor,) = containers(pair.h2)
+    assert survivor["ID"] == other_id and survivor["State"] == "running"
+    assert_no_orphans(pair, allowed=("dsv4-pair-b-rank1", "sleep 600", other_id))
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda text: text.replace("PAIR_ID=rehearsal\n", ""), "PAIR_ID"),
+    (lambda text: text.replace("PORT=8000", "PORT=eighty"), "PORT"),
+    (lambda text: text + "this line is not KEY=VALUE\n", ""),
+])
+def test_malformed_env_is_a_usage_error(fresh: hosts.Pair, edit, needle: str) -> None:
+    pair = fresh
+    assert pair.env_file is not None
+    bad = pair.env_file.with_name("bad.env")
+    bad.write_text(edit(pair.env_file.read_text()))
+    # A short --timeout bounds the cost should a launcher accept the file and boot.
+    rc, out = launch(pair, "up", "--timeout", "5", env_file=bad, timeout=90)
+    assert rc == EXIT_USAGE, out
+    assert needle in out
+    assert_no_orphans(pair)

@@ -214,6 +214,8 @@ def test_other_pairs_container_on_rank1_survives(fresh: hosts.Pair) -> None:
 @pytest.mark.parametrize(("edit", "needle"), [
     (lambda text: text.replace("PAIR_ID=rehearsal\n", ""), "PAIR_ID"),
     (lambda text: text.replace("PORT=8000", "PORT=eighty"), "PORT"),
+    (lambda text: text + "SPARK3 10.0.0.3\n", "malformed line"),
+    # Has an '=', but python-dotenv cannot parse it: must not be skipped with a warning.
     (lambda text: text + "this line is not KEY=VALUE\n", ""),
 ])
 def test_malformed_env_is_a_usage_error(fresh: hosts.Pair, edit, needle: str) -> None:
@@ -225,4 +227,26 @@ def test_malformed_env_is_a_usage_error(fresh: hosts.Pair, edit, needle: str) ->
     rc, out = launch(pair, "up", "--timeout", "5", env_file=bad, timeout=90)
     assert rc == EXIT_USAGE, out
     assert needle in out
+    assert_no_orphans(pair)
+
+
+def test_sync_overlays_reaches_both_disks_over_ssh(fresh: hosts.Pair) -> None:
+    pair = fresh
+    lay = pairenv.layout(pair)
+    for host in pair.hosts:
+        shutil.rmtree(host.on_disk(lay.overlay_dir))
+    assert pair.env_file is not None
+    res = pair.h1.run([str(REPO / "scripts" / "sync_overlays.sh"), "--env-file",
+                       str(pair.env_file)], timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    src = REPO / "mods" / "dsv4-flash-overlays"
+    want = sorted(str(p.relative_to(src)) for p in src.rglob("*.py")
+                  if "__pycache__" not in p.parts and not any(
+                      part.endswith(".egg-info") or part == "build" for part in p.parts))
+    for host in pair.hosts:
+        dst = host.on_disk(lay.overlay_dir)
+        got = sorted(str(p.relative_to(dst)) for p in dst.rglob("*.py"))
+        assert got == want, host.name
+        for rel in want:
+            assert (dst / rel).read_bytes() == (src / rel).read_bytes()
     assert_no_orphans(pair)

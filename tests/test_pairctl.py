@@ -143,7 +143,7 @@ def test_defaults_and_dotenv_semantics(tmp_path: Path) -> None:
                  "TYPO_VAR=1\n")
     cfg = load_env_file(f)
     assert cfg.SPARK1 == "10.0.0.1" and cfg.MODEL_PATH == "/m"
-    assert cfg.master_addr == "10.0.0.1" and cfg.PORT == "8000"
+    assert cfg.master_addr == "10.0.0.1" and cfg.PORT == ""  # empty = recipe's port
     assert cfg.OVERLAY_DIR == "/home/bird/vllm-overlays"
     assert cfg.unknown == ("TYPO_VAR",)
 

@@ -103,6 +103,25 @@ def test_precedence_cli_over_env_over_recipe() -> None:
     assert "NCCL_IB_HCA" not in build_rank(cfg, load_recipe(MAIN), 0, []).env
 
 
+def test_recipe_port_is_default_and_wiring_not_overridable() -> None:
+    from pairctl.plan import with_recipe_defaults
+    from pairctl.recipe import check_passthrough
+
+    d = _raw()
+    d["serve"]["port"] = 8100
+    cfg = with_recipe_defaults(parse_env(ENV), parse_recipe(d))
+    assert cfg.PORT == "8100"
+    cfg = with_recipe_defaults(parse_env(dict(ENV, PORT="8200")), parse_recipe(d))
+    assert cfg.PORT == "8200"
+    for bad in (["--port", "1"], ["--node-rank=0"], ["--headless"], ["--master-addr", "x"]):
+        with pytest.raises(ConfigError, match="set by the launcher"):
+            check_passthrough(bad)
+    check_passthrough(["--max-num-seqs", "8", "--twin-fault", "rank1-crash"])
+    d["serve"]["port"] = "eighty"
+    with pytest.raises(ConfigError, match="serve.port"):
+        parse_recipe(d)
+
+
 _PARSE = r"""
 import json, os, sys
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # parser needs a platform; CPU is enough

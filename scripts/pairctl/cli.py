@@ -17,9 +17,16 @@ from pairctl import lifecycle as lc
 from pairctl import preflight as pf
 from pairctl.config import ConfigError, PairConfig, load_env_file
 from pairctl.nodes import nodes
-from pairctl.plan import build_rank, container_name, is_secret, render_plan, resolve_image
+from pairctl.plan import (
+    build_rank,
+    container_name,
+    is_secret,
+    render_plan,
+    resolve_image,
+    with_recipe_defaults,
+)
 from pairctl.probe import collect
-from pairctl.recipe import Recipe, load_recipe
+from pairctl.recipe import Recipe, check_passthrough, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_RECIPE = REPO / "recipes" / "dsv4-flash-dspark.yaml"
@@ -34,9 +41,11 @@ def _load(args: argparse.Namespace) -> tuple[PairConfig, Recipe, list[str]]:
         print(f"WARN: {cfg.env_file}: unknown variable{shown} ignored; see .env.example",
               file=sys.stderr)
     recipe = load_recipe(args.recipe)
+    cfg = with_recipe_defaults(cfg, recipe)
     passthrough = list(args.vllm_args or [])
     if passthrough and passthrough[0] == "--":
         passthrough = passthrough[1:]
+    check_passthrough(passthrough)
     resolve_image(cfg, recipe)
     return cfg, recipe, passthrough
 
@@ -197,3 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

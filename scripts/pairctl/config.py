@@ -38,7 +38,7 @@ VARS: tuple[Var, ...] = (
     Var("SPARK2", None, "host", "rank-1 node address (reached over ssh)"),
     Var("MASTER_ADDR", "", "host_or_empty", "torch.distributed master address; empty = SPARK1"),
     Var("MASTER_PORT", "29501", "port", "torch.distributed master port on rank 0"),
-    Var("PORT", "8000", "port", "OpenAI endpoint port on rank 0"),
+    Var("PORT", "", "port_or_empty", "OpenAI endpoint port on rank 0; empty = recipe's (8000)"),
     Var("SSH_USER", "", "word_or_empty", "ssh user for SPARK2; empty = ssh default"),
     Var("SSH_PORT", "", "port_or_empty", "ssh port for SPARK2; empty = ssh default"),
     Var("SSH_IDENTITY_FILE", "", "path_or_empty", "ssh identity file; empty = ssh default"),

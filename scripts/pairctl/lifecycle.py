@@ -33,6 +33,7 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("Waiting for rank 1 to join", "waiting for rank 1"),
     ("Starting vLLM API server", "starting API server"),
     ("Application startup complete.", "API server up"),
+    ("Worker ready", "worker ready"),
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pairctl.config import SECRET_NAMES, ConfigError, PairConfig
 from pairctl.recipe import Mount, Recipe, serve_argv, substitute
@@ -49,6 +49,14 @@ class RankPlan:
     docker_argv: tuple[str, ...]
 
 
+def with_recipe_defaults(cfg: PairConfig, recipe: Recipe) -> PairConfig:
+    """Fill env values the recipe provides defaults for (PORT: env > recipe > 8000)."""
+    if cfg.PORT:
+        return cfg
+    values = dict(cfg.values, PORT=str(recipe.serve.get("port", 8000)))
+    return replace(cfg, values=values)
+
+
 def resolve_image(cfg: PairConfig, recipe: Recipe) -> str:
     """IMAGE from .env wins over the recipe's container.image."""
     image = cfg.IMAGE or recipe.image
@@ -68,7 +76,7 @@ def _placeholders(cfg: PairConfig, rank: int) -> dict[str, str]:
 def vllm_args(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str]) -> list[str]:
     """``vllm serve MODEL <recipe args> <per-rank args> <passthrough>``."""
     serve = dict(recipe.serve)
-    serve["port"] = int(cfg.PORT)  # the pair's port (env) overrides the recipe's
+    serve["port"] = int(with_recipe_defaults(cfg, recipe).PORT)  # env PORT > recipe port
     argv = ["vllm", "serve", cfg.MODEL_PATH]
     argv += serve_argv(serve, _placeholders(cfg, rank))
     argv += ["--node-rank", str(rank), "--master-addr", cfg.master_addr,

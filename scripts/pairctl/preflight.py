@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from pairctl.config import PairConfig
-from pairctl.plan import FORBIDDEN_ENV, LABEL_PAIR, build_rank, resolve_image
+from pairctl.plan import (
+    FORBIDDEN_ENV,
+    LABEL_PAIR,
+    build_rank,
+    resolve_image,
+    with_recipe_defaults,
+)
 from pairctl.recipe import Recipe
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
@@ -357,6 +363,7 @@ def check_overlays(path: str, want: dict[str, str], n0: dict[str, Any],
 def decide(cfg: PairConfig, recipe: Recipe, passthrough: list[str], evidence: dict[str, Any],
            overlay_src_files: dict[str, str]) -> list[Check]:
     """All verdicts from evidence. Rank-1 checks are SKIP when ssh failed."""
+    cfg = with_recipe_defaults(cfg, recipe)
     n0 = evidence["nodes"]["0"]
     n1 = evidence["nodes"]["1"]
     resolved = evidence["resolved"]

@@ -122,6 +122,9 @@ def parse_recipe(data: Any, path: str = "<recipe>") -> Recipe:
                              f"(e.g. max-num-seqs)")
         if k in LAUNCHER_OWNED:
             raise _err(path, f"serve key {k!r} is set by the launcher per rank; remove it")
+    port = serve.get("port", 8000)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise _err(path, f"serve.port {port!r} must be a port number")
     return Recipe(name=name, version=version, path=path, image=image, shm_size=shm,
                   ulimits=ulimits, mounts=mounts, env=env_out, serve=dict(serve))
 
@@ -136,6 +139,16 @@ def load_recipe(path: str | Path) -> Recipe:
     except yaml.YAMLError as exc:
         raise _err(str(p), f"invalid YAML: {exc}") from exc
     return parse_recipe(data, str(p))
+
+
+def check_passthrough(args: list[str]) -> None:
+    """Extra vLLM args may override tuning, not the pair's wiring (that lives in .env)."""
+    owned = {f"--{k}" for k in LAUNCHER_OWNED} | {"--port"}
+    for a in args:
+        flag = a.split("=", 1)[0]
+        if flag in owned:
+            where = "PORT in the env file" if flag == "--port" else "the env file"
+            raise ConfigError(f"extra vLLM arg {flag} is set by the launcher; use {where}")
 
 
 def substitute(text: str, values: dict[str, str], where: str) -> str:

@@ -114,20 +114,21 @@ def _ours(prefix: str) -> list[str]:
 
 
 def test_teardown_and_leftover_cleanup_remove_everything() -> None:
-    prefix = "dsv4tc"
-    first = hosts.build_pair(prefix)
+    first = hosts.build_free_pair("dsv4tc")
+    prefix = first.prefix
     pairenv.load_image(first.h2)
+    mnt = Path(f"/opt/{prefix}-mnt")
     cid = first.h2.docker("run", "-d", "--network", "host", "-v",
-                          f"{first.base}:/opt/dsv4tc-mnt/deep", pairenv.IMAGE, "sleep", "600")
+                          f"{first.base}:{mnt}/deep", pairenv.IMAGE, "sleep", "600")
     assert cid.returncode == 0, cid.stderr
-    assert Path("/opt/dsv4tc-mnt/deep").is_dir()
+    assert (mnt / "deep").is_dir()
     # Simulate a crash: drop the lock without tearing down, then build again.
     assert first.lock_fh is not None
     first.lock_fh.close()
     second = hosts.build_pair(prefix)
     try:
         assert not first.base.exists(), "leftover temp dir survived"
-        assert not Path("/opt/dsv4tc-mnt").exists(), "leftover mount point survived"
+        assert not mnt.exists(), "leftover mount point survived"
         assert second.h2.pids() == [second.h2.sshd_pid()]
         with pytest.raises(hosts.HarnessError, match="another rehearsal with prefix"):
             hosts.build_pair(prefix)

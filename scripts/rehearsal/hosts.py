@@ -451,6 +451,19 @@ def teardown(pair: Pair, log: Log = lambda _m: None) -> None:
         f"{pair.base}")
 
 
+def build_free_pair(prefix: str, log: Log = lambda _m: None, tries: int = 10) -> Pair:
+    """Build with `prefix`, or `prefix`1..9 while those are held by live runs (two people
+    running the tests at once). A crashed run's prefix is free again and gets cleaned."""
+    for k in range(tries):
+        candidate = prefix if k == 0 else f"{prefix}{k}"
+        try:
+            return build_pair(candidate, log)
+        except HarnessError as exc:
+            if "another rehearsal with prefix" not in str(exc) or k == tries - 1:
+                raise
+    raise HarnessError("unreachable")
+
+
 @contextmanager
 def pair_up(prefix: str = "dsv4r", log: Log = lambda _m: None) -> Iterator[Pair]:
     """Context manager: build the pair, always tear it down."""

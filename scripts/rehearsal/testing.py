@@ -2,7 +2,8 @@
 
 Each test module makes its own fixture with its own prefix (`pair_fixture("dsv4t")`),
 so modules never share names and a manual `make rehearse` (prefix `dsv4r`) can run at
-the same time. Building a pair takes ~1.5 s; the simulator boot is the slow part.
+the same time; if someone else's test run holds the prefix, the next free `prefixN` is
+used. Building a pair takes ~1.5 s; the simulator boot is the slow part.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def pair_fixture(prefix: str, with_env: bool = True) -> Callable[..., Any]:
 
     @pytest.fixture(scope="session")
     def _pair() -> Iterator[hosts.Pair]:
-        pair = hosts.build_pair(prefix)
+        pair = hosts.build_free_pair(prefix)
         try:
             if with_env:
                 pair.env_file = pairenv.prepare(pair)

@@ -286,3 +286,16 @@ def test_decide_skips_rank1_checks_when_unreachable() -> None:
     evidence["nodes"]["1"] = ev(addrs=["10.0.0.2"])
     by = {c.id: c.status for c in decide(cfg, recipe, [], evidence, {"a.py": "x"})}
     assert FAIL not in by.values(), by
+
+
+def test_first_dead_rank_leads_the_report() -> None:
+    from pairctl.docker import State
+    from pairctl.lifecycle import first_dead
+    from pairctl.nodes import nodes
+
+    n0, n1 = nodes(parse_env(ENV))
+    head = (n0, "h", State(True, False, "exited", 1, "2026-11-30T10:02:20.500000000Z"))
+    worker = (n1, "w", State(True, False, "exited", 1, "2026-11-30T10:02:20.100000000Z"))
+    assert [d[1] for d in first_dead([head, worker])] == ["w", "h"]
+    unknown = (n0, "h", State(True, False, "exited", 1, "0001-01-01T00:00:00Z"))
+    assert [d[1] for d in first_dead([unknown, worker])] == ["w", "h"]

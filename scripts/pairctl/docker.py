@@ -108,6 +108,7 @@ class State:
     running: bool
     status: str
     exit_code: int | None
+    finished_at: str = ""
 
 
 def inspect(node: Node, name: str) -> State | None:
@@ -125,7 +126,8 @@ def inspect(node: Node, name: str) -> State | None:
         return None
     code = st.get("ExitCode")
     return State(True, bool(st.get("Running")), str(st.get("Status", "")),
-                 int(code) if isinstance(code, int) else None)
+                 int(code) if isinstance(code, int) else None,
+                 str(st.get("FinishedAt") or ""))
 
 
 def logs_tail(node: Node, name: str, lines: int = 40) -> str:

@@ -19,7 +19,7 @@ import requests
 
 from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT
 from pairctl.config import PairConfig
-from pairctl.docker import inspect, logs_tail, pair_containers, remove_pair
+from pairctl.docker import State, inspect, logs_tail, pair_containers, remove_pair
 from pairctl.nodes import Node, nodes
 from pairctl.plan import LABEL_PLAN, build_rank, container_name, mask_argv, plan_hash
 from pairctl.recipe import Recipe
@@ -141,6 +141,27 @@ def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
     return EXIT_OK
 
 
+def first_dead(dead: list[tuple[Node, str, State]]) -> list[tuple[Node, str, State]]:
+    """Dead ranks, the one that died first leading (FinishedAt; unknown sorts last).
+
+    When one rank crashes the other usually exits too ("TP peer lost"); the first one to
+    die is the cause, so its log tail is printed first.
+    """
+    return sorted(dead, key=lambda d: (d[2].finished_at == "" or d[2].finished_at.startswith(
+        "0001-"), d[2].finished_at, -d[0].rank))
+
+
+def report_dead(dead: list[tuple[Node, str, State]]) -> None:
+    """Print each dead rank's status and log tail, the first to die first."""
+    ordered = first_dead(dead)
+    if len(ordered) > 1:
+        log(f"FAIL: both ranks exited; rank {ordered[0][0].rank} went first")
+    for node, name, st in ordered:
+        why = ("disappeared" if not st.exists
+               else f"exited (status {st.status}, exit code {st.exit_code})")
+        _print_dead(node, name, why)
+
+
 def _print_dead(node: Node, name: str, why: str) -> None:
     log(f"FAIL: rank {node.rank} ({name} on {node.addr}) {why}; last log lines:")
     tail = logs_tail(node, name, 40)
@@ -159,6 +180,7 @@ def wait_healthy(cfg: PairConfig, timeout_s: float, poll_s: float = 2.0,
     misses = {0: 0, 1: 0}
     while True:
         now = clock()
+        dead: list[tuple[Node, str, State]] = []
         for node in pair:
             name = container_name(cfg.PAIR_ID, node.rank)
             st = inspect(node, name)
@@ -171,12 +193,12 @@ def wait_healthy(cfg: PairConfig, timeout_s: float, poll_s: float = 2.0,
                 continue
             misses[node.rank] = 0
             if not st.running:
-                if tty:
-                    print(file=sys.stderr)
-                why = ("disappeared" if not st.exists
-                       else f"exited (status {st.status}, exit code {st.exit_code})")
-                _print_dead(node, name, why)
-                return EXIT_BOOT
+                dead.append((node, name, st))
+        if dead:
+            if tty:
+                print(file=sys.stderr)
+            report_dead(dead)
+            return EXIT_BOOT
         h = probe_health(base)
         elapsed = fmt_elapsed(now - start)
         if h.healthy:

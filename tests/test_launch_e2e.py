@@ -211,20 +211,21 @@ def test_other_pairs_container_on_rank1_survives(fresh: hosts.Pair) -> None:
     assert_no_orphans(pair, allowed=("dsv4-pair-b-rank1", "sleep 600", other_id))
 
 
-@pytest.mark.parametrize(("edit", "needle"), [
-    (lambda text: text.replace("PAIR_ID=rehearsal\n", ""), "PAIR_ID"),
-    (lambda text: text.replace("PORT=8000", "PORT=eighty"), "PORT"),
-    (lambda text: text + "SPARK3 10.0.0.3\n", "malformed line"),
+@pytest.mark.parametrize(("command", "edit", "needle"), [
+    ("up", lambda text: text.replace("PAIR_ID=rehearsal\n", ""), "PAIR_ID"),
+    ("up", lambda text: text.replace("PORT=8000", "PORT=eighty"), "PORT"),
+    ("up", lambda text: text + "SPARK3 10.0.0.3\n", "malformed line"),
     # Has an '=', but python-dotenv cannot parse it: must not be skipped with a warning.
-    (lambda text: text + "this line is not KEY=VALUE\n", ""),
+    # (`plan`: a config error is exit 2 for every command, and plan never boots a pair.)
+    ("plan", lambda text: text + "this line is not KEY=VALUE\n", ""),
 ])
-def test_malformed_env_is_a_usage_error(fresh: hosts.Pair, edit, needle: str) -> None:
+def test_malformed_env_is_a_usage_error(fresh: hosts.Pair, command: str, edit,
+                                        needle: str) -> None:
     pair = fresh
     assert pair.env_file is not None
     bad = pair.env_file.with_name("bad.env")
     bad.write_text(edit(pair.env_file.read_text()))
-    # A short --timeout bounds the cost should a launcher accept the file and boot.
-    rc, out = launch(pair, "up", "--timeout", "5", env_file=bad, timeout=90)
+    rc, out = launch(pair, command, env_file=bad, timeout=90)
     assert rc == EXIT_USAGE, out
     assert needle in out
     assert_no_orphans(pair)

@@ -2,8 +2,9 @@
 
 vLLM calls ``register()`` once in every process (API server, engine core, each worker,
 the headless rank-1 node too). Each overlay is off unless its env flag is ``1``
-(see ``flags.py``); an overlay that cannot apply logs one warning and leaves vLLM
-untouched, so a plugin problem never breaks a boot.
+(see ``flags.py``); ``DSV4_OVERLAYS_DISABLE=1`` turns all of them off. An overlay that
+cannot apply logs one warning and leaves vLLM untouched, so a plugin problem never
+breaks a boot. Overlay modules are imported lazily, only when their flag is on.
 """
 
 from __future__ import annotations
@@ -11,36 +12,65 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import threading
 
-from .flags import OVERLAYS, flag_enabled
+from .flags import KILL_SWITCH, OVERLAYS, flag_enabled, invalid_flags
+
+__version__ = "0.1.0"
 
 logger = logging.getLogger("dsv4_flash_overlays")
 
 _APPLIED: dict[str, bool] = {}
+_LOCK = threading.Lock()
+
+
+def _route_logs_to_vllm() -> None:
+    """Show our INFO lines in vLLM's log: vLLM configures only the ``vllm`` logger."""
+    if logger.handlers:
+        return
+    vllm_logger = logging.getLogger("vllm")
+    if vllm_logger.handlers:
+        for handler in vllm_logger.handlers:
+            logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def register() -> None:
     """Entry point for ``vllm.general_plugins``; safe to call more than once."""
-    for overlay in OVERLAYS:
-        if overlay.name in _APPLIED:
-            continue
-        if not flag_enabled(overlay.flag):
-            _APPLIED[overlay.name] = False
-            continue
-        try:
-            module = importlib.import_module(f"{__name__}.{overlay.module}")
-            ok = bool(module.apply())
-        except Exception as exc:  # never break a vLLM boot because of an overlay
-            logger.warning(
-                "dsv4-flash-overlays: %s could not be applied (%s: %s); vLLM left untouched",
-                overlay.name, type(exc).__name__, exc,
-            )
-            ok = False
-        _APPLIED[overlay.name] = ok
-        if ok:
-            logger.info("dsv4-flash-overlays: %s installed (pid %d)", overlay.name, os.getpid())
+    with _LOCK:
+        _route_logs_to_vllm()
+        if os.environ.get(KILL_SWITCH, "") == "1":
+            if not _APPLIED:
+                logger.info("dsv4-flash-overlays: %s=1, no overlay applied (pid %d)",
+                            KILL_SWITCH, os.getpid())
+            for overlay in OVERLAYS:
+                _APPLIED.setdefault(overlay.name, False)
+            return
+        bad = invalid_flags()
+        if bad and not _APPLIED:
+            logger.warning("dsv4-flash-overlays: invalid values ignored for %s", ", ".join(bad))
+        for overlay in OVERLAYS:
+            if overlay.name in _APPLIED:
+                continue
+            if not flag_enabled(overlay.flag):
+                _APPLIED[overlay.name] = False
+                continue
+            try:
+                module = importlib.import_module(f"{__name__}.{overlay.module}")
+                ok = bool(module.apply())
+            except Exception as exc:  # never break a vLLM boot because of an overlay
+                logger.warning(
+                    "dsv4-flash-overlays: %s could not be applied (%s: %s); vLLM left untouched",
+                    overlay.name, type(exc).__name__, exc,
+                )
+                ok = False
+            _APPLIED[overlay.name] = ok
+            if ok:
+                logger.info("dsv4-flash-overlays: %s active (pid %d)", overlay.name, os.getpid())
 
 
 def applied() -> dict[str, bool]:
     """Which overlays this process applied (for tests and status output)."""
-    return dict(_APPLIED)
+    with _LOCK:
+        return dict(_APPLIED)

@@ -1,12 +1,18 @@
 """The one registry of this plugin's env flags and the patch catalogue.
 
-Our flags are not part of vLLM's torch.compile cache key: when A/B-testing a flag,
-use ``VLLM_DISABLE_COMPILE_CACHE=1`` or a separate ``VLLM_CACHE_ROOT`` per variant.
+Every variable the plugin reads is listed in ``FLAGS`` (default, meaning, validation);
+every patch in ``OVERLAYS`` (why, how, upstream, removal plan). The README's tables are
+written from these two.
+
+Our flags are not part of vLLM's torch.compile cache key: when A/B-testing a flag that
+changes the model graph, use ``VLLM_DISABLE_COMPILE_CACHE=1`` or a separate
+``VLLM_CACHE_ROOT`` per variant.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -23,8 +29,53 @@ class Overlay:
     removal: str
 
 
+@dataclass(frozen=True)
+class Flag:
+    """One environment variable the plugin reads."""
+
+    name: str
+    default: str
+    doc: str
+    valid: Callable[[str], bool]
+
+
+def _is_01(v: str) -> bool:
+    return v in ("0", "1")
+
+
+def _is_nonneg_float(v: str) -> bool:
+    try:
+        return float(v) >= 0
+    except ValueError:
+        return False
+
+
+def _is_rate(v: str) -> bool:
+    try:
+        return 0.0 <= float(v) <= 1.0
+    except ValueError:
+        return False
+
+
 # Kill switch: DSV4_OVERLAYS_DISABLE=1 turns every overlay off whatever its flag says.
 KILL_SWITCH = "DSV4_OVERLAYS_DISABLE"
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(KILL_SWITCH, "0", "1 = apply no overlay at all (kill switch)", _is_01),
+    Flag("VLLM_INCREMENTAL_ENCODE_CACHE", "0",
+         "1 = incremental tokenizer cache on the DSV4 tokenizer", _is_01),
+    Flag("VLLM_INCREMENTAL_ENCODE_CACHE_MB", "256",
+         "byte budget of the tokenizer cache in MiB (LRU eviction; 0 = no caching)",
+         _is_nonneg_float),
+    Flag("VLLM_INCREMENTAL_ENCODE_VERIFY_RATE", "0.01",
+         "fraction of cached encodes re-checked against a full encode; a mismatch turns "
+         "the cache off for the process", _is_rate),
+    Flag("VLLM_INCREMENTAL_ENCODE_LOG_INTERVAL_S", "60",
+         "seconds between counter log lines (hits, misses, bytes, fallbacks); 0 = never",
+         _is_nonneg_float),
+    Flag("VLLM_DSPARK_FP8_DRAFT_HEAD", "0",
+         "1 = DSpark draft logits from an fp8 copy of the local lm_head shard", _is_01),
+)
 
 OVERLAYS: tuple[Overlay, ...] = (
     Overlay(
@@ -32,7 +83,8 @@ OVERLAYS: tuple[Overlay, ...] = (
         flag="VLLM_INCREMENTAL_ENCODE_CACHE",
         module="deepseek_v4_tok",
         why="multi-turn chat re-tokenizes the whole history on the API-server CPU each turn",
-        how="wraps the DSV4 tokenizer vLLM builds so only text past a cached prefix is encoded",
+        how="wraps DeepseekV4Tokenizer.from_pretrained; the tokenizer it returns serves "
+        "encode()/__call__ from a token-exact prefix cache and encodes only new text",
         upstream="vllm-project/vllm#47582 (RFC), #47583 (PR)",
         removal="drop once an equivalent cache is merged upstream",
     ),
@@ -48,9 +100,15 @@ OVERLAYS: tuple[Overlay, ...] = (
 )
 
 
-def flag_enabled(name: str, environ: dict[str, str] | None = None) -> bool:
+def flag_enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """True only for the exact value ``1``; anything else (unset, 0, true) is off."""
     env = os.environ if environ is None else environ
     if env.get(KILL_SWITCH, "") == "1":
         return False
     return env.get(name, "") == "1"
+
+
+def invalid_flags(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Names of registered flags that are set to a value their validator rejects."""
+    env = os.environ if environ is None else environ
+    return [f.name for f in FLAGS if env.get(f.name, "") != "" and not f.valid(env[f.name])]

@@ -51,6 +51,7 @@ pairs...) is not cached: ``encode`` then calls the tokenizer directly.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import logging
 import os
@@ -126,6 +127,9 @@ def _self_delimiting(tokens: list[str]) -> list[str]:
     proper_prefixes: set[str] = set()
     proper_suffixes: set[str] = set()
     inner_by_last: dict[str, list[str]] = {}
+    first_chars = {u[0] for u in tokens if u}
+    last_chars = {u[-1] for u in tokens if u}
+    lengths = {len(u) for u in tokens}
     for u in tokens:
         for k in range(1, len(u)):
             proper_prefixes.add(u[:k])
@@ -146,23 +150,43 @@ def _self_delimiting(tokens: list[str]) -> list[str]:
         # (2)+(4) a token ending inside t (or at its end) that starts before t.
         if any(t[:k] in proper_suffixes for k in range(1, n + 1)):
             continue
-        # (3) another token strictly inside t.
+        # (3) another token strictly inside t (only spans that could be a token).
         if any(
-            t[a:b] in token_set and (a, b) != (0, n)
+            t[a:b] in token_set
             for a in range(n)
+            if t[a] in first_chars
             for b in range(a + 1, n + 1)
+            if (a, b) != (0, n) and t[b - 1] in last_chars and (b - a) in lengths
         ):
             continue
         safe.append(t)
     return safe
 
 
+def _component_spec(tokenizer: Tokenizer) -> dict[str, Any]:
+    """The parts of the tokenizer's JSON the analysis needs (not the 4 MB vocab)."""
+
+    def state(component: Any) -> Any:
+        return None if component is None else json.loads(component.__getstate__())
+
+    return {
+        "normalizer": state(tokenizer.normalizer),
+        "pre_tokenizer": state(tokenizer.pre_tokenizer),
+        "post_processor": state(tokenizer.post_processor),
+        "added_tokens": [
+            {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
+             "single_word": t.single_word}
+            for t in tokenizer.get_added_tokens_decoder().values()
+        ],
+    }
+
+
 def analyse_tokenizer(tokenizer: Tokenizer) -> Analysis:
-    """Decide from the tokenizer's own JSON whether incremental encoding is provably exact."""
+    """Decide from the tokenizer's own config whether incremental encoding is provably exact."""
     try:
-        spec = json.loads(tokenizer.to_str())
+        spec = _component_spec(tokenizer)
     except Exception as exc:  # pragma: no cover - exotic tokenizer objects
-        return Analysis(False, f"cannot serialise tokenizer: {exc}")
+        return Analysis(False, f"cannot read the tokenizer's config: {exc}")
 
     norm = spec.get("normalizer")
     if norm is not None and not (norm.get("type") == "Sequence" and not norm.get("normalizers")):
@@ -307,12 +331,8 @@ class IncrementalEncoder:
         backend = _backend_of(tokenizer)
         # A private copy: HF wrappers toggle truncation/padding on their backend per
         # call, which would race with us; ours never has either.
-        self._tok = Tokenizer.from_str(backend.to_str())
-        self._tok.no_truncation()
-        self._tok.no_padding()
-        self._tok.encode_special_tokens = False
+        self._tok, self.analysis = _private_copy(backend.to_str())
         self.name = name
-        self.analysis = analyse_tokenizer(self._tok)
         if budget_bytes is None:
             budget_bytes = int(_env_float(ENV_CACHE_MB, DEFAULT_CACHE_MB) * 1024 * 1024)
         self.budget_bytes = max(0, int(budget_bytes))
@@ -335,15 +355,15 @@ class IncrementalEncoder:
         self.disabled_reason = "" if self._enabled else (
             self.analysis.reason if not self.analysis.supported else "budget is 0"
         )
-        cut_res = []
-        if self.analysis.newline_cuts:
-            cut_res.append("[\r\n](?=[^" + _WS_CLASS + "])")
-        if self.analysis.safe_tokens:
-            toks = sorted(self.analysis.safe_tokens, key=len, reverse=True)
-            cut_res.append("(?:" + "|".join(re.escape(t) for t in toks) + ")")
-        self._cut_re = re.compile("|".join(cut_res)) if cut_res else None
+        self._cut_re = _cut_regex(self.analysis)
         if not self._enabled:
             logger.info("incremental-encode(%s): not caching (%s)", name, self.disabled_reason)
+
+    def __copy__(self) -> IncrementalEncoder:
+        return self  # shared on purpose: one cache per tokenizer, thread-safe
+
+    def __deepcopy__(self, memo: dict) -> IncrementalEncoder:
+        return self  # HF/vLLM deep-copy tokenizers (thread pools); keep one cache
 
     # -- public API --------------------------------------------------------------------
 
@@ -613,6 +633,53 @@ class IncrementalEncoder:
         """Count a call the caller served uncached after an error in the cached path."""
         with self._lock:
             self.stats.fallbacks += 1
+
+
+@functools.lru_cache(maxsize=4)
+def _private_copy(spec: str) -> tuple[Tokenizer, Analysis]:
+    """A never-mutated copy of the tokenizer (shared by encoders of the same tokenizer).
+
+    HF wrappers toggle truncation/padding on their backend per call, which would race
+    with us; this copy never has either. Memoized: building it costs about a second.
+    """
+    tok = Tokenizer.from_str(spec)
+    tok.no_truncation()
+    tok.no_padding()
+    tok.encode_special_tokens = False
+    return tok, analyse_tokenizer(tok)
+
+
+def _trie_pattern(words: list[str]) -> str:
+    """A regex matching any of ``words``, factored as a character trie.
+
+    A flat alternation of ~1300 added tokens makes ``re`` try each one at every ``<``;
+    the trie form costs one branch per character.
+    """
+    trie: dict[str, Any] = {}
+    for w in words:
+        node = trie
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        if "" in node:
+            # Shorter match allowed: any match ends a safe token, longer ones first.
+            return "(?:" + "|".join(alts) + ")?" if alts else ""
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+    return emit(trie)
+
+
+def _cut_regex(analysis: Analysis) -> re.Pattern[str] | None:
+    """One regex whose match ends are exactly the cuts of ``analysis``."""
+    parts = []
+    if analysis.newline_cuts:
+        parts.append("[\r\n](?=[^" + _WS_CLASS + "])")
+    if analysis.safe_tokens:
+        parts.append(_trie_pattern(list(analysis.safe_tokens)))
+    return re.compile("|".join(parts)) if parts else None
 
 
 def _backend_of(tokenizer: Any) -> Tokenizer:

@@ -131,6 +131,7 @@ def test_single_stream_decode_rate_matches_truth(twin):
     rec = recs[headers["X-Request-Id"]]
     assert rec["received_ns"] < rec["first_token_ns"] < rec["finish_ns"] <= time.monotonic_ns()
     assert rec["completion_tokens"] == 150 and rec["tokenize_ms"] > 0
+    assert rec["completion_tokens"] == 1 + rec["verify_steps"] + rec["accepted_tokens"]
 
 
 def test_tokenize_prompt_and_messages(twin):

@@ -66,6 +66,8 @@ class Request:
     cached_tokens: int = 0
     computed: int = 0
     generated: int = 0
+    verify_steps: int = 0
+    accepted: int = 0
     text_tail: str = ""
     first_token_ns: int | None = None
     finish_ns: int | None = None
@@ -78,6 +80,7 @@ class Request:
                 "first_token_ns": self.first_token_ns, "finish_ns": self.finish_ns,
                 "prompt_tokens": self.prompt_len, "completion_tokens": self.generated,
                 "cached_tokens": self.cached_tokens, "tokenize_ms": round(self.tokenize_ms, 3),
+                "verify_steps": self.verify_steps, "accepted_tokens": self.accepted,
                 "finish_reason": self.finish_reason, "foreign": self.foreign_until is not None}
 
 
@@ -281,6 +284,8 @@ class Engine:
             drawn = r.drawer.draw()
             n = self._emit(r, 1 + drawn, end)
             acc = n - 1
+            r.verify_steps += 1
+            r.accepted += acc
             self.m.drafts.inc()
             self.m.draft_tokens.inc(self.cfg.gamma)
             self.m.accepted.inc(acc)

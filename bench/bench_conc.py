@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                     b.chat_payload(prompts.messages_for(text, prompts.nonce(rng)), args.max_tokens)
                     for _ in range(c)
                 ]
-                return cli.run_threads([lambda p=p: b.stream(p, tr) for p in payloads])
+                return b.stream_wave(payloads, tr)
 
             gp = b.guarded(f"c={c}", wave)
             m = wave_metrics(gp.result) if gp.result is not None else None

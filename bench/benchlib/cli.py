@@ -23,7 +23,7 @@ import requests
 
 from benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, SCHEMA_VERSION
 from benchlib.guard import GuardConfig, GuardedPoint, GuardError, InFlightTracker, run_guarded
-from benchlib.stream import StreamResult, stream_request
+from benchlib.stream import StreamResult, open_connection, stream_request
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -51,6 +51,12 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-guard", action="store_true", help="measure unguarded (not recommended)")
     p.add_argument("--timeout-s", type=float, default=900, help="per-request socket timeout")
+    p.add_argument(
+        "--settle-ms",
+        type=float,
+        default=20,
+        help="pause between opening connections and sending (server accepts them)",
+    )
     p.add_argument("--ready-timeout-s", type=float, default=60, help="wait for /v1/models")
     p.add_argument("--seed", type=int, default=0, help="prompt text seed")
     p.add_argument(
@@ -149,13 +155,37 @@ class Bench:
         return p
 
     def stream(self, payload: dict[str, Any], tracker: InFlightTracker | None) -> StreamResult:
-        return stream_request(
-            self.url,
-            CHAT_PATH,
-            payload,
-            timeout_s=self.args.timeout_s,
-            api_key=self.args.api_key,
-            tracker=tracker,
+        """One request on a connection opened (and accepted by the server) beforehand."""
+        return self.stream_wave([payload], tracker)[0]
+
+    def stream_wave(
+        self, payloads: Sequence[dict[str, Any]], tracker: InFlightTracker | None
+    ) -> list[StreamResult]:
+        """Send all payloads at once, one thread each, on pre-opened connections.
+
+        Connecting first and letting the server accept (settle) keeps its connection set-up
+        out of TTFT; the threads then start together at a barrier and block in recv().
+        """
+        socks: list[Any] = []
+        for _ in payloads:
+            try:
+                socks.append(open_connection(self.url, self.args.timeout_s))
+            except OSError:
+                socks.append(None)  # stream_request will connect itself and report the error
+        time.sleep(self.args.settle_ms / 1000)
+        return run_threads(
+            [
+                lambda p=p, s=s: stream_request(
+                    self.url,
+                    CHAT_PATH,
+                    p,
+                    timeout_s=self.args.timeout_s,
+                    api_key=self.args.api_key,
+                    tracker=tracker,
+                    sock=s,
+                )
+                for p, s in zip(payloads, socks, strict=True)
+            ]
         )
 
     def prepare(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import json
 import socket
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -55,6 +56,7 @@ class StreamResult:
     reasoning: str = ""
     finish_reason: str | None = None
     n_events: int = 0
+    wake_lag_max_ms: float | None = None  # worst recv wake-up delay after kernel arrival
 
 
 @dataclass
@@ -89,6 +91,60 @@ def build_request(ep: Endpoint, path: str, payload: dict[str, Any], api_key: str
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
+# Kernel timestamps (Linux; asm-generic values, the same on x86_64 and aarch64; Python does not
+# export the names). SO_TIMESTAMPING gives a software stamp when each received segment arrives
+# (ancillary data of recvmsg) and when the request's bytes leave (error queue, read afterwards).
+# Older kernels: SO_TIMESTAMPNS (receive only). Neither: user-space stamps.
+SO_TIMESTAMPNS = 35
+SO_TIMESTAMPING = 37
+_TS_FLAGS = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 11)  # TX_SW | RX_SW | SOFTWARE | OPT_TSONLY
+_ANC = socket.CMSG_SPACE(48)
+_ERRQ_ANC = socket.CMSG_SPACE(48) + socket.CMSG_SPACE(64)
+
+
+def open_connection(url: str, timeout_s: float = 600.0) -> socket.socket:
+    """Connected socket with TCP_NODELAY and kernel send/receive timestamps when available.
+
+    Connecting ahead of a wave keeps the server's accept/handler start-up out of TTFT, as a
+    client with a warm keep-alive pool would; connect time is reported apart.
+    """
+    ep = Endpoint.parse(url)
+    sock = socket.create_connection((ep.host, ep.port), timeout=timeout_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _TS_FLAGS)
+    except OSError:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        except OSError:
+            pass  # no kernel stamps: user-space stamps are used instead
+    return sock
+
+
+def _kernel_ns(cdata: bytes) -> int | None:
+    """First timespec of a timestamp control message (the software stamp), realtime ns."""
+    if len(cdata) < 16:
+        return None
+    sec, nsec = struct.unpack_from("qq", cdata)
+    return sec * 1_000_000_000 + nsec if sec else None
+
+
+def _tx_stamps(sock: socket.socket) -> list[int]:
+    """Departure stamps of what we sent, from the socket's error queue (realtime ns)."""
+    out = []
+    sock.setblocking(False)  # a socket with a timeout would poll() for POLLIN instead
+    while True:
+        try:
+            _d, anc, _f, _a = sock.recvmsg(64, _ERRQ_ANC, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except OSError:  # BlockingIOError when empty; anything else: no stamps
+            return out
+        for level, typ, cdata in anc:
+            if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPING:
+                t = _kernel_ns(cdata)
+                if t is not None:
+                    out.append(t)
+
+
 def stream_request(
     url: str,
     path: str,
@@ -97,28 +153,38 @@ def stream_request(
     timeout_s: float = 600.0,
     api_key: str | None = None,
     tracker: InFlight | None = None,
+    sock: socket.socket | None = None,
 ) -> StreamResult:
     """Send one streaming request and return its raw timings; never raises for HTTP/IO errors.
 
-    The tracker counts this request in flight from before connect until after the socket is
-    closed, which brackets the server's own view of it (it sees us later and forgets us earlier).
+    `sock` may be a connection opened beforehand with open_connection(); it is consumed.
+    The tracker counts this request in flight from before the request is written until after the
+    socket is closed, which brackets the server's own view of it (it sees us later and forgets
+    us earlier).
     """
     ep = Endpoint.parse(url)
     req = build_request(ep, path, payload, api_key)
     res = StreamResult()
-    stamps: list[int] = []
-    bufs: list[bytes] = []
+    rec = _Recv()
     if tracker is not None:
         tracker.start()
     res.t_start_ns = time.monotonic_ns()
-    sock: socket.socket | None = None
     try:
-        sock = socket.create_connection((ep.host, ep.port), timeout=timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock is None:
+            sock = open_connection(url, timeout_s)
+        else:
+            sock.settimeout(timeout_s)
         res.t_connected_ns = time.monotonic_ns()
-        res.t_request_ns = time.monotonic_ns()
+        rec.offset_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
+        res.t_request_ns = t_before = time.monotonic_ns()
         sock.sendall(req)
-        _recv_all(sock, stamps, bufs)
+        t_after = time.monotonic_ns()
+        rec.run(sock)
+        # TTFT origin: when the request left, per the kernel (bounded by our own stamps: a thread
+        # preempted between its stamp and send() must not count that wait as server time).
+        tx = _tx_stamps(sock)
+        if tx:
+            res.t_request_ns = max(t_before, min(min(tx) - rec.offset_ns, t_after))
     except TimeoutError:
         res.error = f"timeout: no data for {timeout_s:g}s"
     except OSError as e:
@@ -129,27 +195,56 @@ def stream_request(
         res.t_done_ns = time.monotonic_ns()
         if tracker is not None:
             tracker.finish()
-    _parse_response(res, stamps, bufs)
+    res.wake_lag_max_ms = rec.max_lag_ms()
+    _parse_response(res, rec.stamps(), rec.bufs)
     return res
 
 
-def _recv_all(sock: socket.socket, stamps: list[int], bufs: list[bytes]) -> None:
-    """Blocking recv loop: stamp and keep bytes, nothing else, until close or chunked end."""
-    recv = sock.recv
-    now = time.monotonic_ns
-    ap_s, ap_b = stamps.append, bufs.append
-    tail = b""
-    while True:
-        data = recv(262144)
-        t = now()
-        if not data:
-            return
-        ap_s(t)
-        ap_b(data)
-        # Stop on the chunked terminator even if the server keeps the socket open.
-        tail = (tail + data)[-7:]
-        if tail.endswith(b"\r\n0\r\n\r\n") or tail == b"0\r\n\r\n":
-            return
+class _Recv:
+    """The receive loop and its stamps.
+
+    Per recv the loop only keeps (bytes, kernel stamp, user stamp); the kernel stamp is the
+    segment's arrival time, so a thread that waited for the GIL after recv() returned does not
+    make the event look late. The user stamp is kept to report that wait (wake_lag_max_ms).
+    """
+
+    def __init__(self) -> None:
+        self.bufs: list[bytes] = []
+        self.user: list[int] = []
+        self.kern: list[bytes] = []  # raw timespec per recv (b"" if none)
+        self.offset_ns = 0  # CLOCK_REALTIME - CLOCK_MONOTONIC, to convert kernel stamps
+
+    def run(self, sock: socket.socket) -> None:
+        recvmsg = sock.recvmsg
+        now = time.monotonic_ns
+        ap_b, ap_u, ap_k = self.bufs.append, self.user.append, self.kern.append
+        tail = b""
+        while True:
+            data, anc, _flags, _addr = recvmsg(262144, _ANC)
+            t = now()
+            if not data:
+                return
+            ap_b(data)
+            ap_u(t)
+            ap_k(anc[-1][2] if anc else b"")
+            # Stop on the chunked terminator even if the server keeps the socket open.
+            tail = (tail + data)[-7:]
+            if tail.endswith(b"\r\n0\r\n\r\n") or tail == b"0\r\n\r\n":
+                return
+
+    def stamps(self) -> list[int]:
+        out = []
+        for u, k in zip(self.user, self.kern, strict=True):
+            kt = _kernel_ns(k)
+            # Never later than we saw it (guards against clock-offset noise).
+            out.append(u if kt is None else min(kt - self.offset_ns, u))
+        return out
+
+    def max_lag_ms(self) -> float | None:
+        st = self.stamps()
+        if not st or not any(self.kern):
+            return None
+        return max(u - k for u, k in zip(self.user, st, strict=True)) / 1e6
 
 
 def _parse_response(res: StreamResult, stamps: list[int], bufs: list[bytes]) -> None:

@@ -1,0 +1,230 @@
+"""bench/ core against a stdlib mock server with known timings (no simulator needed).
+
+Ground truth here is the mock's configuration: TTFT, step period and tokens per step, the
+gauges it exports, and which requests were foreign.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+from benchlib import EXIT_CONTAMINATED, promm
+from benchlib.guard import GuardConfig, GuardError, InFlightTracker, run_guarded
+from benchlib.stats import percentile, request_metrics, summarize, window_rate
+from benchlib.stream import StreamResult, stream_request
+from mock_openai import MockConfig, MockServer
+
+CHAT = "/v1/chat/completions"
+
+
+def payload(max_tokens: int = 31, text: str = "hello there") -> dict:
+    return {
+        "model": "mock-model",
+        "messages": [{"role": "user", "content": text}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": max_tokens,
+    }
+
+
+# ---- the request function and the metric maths ------------------------------------------
+def test_stream_timings_match_mock_speeds():
+    cfg = MockConfig(ttft_s=0.06, step_s=0.02, tokens_per_step=(3, 2))
+    with MockServer(cfg) as m:
+        r = stream_request(m.url, CHAT, payload(max_tokens=61))
+    assert r.ok, r.error
+    m_ = request_metrics(r)
+    # The role-only chunk arrives at once; TTFT must not be taken from it.
+    assert m_["first_chunk_ms"] < 20
+    assert 60 <= m_["ttft_ms"] < 75
+    assert r.completion_tokens == 61 and r.prompt_tokens is not None
+    assert r.request_id and r.request_id.startswith("mock-")
+    # 1 + 2.5 tokens per 20 ms step: 60 tokens after the first in 24 steps.
+    assert m_["decode_tok_s"] == pytest.approx(60 / 0.48, rel=0.03)
+    assert m_["tpot_ms"] == pytest.approx(480 / 60, rel=0.03)
+    assert m_["itl_ms"]["median"] == pytest.approx(20, rel=0.1)  # ITL: per event, not token
+    assert m_["token_events"] == 25
+
+
+def test_errors_are_kept_with_text_and_metrics_are_null():
+    with MockServer(MockConfig(mode="http500")) as m:
+        r = stream_request(m.url, CHAT, payload())
+    assert not r.ok and r.status == 500 and "boom" in r.error
+    m_ = request_metrics(r)
+    assert m_["ttft_ms"] is None and m_["decode_tok_s"] is None and m_["tpot_ms"] is None
+    dead = stream_request("http://127.0.0.1:9", CHAT, payload(), timeout_s=2)
+    assert not dead.ok and "Connection" in dead.error or "refused" in dead.error.lower()
+
+
+def _synthetic(first: int, gaps: list[int], tokens: int | None, t_req: int = 0) -> StreamResult:
+    ts = [first]
+    for g in gaps:
+        ts.append(ts[-1] + g)
+    return StreamResult(
+        ok=True,
+        t_request_ns=t_req,
+        t_first_token_ns=ts[0],
+        t_last_token_ns=ts[-1],
+        token_chunk_ns=ts,
+        completion_tokens=tokens,
+    )
+
+
+def test_formulas_on_synthetic_timings():
+    ms = 1_000_000
+    r = _synthetic(100 * ms, [10 * ms] * 9, tokens=28)  # 10 events, 27 tokens after the first
+    m = request_metrics(r)
+    assert m["ttft_ms"] == pytest.approx(100)
+    assert m["latency_ms"] == pytest.approx(190)
+    assert m["tpot_ms"] == pytest.approx(90 / 27)
+    assert m["decode_tok_s"] == pytest.approx(27 / 0.090)
+    assert m["itl_ms"]["median"] == pytest.approx(10) and m["itl_max_ms"] == pytest.approx(10)
+    # Missing usage, or a single token: TPOT and decode rate are null, never 0.
+    assert request_metrics(_synthetic(5 * ms, [ms], tokens=None))["tpot_ms"] is None
+    assert request_metrics(_synthetic(5 * ms, [], tokens=1))["decode_tok_s"] is None
+    assert summarize([])["median"] is None and summarize([None, None])["n"] == 0
+
+
+def test_window_rate_counts_between_events():
+    ms = 1_000_000
+    r = _synthetic(0, [10 * ms] * 20, tokens=61)  # 3 tokens per event after the first
+    rate, toks = window_rate(r, 35 * ms, 125 * ms)  # events at 40..120 ms
+    assert toks == pytest.approx(8 * 3) and rate == pytest.approx(300.0)
+    assert window_rate(r, 41 * ms, 49 * ms)[0] is None  # < 2 events: no rate
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+
+
+# ---- /metrics ------------------------------------------------------------------------------
+METRICS = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 500.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 250.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 90.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 80.0
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 3.0
+vllm:e2e_request_latency_seconds_count{model_name="m"} 3.0
+"""
+
+
+def test_metrics_parse_and_delta():
+    a = promm.parse(METRICS)
+    assert a.running == 3.0 and a.waiting == 4.0 and a.in_flight == 7.0
+    assert a.counters["vllm:spec_decode_num_drafts_total"] == 100.0
+    assert a.per_pos == {0: 90.0, 1: 80.0}
+    b = promm.parse(
+        METRICS.replace("} 100.0", "} 140.0")
+        .replace("} 250.0", "} 330.0")
+        .replace("} 500.0", "} 700.0")
+        .replace('position="0"} 90.0', 'position="0"} 126.0')
+        .replace('position="1"} 80.0', 'position="1"} 110.0')
+    )
+    d = promm.delta(a, b)
+    assert d["spec_drafts"] == 40 and d["spec_accepted_tokens"] == 80
+    assert d["mean_accept_len"] == pytest.approx(1 + 80 / 40)
+    assert d["accept_rate_pos"] == pytest.approx([36 / 40, 30 / 40])
+    assert d["draft_accept_rate"] == pytest.approx(80 / 200)
+    assert d["prompt_tokens"] is None  # not exported: null, not 0
+    assert promm.parse("").in_flight is None
+
+
+# ---- the guard -----------------------------------------------------------------------------
+def test_tracker_peak_covers_the_scrape_window():
+    tr = InFlightTracker(grace_s=0.05)
+    tr.begin_window()
+    tr.start()
+    tr.finish()  # finished inside the window: still counted in the peak
+    assert tr.end_window() == 1
+    time.sleep(0.08)
+    tr.begin_window()
+    assert tr.end_window() == 0 and tr.count() == 0
+
+
+def _wave_of(url: str, n: int, max_tokens: int = 12):
+    def wave(tr: InFlightTracker):
+        out = [None] * n
+
+        def one(i: int) -> None:
+            out[i] = stream_request(url, CHAT, payload(max_tokens, f"q{i}"), tracker=tr)
+
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return out
+
+    return wave
+
+
+FAST_GUARD = GuardConfig(retries=2, interval_s=0.02, grace_s=0.3, backoff_s=0.05)
+
+
+def test_clean_waves_are_never_flagged_despite_gauge_lag():
+    # The server notices requests late and forgets them late (within the grace).
+    cfg = MockConfig(ttft_s=0.03, step_s=0.01, count_lag_s=0.15, start_lag_s=0.01)
+    with MockServer(cfg) as m:
+        for n in (1, 4, 8, 8, 1, 4):
+            gp = run_guarded(m.url, _wave_of(m.url, n), FAST_GUARD)
+            assert gp.status == "ok" and gp.retries == 0, gp.attempts[-1].reason
+            during = [s for s in gp.attempts[0].samples if s["phase"] == "during"]
+            assert during and max(s["ours"] for s in during) <= n
+            assert any(s["running"] > 0 for s in during)  # the sampler did see our requests
+
+
+@pytest.mark.parametrize("at_s", [0.0, 0.08, 0.16])
+def test_foreign_traffic_during_a_wave_is_detected_and_retried(at_s):
+    with MockServer(MockConfig(ttft_s=0.02, step_s=0.01)) as m:
+        calls = []
+
+        def wave(tr: InFlightTracker):
+            calls.append(1)
+            if len(calls) == 1:  # only the first attempt is polluted
+                threading.Timer(at_s, m.inject_foreign, args=(1, 0.15)).start()
+            return _wave_of(m.url, 2, max_tokens=66)(tr)  # ~0.24 s
+
+        gp = run_guarded(m.url, wave, FAST_GUARD)
+    assert gp.status == "ok" and gp.retries == 1
+    assert not gp.attempts[0].clean and "server had" in gp.attempts[0].reason
+    assert gp.attempts[1].clean and gp.deltas is not None
+
+
+def test_persistent_foreign_traffic_refuses():
+    with MockServer(MockConfig(ttft_s=0.02, step_s=0.01)) as m:
+        m.inject_foreign(2, 30)
+        gp = run_guarded(m.url, _wave_of(m.url, 1), FAST_GUARD)
+    assert gp.status == "contaminated" and gp.result is None and gp.deltas is None
+    assert len(gp.attempts) == 3 and not any(a.clean for a in gp.attempts)
+    assert "before" in gp.attempts[0].reason  # noticed before even sending
+
+
+def test_guard_needs_the_gauges():
+    with MockServer(MockConfig(mode="nogauges")) as m, pytest.raises(GuardError):
+        run_guarded(m.url, _wave_of(m.url, 1), FAST_GUARD)
+
+
+def test_deltas_give_acceptance_of_the_clean_wave():
+    # 4 tokens per step = 3 accepted of 5 drafts at positions 0..2.
+    with MockServer(MockConfig(ttft_s=0.02, step_s=0.005, tokens_per_step=(4,))) as m:
+        gp = run_guarded(m.url, _wave_of(m.url, 2, max_tokens=41), FAST_GUARD)
+        live = promm.scrape(requests.Session(), m.url)
+    assert gp.deltas["mean_accept_len"] == pytest.approx(4.0)
+    assert gp.deltas["accept_rate_pos"] == pytest.approx([1, 1, 1, 0, 0])
+    assert gp.deltas["generation_tokens"] == live.counters["vllm:generation_tokens_total"]
+
+
+def test_exit_code_constant_is_distinct():
+    assert EXIT_CONTAMINATED not in (0, 1, 2)

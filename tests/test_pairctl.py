@@ -136,6 +136,15 @@ def test_secret_never_in_error(tmp_path: Path) -> None:
     assert "hf_zz9tok" not in str(exc.value) and ":8:" in str(exc.value)
 
 
+@pytest.mark.parametrize("line", ["SPARK3 10.0.0.3", "this line is not KEY=VALUE",
+                                  'IMAGE="unterminated'])
+def test_unparsable_line_is_an_error_not_a_warning(tmp_path: Path, line: str) -> None:
+    f = tmp_path / "e.env"
+    f.write_text("".join(f"{k}={v}\n" for k, v in ENV.items()) + line + "\n")
+    with pytest.raises(ConfigError, match=r":9: malformed line"):
+        load_env_file(f)
+
+
 def test_defaults_and_dotenv_semantics(tmp_path: Path) -> None:
     f = tmp_path / "e.env"
     f.write_text("# c\nexport PAIR_ID=pair-a\nSPARK1='10.0.0.1'\nSPARK2=\"10.0.0.2\"\n"

@@ -8,12 +8,14 @@ so validation is strict and the pair's identity (``PAIR_ID``) is mandatory.
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dotenv import dotenv_values
+from dotenv.parser import parse_stream
 
 
 class ConfigError(Exception):
@@ -165,15 +167,12 @@ def load_env_file(path: str | Path) -> PairConfig:
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(f"env file {p}: {exc}") from exc
-    for lineno, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
-        if s.startswith("export "):
-            s = s[len("export "):].lstrip()
-        if "=" not in s and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", s) is None:
-            # The line's text is not echoed: it may hold a secret (HF_TOKEN without '=').
-            raise ConfigError(
-                f"{p}:{lineno}: malformed line; expected KEY=VALUE (see .env.example)")
+    # python-dotenv only warns about lines it cannot parse and skips them; a skipped line
+    # may be the SPARK2 the operator meant to set, so every unparsable line is an error.
+    # Its text is not echoed: it may hold a secret (e.g. "HF_TOKEN hf_...").
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.error:
+            raise ConfigError(f"{p}:{binding.original.line}: malformed line; expected "
+                              "KEY=VALUE (see .env.example)")
     raw = dotenv_values(p, interpolate=False)
     return parse_env(dict(raw), env_file=str(p))

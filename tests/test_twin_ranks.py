@@ -108,3 +108,26 @@ def test_step_past_execute_timeout_kills_the_server(tmp_path, procs):
     assert r.status_code == 500 and "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1" in r.text
     assert t.wait_exit(5) == 1
     assert "EngineCore died" in t.log()
+
+
+def test_handshake_rejects_a_worker_with_another_model():
+    import threading
+
+    from twin.ranks import RendezvousError, join_rendezvous, serve_rendezvous
+
+    port, errors = free_port(), {}
+
+    def head():
+        try:
+            serve_rendezvous("127.0.0.1", port, "model-a", join_timeout=10)
+        except RendezvousError as exc:
+            errors["head"] = str(exc)
+
+    th = threading.Thread(target=head)
+    th.start()
+    with pytest.raises(RendezvousError, match="rejected.*model mismatch"):
+        join_rendezvous("127.0.0.1", port, "model-b", join_timeout=10)
+    th.join(5)
+    assert "model mismatch" in errors["head"]
+    with pytest.raises(RendezvousError, match="DistStoreError"):
+        join_rendezvous("127.0.0.1", free_port(), "model-a", join_timeout=0.6)

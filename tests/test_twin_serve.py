@@ -164,3 +164,18 @@ def test_foreign_traffic_occupies_slots(twin):
     recs = [x for x in requests.get(twin.base + "/twin/requests", timeout=5).json()
             if x["foreign"]]
     assert len(recs) == 3 and all(x["completion_tokens"] > 0 for x in recs)
+
+
+def test_64_concurrent_streams(twin):
+    from concurrent.futures import ThreadPoolExecutor
+
+    wait_http(twin.base + "/health")
+
+    def one(i):
+        ev, _, _ = stream(twin.base, {"messages": [{"role": "user", "content": f"n{i}"}],
+                                      "max_tokens": 2, "ignore_eos": True,
+                                      "stream_options": {"include_usage": True}})
+        return ev[-1] == "[DONE]" and ev[-2]["usage"]["completion_tokens"] == 2
+
+    with ThreadPoolExecutor(64) as pool:
+        assert all(pool.map(one, range(64)))

@@ -33,7 +33,10 @@ def main(argv: list[str]) -> int:
             return 0
         from twin.serve import run
 
-        return run(rest)
+        try:
+            return run(rest)
+        except KeyboardInterrupt:
+            return 130
     if cmd == "truth":
         from twin import profile as profmod
         from twin.app import engine_config, truth

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -152,6 +153,7 @@ def _rendezvous(args: ServeArgs, prof: profmod.Profile, faults: faultmod.Faults,
 
 def _headless(link: Link | None) -> int:
     """Rank 1: tell rank 0 we are ready, then live as long as the pair does."""
+    signal.signal(signal.SIGTERM, lambda *_: die("received SIGTERM, shutting down", 0))
     if link is not None:
         link.send({"type": "ready"})
     log.info("Worker ready (headless rank 1): the API is served by rank 0")
@@ -160,5 +162,3 @@ def _headless(link: Link | None) -> int:
         time.sleep(3600)
 
 
-if __name__ == "__main__":
-    raise SystemExit(run(sys.argv[1:]))

@@ -247,3 +247,13 @@ def test_shellcheck_clean() -> None:
     p = subprocess.run([sc, "-x", *map(str, scripts)], capture_output=True, text=True,
                        check=False)
     assert p.returncode == 0, p.stdout
+
+
+def test_failed_quality_gate_exits_6_and_leaves_endpoint(pair: Env) -> None:
+    if not (REPO / "bench" / "quality_ref_dspark.py").exists():
+        pytest.skip("bench/quality_ref_dspark.py not present yet")
+    p = pair.run("up", "--gate", timeout=120)  # the fake endpoint cannot chat: gate fails
+    assert p.returncode == 6, p.stdout + p.stderr
+    assert "quality gate FAILED" in p.stderr
+    st = pair.load()
+    assert len(st["hosts"]["h1"]["containers"]) == 1 and len(st["hosts"]["h2"]["containers"]) == 1

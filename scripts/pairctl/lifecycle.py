@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
 from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT
 from pairctl.config import PairConfig
 from pairctl.docker import State, inspect, logs_tail, pair_containers, remove_pair
@@ -72,6 +70,8 @@ class Health:
 
 def probe_health(base: str, timeout: float = 3.0) -> Health:
     """GET /health then /v1/models; healthy only when both answer 200 with a model."""
+    import requests  # lazy: only steps that talk HTTP pay for the import
+
     try:
         r = requests.get(f"{base}/health", timeout=timeout)
         if r.status_code != 200:
@@ -89,6 +89,8 @@ def probe_health(base: str, timeout: float = 3.0) -> Health:
 
 def metrics(base: str, timeout: float = 3.0) -> dict[str, float]:
     """running/waiting request gauges from /metrics (sum over label sets)."""
+    import requests
+
     out: dict[str, float] = {}
     try:
         r = requests.get(f"{base}/metrics", timeout=timeout)

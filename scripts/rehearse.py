@@ -14,7 +14,8 @@ Steps (each prints a progress line):
   7. remove everything the rehearsal created (also on failure and Ctrl-C).
 
 Needs root (ip netns, mounts, sshd). `--keep` leaves the pair up for poking and prints
-how to reach it; `--clean` removes a kept pair. Exit status: 0 when every step passed,
+how to reach it; `--on N -- CMD` runs a command on host N of a kept pair; `--clean`
+removes a kept pair. Exit status: 0 when every step passed,
 otherwise the failing launcher command's status (or 1).
 """
 
@@ -103,17 +104,23 @@ def check_nothing_left(pair: hosts.Pair) -> None:
 
 
 def print_poke_help(pair: hosts.Pair) -> None:
-    h1 = pair.h1
+    me = f"{sys.executable} scripts/rehearse.py --prefix {pair.prefix}"
     print(f"""
 The pair is left up (--keep). Poke at it:
-  curl http://{h1.ip}:8000/v1/models
-  ip netns exec {h1.netns} sh            # a shell in host 1's network (not its disk view)
-  {' '.join(shlex.quote(a) for a in pair.ssh_argv(pair.h2))}   # from host 1
-  launcher on host 1: {shlex.join(h1.argv([str(LAUNCHER), 'status', '--env-file',
-                                           str(pair.env_file)]))}
-  env file: {pair.env_file}
-Remove it with: {sys.executable} scripts/rehearse.py --clean --prefix {pair.prefix}
+  curl http://{pair.h1.ip}:8000/v1/models
+  {me} --on 1 -- launch/dspark_launch.sh status --env-file {pair.env_file}
+  {me} --on 2 -- docker ps -a
+  {me} --on 1 -- {shlex.join(pair.ssh_argv(pair.h2, ['hostname']))}
+  {me} --on 1 -- bash          # a shell on host 1 (its network, hostname and disk)
+Remove it with: {me} --clean
 """, flush=True)
+
+
+def run_on(prefix: str, rank: int, argv: list[str]) -> int:
+    """`--on N -- CMD`: run CMD on host N of a kept pair, in the repo dir, attached."""
+    pair = hosts.find_kept_pair(prefix)
+    host = pair.hosts[rank - 1]
+    return subprocess.call(host.argv(argv or ["bash"]), env=host.env(), cwd=str(REPO))
 
 
 def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
@@ -137,6 +144,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="leave the pair up after the chat request (skip down and cleanup)")
     ap.add_argument("--clean", action="store_true",
                     help="only remove what an earlier (kept or crashed) run left, then exit")
+    ap.add_argument("--on", type=int, choices=(1, 2), metavar="N",
+                    help="run the command after `--` on host N of a kept pair, then exit")
+    ap.add_argument("command", nargs="*", help=argparse.SUPPRESS)
     return ap.parse_args(argv)
 
 
@@ -146,8 +156,13 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, _raise_interrupt)
     try:
         hosts.check_prefix(args.prefix)
+        if args.on:
+            return run_on(args.prefix, args.on, args.command)
+        if args.command:
+            print("rehearse: a command after `--` needs --on N (see --help)", file=sys.stderr)
+            return 2
         if args.clean:
-            removed = hosts.clean_leftovers(args.prefix, say)
+            removed = hosts.clean_prefix(args.prefix, say)
             say(f"removed {len(removed)} leftover item(s) with prefix {args.prefix}")
             return 0
         say("building two test hosts (netns + veth + bridge, an sshd each)")

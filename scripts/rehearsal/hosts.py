@@ -21,6 +21,7 @@ two live runs from sharing names; give a different prefix to run two at once.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -397,6 +398,10 @@ def _build(pair: Pair, log: Log) -> None:
         known.append(f"{host.ip},{host.name} {' '.join(pub.split()[:2])}")
         (host.root / "sshd" / "sshd_config").write_text(_sshd_config(pair, host))
     pair.known_hosts.write_text("\n".join(known) + "\n")
+    (pair.base / "pair.json").write_text(json.dumps({
+        "prefix": pair.prefix, "subnet": pair.subnet, "bridge": pair.bridge,
+        "gateway": pair.gateway, "hosts": [{"name": h.name, "rank": h.rank, "ip": h.ip,
+                                            "nic": h.nic} for h in pair.hosts]}, indent=1))
     log(f"network: bridge {pair.bridge} {pair.subnet}, hosts "
         + ", ".join(f"{h.name}={h.ip}" for h in pair.hosts))
     _run(["ip", "link", "add", pair.bridge, "type", "bridge"])
@@ -449,6 +454,33 @@ def teardown(pair: Pair, log: Log = lambda _m: None) -> None:
         pair.lock_fh = None
     log(f"removed test hosts {', '.join(h.name for h in pair.hosts)}, {pair.bridge}, "
         f"{pair.base}")
+
+
+def clean_prefix(prefix: str, log: Log = lambda _m: None) -> list[str]:
+    """`--clean`: remove a kept or crashed pair, refusing while a live run holds it."""
+    check_prefix(prefix)
+    lock = _lock(prefix)
+    try:
+        return clean_leftovers(prefix, log)
+    finally:
+        Path(lock.name).unlink(missing_ok=True)
+        lock.close()
+
+
+def find_kept_pair(prefix: str) -> Pair:
+    """The pair a `--keep` run left with this prefix (for running commands on its hosts)."""
+    check_prefix(prefix)
+    for base in sorted(Path(tempfile.gettempdir()).glob(f"{prefix}-*")):
+        meta = base / "pair.json"
+        if (base / "REHEARSAL").exists() and meta.exists():
+            data = json.loads(meta.read_text())
+            return Pair(prefix=prefix, base=base, subnet=data["subnet"],
+                        bridge=data["bridge"], gateway=data["gateway"],
+                        hosts=[Host(name=h["name"], rank=h["rank"], ip=h["ip"], nic=h["nic"],
+                                    base=base) for h in data["hosts"]],
+                        env_file=next(iter((base / "client").glob("*.env")), None))
+    raise HarnessError(f"no kept rehearsal pair with prefix {prefix!r} (run "
+                       "scripts/rehearse.py --keep first)")
 
 
 def build_free_pair(prefix: str, log: Log = lambda _m: None, tries: int = 10) -> Pair:

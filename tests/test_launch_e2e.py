@@ -10,6 +10,7 @@ orphan checks run inside the tests, before that safety net, so an orphan is a fa
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from rehearsal import chat, hosts, pairenv
+from rehearsal.docker_cli import RUN_SPEC, parse_flags
 from rehearsal.testing import host_process_cmdlines, pair_fixture, run_launcher
 
 pytestmark = pytest.mark.needs_netns
@@ -95,9 +97,34 @@ def inject(host: hosts.Host, fault: str) -> None:
     (host.disk / "docker" / "inject.env").write_text(f"TWIN_FAULT={fault}\n")
 
 
-def pair_pids(host: hosts.Host) -> dict[str, int]:
-    return {c["Names"]: json.loads(host.docker("inspect", c["ID"]).stdout)[0]["State"]["Pid"]
-            for c in containers(host)}
+def pair_pids(host: hosts.Host) -> dict[str, tuple[str, int]]:
+    """name -> (container ID, init pid) of every container on the host."""
+    return {c["Names"]: (c["ID"], json.loads(host.docker("inspect", c["ID"]).stdout)[0]
+                         ["State"]["Pid"]) for c in containers(host)}
+
+
+def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
+    """`plan` claims to print exactly what `up` runs; the runtime recorded what did run."""
+    runs = [shlex.split(ln) for ln in plan_text.splitlines() if ln.startswith("docker run ")]
+    assert len(runs) == 2, plan_text
+    for argv in runs:
+        opts, rest = parse_flags(argv[2:], RUN_SPEC, "run", interspersed=False)
+        host = pair.h1 if opts["name"].endswith("rank0") else pair.h2
+        info = json.loads(host.docker("inspect", opts["name"]).stdout)[0]
+        assert info["Config"]["Labels"] == dict(x.split("=", 1) for x in opts["label"])
+        assert info["HostConfig"]["Binds"] == opts["volume"]
+        assert info["HostConfig"]["NetworkMode"] == opts["network"] == "host"
+        assert info["HostConfig"]["IpcMode"] == opts["ipc"] == "host"
+        assert [u["Name"] for u in info["HostConfig"]["Ulimits"]] == \
+            [u.split("=")[0] for u in opts["ulimit"]]
+        assert [rest[0], *info["Config"]["Cmd"]] == [pairenv.IMAGE, *rest[1:]]
+        env = dict(e.split("=", 1) for e in info["Config"]["Env"])
+        for item in opts["env"]:
+            key, _, value = item.partition("=")
+            if value == "***":  # masked in plan; the container still got the real value
+                assert env[key] == pairenv.FAKE_HF_TOKEN
+            else:
+                assert env[key] == value, key
 
 
 def test_lifecycle_up_chat_status_noop_down(fresh: hosts.Pair) -> None:
@@ -120,6 +147,9 @@ def test_lifecycle_up_chat_status_noop_down(fresh: hosts.Pair) -> None:
     rc, out = launch(pair, "status")
     assert rc == 0, out
     assert f"dsv4-{PAIR_ID}-rank0 running" in out and f"dsv4-{PAIR_ID}-rank1 running" in out
+    rc, plan_text = launch(pair, "plan")
+    assert rc == 0, plan_text
+    assert_plan_is_what_ran(pair, plan_text)
     before = [pair_pids(h) for h in pair.hosts]
     assert set(before[0]) == {f"dsv4-{PAIR_ID}-rank0"}
     assert set(before[1]) == {f"dsv4-{PAIR_ID}-rank1"}

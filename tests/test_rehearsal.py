@@ -8,6 +8,7 @@ still pass while proving much less, so each is asserted here on its own.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -135,3 +136,13 @@ def test_teardown_and_leftover_cleanup_remove_everything() -> None:
     finally:
         hosts.teardown(second)
     assert _ours(prefix) == []
+
+
+@pytest.mark.needs_root
+def test_bin_shims_are_shellcheck_clean() -> None:
+    # `make lint` checks *.sh files; these two are named like the commands they replace.
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed")
+    bins = sorted(str(p) for p in hosts.BIN_DIR.iterdir())
+    res = subprocess.run(["shellcheck", *bins], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout

@@ -1,0 +1,78 @@
+"""quality_ref_dspark.py: passes a correct endpoint, fails (naming the prompt) on anything else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import quality_ref_dspark as q
+from mock_openai import MockConfig, MockServer
+
+REF = json.loads((Path(q.__file__).parent / "quality_ref_dspark.json").read_text())
+RIGHT = {p["prompt"]: p["answer"] for p in REF["prompts"]}
+
+
+def run(cfg: MockConfig, capsys, *extra: str) -> tuple[int, str]:
+    with MockServer(cfg) as m:
+        rc = q.main(["--url", m.url, *extra])
+    return rc, capsys.readouterr().out
+
+
+def test_reference_file_is_well_formed():
+    names = [p["name"] for p in REF["prompts"]]
+    assert names == ["arithmetic", "fact", "code_output", "counting", "strict_json"]
+    # The expected answers are true (checked here, not trusted).
+    assert REF["prompts"][0]["answer"] == str(347 * 29)
+    assert REF["prompts"][2]["answer"] == str(sum(i * i for i in range(5)))
+    items = "apple, pear, fig, plum, kiwi, lime, date"
+    assert items in REF["prompts"][3]["prompt"]
+    assert REF["prompts"][3]["answer"] == str(len(items.split(",")))
+    assert json.loads(REF["prompts"][4]["answer"]) == {"city": "Paris", "n": 3}
+
+
+def test_correct_endpoint_passes(capsys, tmp_path):
+    out_json = tmp_path / "q.json"
+    rc, out = run(MockConfig(answers=RIGHT), capsys, "--json", str(out_json))
+    assert rc == 0, out
+    assert out.count("PASS") == 5 and "5/5 passed" in out
+    assert json.loads(out_json.read_text())["passed"] is True
+
+
+def test_wrong_answer_fails_naming_the_prompt(capsys):
+    wrong = dict(RIGHT)
+    counting = next(p for p in REF["prompts"] if p["name"] == "counting")
+    wrong[counting["prompt"]] = "8"
+    rc, out = run(MockConfig(answers=wrong), capsys)
+    assert rc == 1
+    assert "FAIL counting" in out and "failed: counting" in out and out.count("PASS") == 4
+
+
+def test_fenced_json_is_not_strict_json(capsys):
+    fenced = dict(RIGHT)
+    js = next(p for p in REF["prompts"] if p["name"] == "strict_json")
+    fenced[js["prompt"]] = "```json\n" + js["answer"] + "\n```"
+    rc, out = run(MockConfig(answers=fenced), capsys)
+    assert rc == 1 and "FAIL strict_json" in out
+
+
+@pytest.mark.parametrize(
+    ("mode", "needle"),
+    [("http500", "HTTP 500"), ("badjson", "malformed response JSON"), ("slow", "timeout")],
+)
+def test_transport_failures_fail_every_prompt(capsys, mode, needle):
+    rc, out = run(MockConfig(answers=RIGHT, mode=mode, slow_s=2.0), capsys, "--timeout-s", "0.3")
+    assert rc == 1
+    assert out.count("FAIL") == 5 and needle in out
+    assert "failed: arithmetic, fact, code_output, counting, strict_json" in out
+
+
+def test_unreachable_endpoint_fails(capsys):
+    assert q.main(["--url", "http://127.0.0.1:9", "--timeout-s", "2"]) == 1
+    assert "FAIL endpoint" in capsys.readouterr().out
+
+
+def test_normalisation_is_narrow():
+    spec = {"check": "exact", "answer": "Au"}
+    assert q.check(spec, " Au.\n") is None and q.check(spec, "`Au`") is None
+    assert q.check(spec, "au") is not None and q.check(spec, "The symbol is Au") is not None

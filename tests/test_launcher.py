@@ -59,7 +59,7 @@ def test_plan_has_exact_lines_and_masks_secret(pair: Env) -> None:
                      f"{pair.values['OVERLAY_DIR']}:/opt/dsv4-flash-overlays:ro",
                      "-e PYTHONPATH=/opt/dsv4-flash-overlays",
                      "-e VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=600",
-                     "-e 'HF_TOKEN=***'", f"--node-rank {rank}", "--master-addr 127.0.0.1",
+                     "-e HF_TOKEN ", f"--node-rank {rank}", "--master-addr 127.0.0.1",
                      "--long-prefill-token-threshold 4096", "--max-num-seqs 24",
                      f"--port {pair.values['PORT']}"):
             assert frag in line, (frag, line)
@@ -159,6 +159,13 @@ def test_up_starts_worker_then_head_and_is_idempotent(pair: Env) -> None:
     assert "/opt/dsv4-flash-overlays" not in " ".join(runs[0]["argv"])
     names = {c["Name"] for c in pair.load()["hosts"]["h1"]["containers"]}
     assert "dsv4-pair-b-rank0" in names
+    # The secret reached both containers, through the environment only: no command line
+    # (docker argv, ssh argv, remote command) ever carried it.
+    for host in ("h1", "h2"):
+        (mine,) = [c for c in pair.load()["hosts"][host]["containers"]
+                   if c["Name"].startswith("dsv4-pair-a")]
+        assert mine["Env"]["HF_TOKEN"] == SECRET
+    assert SECRET not in pair.log_path.read_text()
 
     before = len(pair.calls())
     p = pair.run("up")

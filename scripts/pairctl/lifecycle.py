@@ -135,7 +135,7 @@ def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
     rp = build_rank(cfg, recipe, rank, passthrough, overlay=overlay)
     log(f"start: rank {rank} ({rp.role}) on {node.label}: docker "
         + shlex.join(mask_argv(rp.docker_argv[:4])) + " ...")
-    res = node.run(["docker", *rp.docker_argv], timeout=300)
+    res = node.run(["docker", *rp.docker_argv], timeout=300, secrets=rp.secret_env)
     if res.rc != 0:
         log(f"start: docker run for rank {rank} failed (rc={res.rc}): "
             f"{(res.err or res.out).strip()[-500:]}")

@@ -7,6 +7,7 @@ was stopped only by a host-key failure; we keep that guard on by construction.)
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -59,19 +60,39 @@ class Node:
     def label(self) -> str:
         return f"rank {self.rank} ({self.addr})"
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        """argv to run locally for a command meant for this node."""
+    def wrap(self, argv: list[str], secret_names: tuple[str, ...] = ()) -> list[str]:
+        """argv to run locally for a command meant for this node.
+
+        Remote secrets are read from stdin, one line each, into the environment of the
+        remote command, so their values never appear on any command line.
+        """
         if not self.remote:
             return list(argv)
-        return ssh_argv(self.cfg, shlex.join(argv))
+        cmd = shlex.join(argv)
+        if secret_names:
+            reads = "".join(f"IFS= read -r {n}; " for n in secret_names)
+            cmd = f"{reads}export {' '.join(secret_names)}; exec {cmd}"
+        return ssh_argv(self.cfg, cmd)
 
-    def run(self, argv: list[str], timeout: float = 60,
-            stdin: str | bytes | None = None) -> Result:
-        """Run argv on the node and capture output; rc 255 with ssh = ssh itself failed."""
+    def run(self, argv: list[str], timeout: float = 60, stdin: str | bytes | None = None,
+            secrets: tuple[tuple[str, str], ...] = ()) -> Result:
+        """Run argv on the node and capture output; rc 255 with ssh = ssh itself failed.
+
+        ``secrets`` (name, value) reach the command's environment: locally via the process
+        environment, remotely via stdin (so not together with ``stdin``).
+        """
         data = stdin.encode() if isinstance(stdin, str) else stdin
+        env = None
+        names = tuple(n for n, _ in secrets)
+        if secrets and self.remote:
+            if data is not None:
+                raise ValueError("secrets and stdin cannot both go to a remote command")
+            data = "".join(f"{v}\n" for _, v in secrets).encode()
+        elif secrets:
+            env = dict(os.environ, **dict(secrets))
         try:
-            p = subprocess.run(self.wrap(argv), input=data, capture_output=True,
-                               timeout=timeout, check=False,
+            p = subprocess.run(self.wrap(argv, names if self.remote else ()), input=data,
+                               capture_output=True, timeout=timeout, check=False, env=env,
                                stdin=subprocess.DEVNULL if data is None else None)
         except subprocess.TimeoutExpired:
             return Result(124, "", f"timed out after {timeout:.0f}s: {argv[0]}")

@@ -47,6 +47,9 @@ class RankPlan:
     mounts: tuple[Mount, ...]
     vllm_argv: tuple[str, ...]
     docker_argv: tuple[str, ...]
+    # Secret env values travel in the docker client's environment (``-e NAME`` in argv),
+    # never on a command line where ps, ssh logs or shell history could see them.
+    secret_env: tuple[tuple[str, str], ...] = ()
 
 
 def with_recipe_defaults(cfg: PairConfig, recipe: Recipe) -> PairConfig:
@@ -142,17 +145,26 @@ def build_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
         argv += ["--ulimit", u]
     for m in mounts:
         argv += ["-v", m.arg()]
+    secrets: list[tuple[str, str]] = []
     for k, v in env.items():
-        argv += ["-e", f"{k}={v}"]
+        if is_secret(k):
+            if "\n" in v:
+                raise ConfigError(f"{k} must be a single line")
+            argv += ["-e", k]
+            secrets.append((k, v))
+        else:
+            argv += ["-e", f"{k}={v}"]
     argv.append(image)
     argv += vargs
     return RankPlan(rank=rank, role=role, node=cfg.SPARK1 if rank == 0 else cfg.SPARK2,
                     name=name, image=image, env=env, mounts=tuple(mounts),
-                    vllm_argv=tuple(vargs), docker_argv=tuple(argv))
+                    vllm_argv=tuple(vargs), docker_argv=tuple(argv),
+                    secret_env=tuple(secrets))
 
 
 def mask_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
-    """Copy of argv with secret ``-e K=V`` values replaced by ``***``."""
+    """Copy of argv with secret ``-e K=V`` values replaced by ``***`` (defence in depth:
+    build_rank already passes secrets as bare ``-e K``)."""
     out: list[str] = []
     prev = ""
     for a in argv:

@@ -60,7 +60,7 @@ def docker(argv: list[str]) -> None:
     with state() as st:
         h = st["hosts"][HOST]
         if cmd == "run":
-            opts = {"label": {}}
+            opts = {"label": {}, "env": {}}
             i = 0
             while i < len(rest) and rest[i].startswith("-"):
                 a = rest[i]
@@ -73,6 +73,9 @@ def docker(argv: list[str]) -> None:
                 elif a == "--label":
                     k, _, v = val.partition("=")
                     opts["label"][k] = v
+                elif a == "-e":  # bare -e NAME takes the client's value, like docker
+                    k, eq, v = val.partition("=")
+                    opts["env"][k] = v if eq else os.environ.get(k, "")
                 i += 2
             image = rest[i]
             if image not in h.get("images", {}):
@@ -87,7 +90,7 @@ def docker(argv: list[str]) -> None:
                 "ExitCode": 0 if behaviour == "running" else 1,
                 "Logs": ["SPARK-TWIN SIMULATOR", "Loading weights"] + (
                     [] if behaviour == "running" else ["RuntimeError: rank crashed (fake)"]),
-                "Cmd": rest[i + 1:],
+                "Cmd": rest[i + 1:], "Env": opts["env"],
             })
             print(cid)
         elif cmd == "ps":

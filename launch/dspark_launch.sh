@@ -26,6 +26,7 @@ FOLLOW=0
 TAIL=""
 PYTHON=""
 BOOTING=0
+LOCK_FD=""
 VLLM_EXTRA=()
 
 #######################################
@@ -175,6 +176,24 @@ parse_args() {
 }
 
 #######################################
+# Serialise up/down per pair: two operators must not race on one pair.
+# Globals: LOCK_FD (set). Exits 3 when another run holds the lock.
+#######################################
+acquire_lock() {
+  if ! command -v flock >/dev/null 2>&1; then
+    err "WARN: flock not found; not serialising concurrent runs for this pair"
+    return 0
+  fi
+  local path
+  path="$(pairctl lock-path)"
+  exec {LOCK_FD}>>"${path}"
+  if ! flock -n "${LOCK_FD}"; then
+    err "another up/down for this pair is running (lock ${path}); nothing was started or removed"
+    exit "${EXIT_PREFLIGHT}"
+  fi
+}
+
+#######################################
 # Remove this pair's containers on both nodes (label-selected, idempotent).
 #######################################
 teardown() {
@@ -202,6 +221,7 @@ on_signal() {
 cmd_up() {
   local rc=0
   pairctl validate || exit "$?"
+  acquire_lock
   if pairctl healthy; then
     return 0
   fi
@@ -274,6 +294,7 @@ run_gate() {
 #######################################
 cmd_down() {
   pairctl validate || exit "$?"
+  acquire_lock
   if ! pairctl cleanup; then
     err "down incomplete (a node did not answer); re-run once it does"
     exit 1

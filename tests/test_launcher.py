@@ -114,6 +114,16 @@ def test_foreign_pair_on_rank1_fails_and_survives(pair: Env) -> None:
     assert [c["Name"] for c in pair.load()["hosts"]["h2"]["containers"]] == ["dsv4-pair-b-rank1"]
 
 
+def test_concurrent_up_for_same_pair_is_refused(pair: Env) -> None:
+    import fcntl
+
+    with open(pair.tmp / "dsv4-launch-pair-a.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        p = pair.run("up")
+    assert p.returncode == 3 and "another up/down" in p.stderr
+    assert pair.runs() == [] and pair.removes() == []
+
+
 def test_self_not_spark1_fails(pair: Env) -> None:
     pair.state["hosts"]["h1"]["addrs"] = ["10.9.9.9"]
     pair.values["SPARK1"] = "10.9.9.8"

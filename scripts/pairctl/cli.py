@@ -132,6 +132,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_lock_path(args: argparse.Namespace) -> int:
+    """Where up/down serialise per pair (two operators must not race on one pair)."""
+    cfg, _, _ = _load(args)
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    print(f"{base}/dsv4-launch-{cfg.PAIR_ID}.lock")
+    return EXIT_OK
+
+
 def cmd_endpoint(args: argparse.Namespace) -> int:
     cfg, _, _ = _load(args)
     print(lc.endpoint(cfg))
@@ -190,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--poll", type=float, default=float(os.environ.get("PAIRCTL_POLL_S", "2")))
     add("status", cmd_status, "containers, health, requests")
     add("endpoint", cmd_endpoint, "print the endpoint base URL")
+    add("lock-path", cmd_lock_path, "print this pair's launcher lock file")
     sp = add("sync-overlays", cmd_sync_overlays, "copy the overlays to both nodes, verified")
     sp.add_argument("--src", default=str(OVERLAY_SRC))
     sp = add("logs", cmd_logs, "container logs of one rank")

@@ -120,7 +120,7 @@ class Env:
         env = dict(os.environ, PATH=f"{FAKES}:{os.environ['PATH']}",
                    FAKE_STATE=str(self.state_path), FAKE_LOG=str(self.log_path),
                    FAKE_HOST="h1", FAKE_PY=sys.executable, PAIRCTL_PYTHON=sys.executable,
-                   PAIRCTL_POLL_S="0.2")
+                   PAIRCTL_POLL_S="0.2", XDG_RUNTIME_DIR=str(self.tmp))
         argv = [str(LAUNCHER)]
         if "--env-file" not in args:
             argv += ["--env-file", str(self.env_file)]

@@ -27,7 +27,7 @@ from twin.sampling import AcceptanceDrawer, word
 
 log = logging.getLogger("twin")
 FOREVER = 1 << 60
-CATCH_UP_S = 0.25  # host lag up to this much is absorbed by the modelled timeline
+CATCH_UP_S = 2.0  # host lag up to this much is absorbed by the modelled timeline
 
 
 @dataclass
@@ -74,6 +74,7 @@ class Request:
     last_emit: float = 0.0
     finish_reason: str | None = None
     cancelled: bool = False
+    submitted_at: float = 0.0  # engine clock when it reached the engine
 
     def record(self) -> dict:
         return {"id": self.id, "received_ns": self.received_ns,
@@ -105,6 +106,7 @@ class Engine:
         self._stop = threading.Event()
         self.steps = 0
         self._prev_end = -1.0
+        self._admitted_at = 0.0
         self.dead: str | None = None
         self._ids = itertools.count(1)
         self._sleep = sleep or self._stop.wait
@@ -130,6 +132,7 @@ class Engine:
             self._order.append(req.id)
             while len(self._order) > 20000:
                 self.records.pop(self._order.popleft(), None)
+            req.submitted_at = self._clock()
             self._arrivals.append(req)
             self.m.waiting.set(len(self.waiting) + len(self._arrivals))
             self._cond.notify_all()
@@ -168,11 +171,13 @@ class Engine:
                     chunks.append((r, n))
                     budget -= n
         used = self._kv_used()
+        self._admitted_at = 0.0
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             r = self.waiting[0]
             if used + r.prompt_len + 1 > cfg.kv_capacity_tokens and self.running:
                 break  # no KV room: wait for a running request to finish
             self.waiting.popleft()
+            self._admitted_at = max(self._admitted_at, r.submitted_at)
             r.cached_tokens = self.prefix.lookup(r.hashes, r.prompt_len)
             r.computed = r.cached_tokens
             self.m.prefix_queries.inc(r.prompt_len)
@@ -226,6 +231,7 @@ class Engine:
         # Busy engine: steps run back to back on the modelled timeline, so a little host
         # lag (GIL, a loaded CPU) is caught up instead of slowing the simulated pair down.
         start = prev if 0.0 <= now - prev < CATCH_UP_S else now
+        start = max(start, self._admitted_at)  # never before a request it admits arrived
         dur = self._step_seconds(len(decodes), sum(n for _, n in chunks))
         self.steps += 1
         if self.steps == 1 and self.cfg.jit_stall_s > 0:

@@ -108,7 +108,10 @@ class PromptEncoder:
                             "(%s: %s); encoding uncached", type(exc).__name__, exc)
 
     def _plain(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while the Rust side works (encode does not), so a
+        # 300k-token prompt does not freeze the engine thread: in vLLM the engine core is
+        # a separate process and keeps stepping while the API server tokenizes.
+        return self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
     def encode(self, text: str) -> list[int]:
         # The overlay's encoder is thread-safe; several HTTP threads call this at once,

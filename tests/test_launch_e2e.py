@@ -120,9 +120,9 @@ def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
         assert [rest[0], *info["Config"]["Cmd"]] == [pairenv.IMAGE, *rest[1:]]
         env = dict(e.split("=", 1) for e in info["Config"]["Env"])
         for item in opts["env"]:
-            key, _, value = item.partition("=")
-            if value == "***":  # masked in plan; the container still got the real value
-                assert env[key] == pairenv.FAKE_HF_TOKEN
+            key, eq, value = item.partition("=")
+            if not eq or value == "***":  # a secret: by name or masked, never on a command
+                assert env[key] == pairenv.FAKE_HF_TOKEN, key  # line, yet it arrived
             else:
                 assert env[key] == value, key
 
@@ -147,6 +147,8 @@ def test_lifecycle_up_chat_status_noop_down(fresh: hosts.Pair) -> None:
     rc, out = launch(pair, "status")
     assert rc == 0, out
     assert f"dsv4-{PAIR_ID}-rank0 running" in out and f"dsv4-{PAIR_ID}-rank1 running" in out
+    rc, out = launch(pair, "logs", "--rank", "1")
+    assert rc == 0 and "SPARK-TWIN SIMULATOR" in out and "rank1" in out, out
     rc, plan_text = launch(pair, "plan")
     assert rc == 0, plan_text
     assert_plan_is_what_ran(pair, plan_text)

@@ -117,7 +117,7 @@ def test_foreign_pair_on_rank1_fails_and_survives(pair: Env) -> None:
 def test_concurrent_up_for_same_pair_is_refused(pair: Env) -> None:
     import fcntl
 
-    with open(pair.tmp / "dsv4-launch-pair-a.lock", "a") as held:
+    with open(pair.tmp / "dsv4-launch-pair-a-127.0.0.1.lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         p = pair.run("up")
     assert p.returncode == 3 and "another up/down" in p.stderr

@@ -136,7 +136,8 @@ def cmd_lock_path(args: argparse.Namespace) -> int:
     """Where up/down serialise per pair (two operators must not race on one pair)."""
     cfg, _, _ = _load(args)
     base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    print(f"{base}/dsv4-launch-{cfg.PAIR_ID}.lock")
+    # SPARK1 in the name: two test pairs on one machine may share a PAIR_ID.
+    print(f"{base}/dsv4-launch-{cfg.PAIR_ID}-{cfg.SPARK1}.lock")
     return EXIT_OK
 
 

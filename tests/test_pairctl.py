@@ -202,6 +202,9 @@ def test_check_self_and_distinct() -> None:
     assert check_self(r, ev()).status == PASS
     assert check_self(r, ev(addrs=["10.0.9.9"])).status == FAIL
     assert check_self(dict(r, MASTER_ADDR="10.0.0.7"), ev()).status == FAIL
+    lo = {"SPARK1": "127.0.0.1", "SPARK2": "10.0.0.2", "MASTER_ADDR": "127.0.0.1"}
+    c = check_self(lo, ev(addrs=["127.0.0.1", "10.0.0.1"]))
+    assert c.status == FAIL and "loopback" in c.detail
     assert check_distinct(r, ev(addrs=["10.0.0.2"])).status == PASS
     assert check_distinct(dict(r, SPARK2="10.0.0.1"), ev()).status == FAIL
     # ssh "to SPARK2" landed on a machine that owns SPARK1's address: same host

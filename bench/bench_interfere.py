@@ -3,11 +3,10 @@
 
 Phase "solo": one decoding stream alone (guarded: the server must show only it).
 Phase "under prefill": the same stream; after --lead-ms, a second request with a long prompt
-(--prefill-tokens, max_tokens 1) is sent. The interference window is from that request being sent
-to its first token (its prefill done). decode_tok_s in the window counts the decoding stream's
-tokens arriving inside it, divided by its length — a stall shows as a low number (0.0 is a real,
-measured total stall here, not a missing value). stall_ms is the longest gap between the decoding
-stream's events that overlaps the window.
+(--prefill-tokens, max_tokens 1) is sent. Steps that carry a prefill chunk are longer, so the
+decoding stream's gaps while the long request is pending that exceed 1.5x its own earlier gap are
+the interfered steps; decode_tok_s = tokens per event / their median (step_ms). stall_ms is the
+longest gap of the decoding stream while the long request was pending.
 
 This is the metric --long-prefill-token-threshold moves: without it a long prompt's prefill
 chunks (up to --max-num-batched-tokens per step) make every step slow for the decoding stream.
@@ -25,28 +24,54 @@ from typing import Any
 
 from benchlib import cli, prompts
 from benchlib.guard import InFlightTracker
-from benchlib.stats import NS_PER_S, chunk_token_counts, request_metrics, summarize
+from benchlib.stats import NS_PER_S, chunk_token_counts, median, request_metrics, summarize
 from benchlib.stream import StreamResult
 
+STRETCH = 1.5  # a step this much longer than the stream's solo gap is an interfered step
 
-def window_metrics(dec: StreamResult, a_ns: int, b_ns: int) -> dict[str, Any]:
-    """Tokens of the decoding stream arriving in (a, b] / (b - a), and the longest gap over it."""
+
+def window_metrics(dec: StreamResult, sent_ns: int, first_ns: int) -> dict[str, Any]:
+    """Decode rate of `dec` while the long request (sent at sent_ns, first token at first_ns)
+    was being prefilled.
+
+    Every engine step that carries a prefill chunk is longer, so the decoding stream's gaps that
+    overlap [sent_ns, first_ns] and exceed STRETCH x its median gap before sent_ns are the
+    interfered steps. decode_tok_s = tokens per event / median interfered gap. The median keeps
+    the step time and ignores the odd gap that is not a full chunk step (the final, partial chunk;
+    server-side tokenization of the long prompt). With no stretched gap at all (no interference),
+    the median of all overlapping gaps is used.
+    """
     ts = dec.token_chunk_ns
     counts = chunk_token_counts(dec)
-    if not ts or not counts or b_ns <= a_ns:
-        return {"decode_tok_s": None, "stall_ms": None, "window_ms": None, "tokens": None}
-    toks = sum(c for t, c in zip(ts, counts, strict=True) if a_ns < t <= b_ns)
-    gaps = [
-        (t1 - t0) / 1e6
-        for t0, t1 in zip(ts, ts[1:], strict=False)
-        if t1 > a_ns and t0 < b_ns  # the gap overlaps the window
-    ]
-    return {
-        "decode_tok_s": toks / ((b_ns - a_ns) / NS_PER_S),
-        "stall_ms": max(gaps) if gaps else (b_ns - a_ns) / 1e6,
-        "window_ms": (b_ns - a_ns) / 1e6,
-        "tokens": toks,
+    out: dict[str, Any] = {
+        "decode_tok_s": None,
+        "stall_ms": None,
+        "step_ms": None,
+        "stretched_steps": None,
+        "itl_before_ms": None,
     }
+    if len(ts) < 3 or not counts or first_ns <= sent_ns:
+        return out
+    ref = median([b - a for a, b in zip(ts, ts[1:], strict=False) if b <= sent_ns])
+    over = [
+        (i, ts[i] - ts[i - 1])
+        for i in range(1, len(ts))
+        if ts[i] > sent_ns and ts[i - 1] < first_ns
+    ]
+    if ref is None or not over:
+        return out
+    stretched = [(i, g) for i, g in over if g > STRETCH * ref]
+    use = stretched or over
+    step = median(g for _, g in use)
+    per_event = sum(counts[i] for i, _ in use) / len(use)
+    out.update(
+        decode_tok_s=per_event / (step / NS_PER_S),
+        stall_ms=max(g for _, g in over) / 1e6,
+        step_ms=step / 1e6,
+        stretched_steps=len(stretched),
+        itl_before_ms=ref / 1e6,
+    )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         dec, pre = o["decode"], o["prefill"]
         md, mp = request_metrics(dec), request_metrics(pre)
         err = md["error"] or mp["error"]
-        w: dict[str, Any] = {"decode_tok_s": None, "stall_ms": None, "window_ms": None}
+        w: dict[str, Any] = {
+            "decode_tok_s": None,
+            "stall_ms": None,
+            "step_ms": None,
+            "stretched_steps": None,
+        }
         truncated = False
         if not err and pre.t_request_ns and pre.t_first_token_ns and dec.t_last_token_ns:
             end = min(pre.t_first_token_ns, dec.t_last_token_ns)
@@ -112,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             "error": err,
             "decode_tok_s": w["decode_tok_s"],
             "stall_ms": w["stall_ms"],
-            "window_ms": w["window_ms"],
+            "step_ms": w["step_ms"],
             "window_truncated": truncated,
+            "stretched_steps": w["stretched_steps"],
             "prefill_ttft_ms": mp["ttft_ms"],
             "prefill_prompt_tokens": mp["prompt_tokens"],
             "decode": md,

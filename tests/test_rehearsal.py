@@ -118,10 +118,13 @@ def test_teardown_and_leftover_cleanup_remove_everything() -> None:
     first = hosts.build_free_pair("dsv4tc")
     prefix = first.prefix
     pairenv.load_image(first.h2)
-    mnt = Path(f"/opt/{prefix}-mnt")
+    mnt = Path(f"/{prefix}-mnt")  # under `/`: made for real and recorded (see the runtime)
     cid = first.h2.docker("run", "-d", "--network", "host", "-v",
                           f"{first.base}:{mnt}/deep", pairenv.IMAGE, "sleep", "600")
     assert cid.returncode == 0, cid.stderr
+    deadline = time.monotonic() + 10
+    while not (mnt / "deep").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert (mnt / "deep").is_dir()
     # Simulate a crash: drop the lock without tearing down, then build again.
     assert first.lock_fh is not None

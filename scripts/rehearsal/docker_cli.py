@@ -173,22 +173,6 @@ def parse_volume(store: Store, text: str) -> dict[str, Any]:
             else "", "RW": mode == "rw", "Propagation": "rprivate"}
 
 
-def _ensure_mountpoint(store: Store, mount: dict[str, Any]) -> None:
-    """Create a missing mount point (dir or file, like the source) and record it, so
-    the harness can remove it: the hosts share one real filesystem."""
-    dst = Path(mount["Destination"])
-    if dst.exists():
-        return
-    missing = [p for p in [dst, *dst.parents] if not p.exists()]
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if Path(mount["Source"]).is_dir():
-        dst.mkdir()
-    else:
-        dst.touch()
-    for path in missing:  # deepest first, so the harness can rmdir in order
-        store.record_created_path(path)
-
-
 RUN_SPEC = FlagSpec(
     bools={"detach": ("-d", "--detach")},
     values={"name": ("--name",), "label": ("--label", "-l"), "network": ("--network", "--net"),
@@ -246,8 +230,6 @@ def cmd_run(store: Store, args: list[str]) -> int:
                     f'"/{name}" is already in use by container "{other}". You have to remove '
                     "(or rename) that container to be able to reuse that name.\n"
                     "See 'docker run --help'.", code=125)
-        for mount in mounts:
-            _ensure_mountpoint(store, mount)
         cid = store.new_id()
         cdir = store.cdir(cid)
         cdir.mkdir()

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rehearsal.store import now_iso, proc_start_time, write_json_atomic
+from rehearsal.store import Store, now_iso, proc_start_time, write_json_atomic
 
 CLONE_NEWPID = 0x20000000
 
@@ -74,22 +74,78 @@ def run(cdir: Path) -> int:
     return 0
 
 
+def _mount_points() -> list[str]:
+    """Mount points visible in this mount namespace (field 5 of mountinfo)."""
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+
+
+def _make_mountpoint(cdir: Path, dst: Path, is_dir: bool, overlaid: set[Path]) -> None:
+    """Create a missing mount point *inside the container only*.
+
+    The hosts share the machine's filesystem, so `mkdir /opt/dsv4-flash-overlays` there
+    would leak between runs (and a concurrent run's teardown could remove it under us).
+    Instead the nearest existing ancestor gets a private overlay (tmpfs upper layer) in
+    this mount namespace: its content stays visible, the new directory exists only here,
+    as in a container's own filesystem. Only when that ancestor is `/` or has mounts below
+    it is the mount point created on the real filesystem, and recorded for the harness.
+    """
+    ancestor = next(p for p in dst.parents if p.exists())
+    below = [m for m in _mount_points() if m.startswith(str(ancestor).rstrip("/") + "/")]
+    if ancestor != Path("/") and not below and ancestor not in overlaid:
+        scratch = cdir / f"scratch{len(overlaid)}"
+        scratch.mkdir()
+        for step in (["mount", "-t", "tmpfs", "rehearsal-scratch", str(scratch)],
+                     ["mkdir", str(scratch / "up"), str(scratch / "work")],
+                     ["mount", "-t", "overlay", "rehearsal-overlay", "-o",
+                      f"lowerdir={ancestor},upperdir={scratch / 'up'},"
+                      f"workdir={scratch / 'work'}", str(ancestor)]):
+            subprocess.run(step, check=True, capture_output=True, text=True)
+        overlaid.add(ancestor)
+    elif ancestor not in overlaid:
+        store = Store(cdir.parent.parent)
+        for path in [dst, *dst.parents]:  # deepest first, so the harness can rmdir in order
+            if not path.exists():
+                store.record_created_path(path)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if is_dir:
+        dst.mkdir(exist_ok=True)
+    else:
+        dst.touch()
+
+
 def enter(cdir: Path) -> int:
     """Inside the namespaces: bind-mount the volumes, then exec the command."""
     cfg = json.loads((cdir / "config.json").read_text())
     # Our own /proc, so the container sees its PID namespace as docker's would.
     subprocess.run(["mount", "-t", "proc", "proc", "/proc"], check=False)
-    for m in cfg["Mounts"]:
-        src, dst = m["Source"], m["Destination"]
-        steps = [["mount", "--bind", src, dst]]
-        if not m["RW"]:
-            steps.append(["mount", "-o", "remount,bind,ro", dst])
-        for step in steps:
-            res = subprocess.run(step, capture_output=True, text=True)
-            if res.returncode != 0:
-                print(f"rehearsal runtime: mount {src}:{dst} failed: {res.stderr.strip()}",
-                      file=sys.stderr, flush=True)
-                return 125
+    # Stage every source first: a private overlay made for a later mount point must not
+    # redirect a source path below it into the overlay's scratch layer.
+    staged: list[Path] = []
+    overlaid: set[Path] = set()
+    try:
+        for i, m in enumerate(cfg["Mounts"]):
+            stage = cdir / f"src{i}"
+            if Path(m["Source"]).is_dir():
+                stage.mkdir()
+            else:
+                stage.touch()
+            subprocess.run(["mount", "--bind", m["Source"], str(stage)], check=True,
+                           capture_output=True, text=True)
+            staged.append(stage)
+        for stage, m in zip(staged, cfg["Mounts"], strict=True):
+            dst = Path(m["Destination"])
+            if not dst.exists():
+                _make_mountpoint(cdir, dst, stage.is_dir(), overlaid)
+            subprocess.run(["mount", "--bind", str(stage), str(dst)], check=True,
+                           capture_output=True, text=True)
+            if not m["RW"]:
+                subprocess.run(["mount", "-o", "remount,bind,ro", str(dst)], check=True,
+                               capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = (getattr(exc, "stderr", "") or str(exc)).strip()
+        print(f"rehearsal runtime: mounting the volumes failed: {detail}", file=sys.stderr,
+              flush=True)
+        return 125
     env = dict(item.split("=", 1) for item in cfg["Env"])
     cmd = cfg["Cmd"]
     os.chdir(cfg.get("WorkingDir") or "/")

@@ -157,6 +157,16 @@ def test_defaults_and_dotenv_semantics(tmp_path: Path) -> None:
     assert cfg.unknown == ("TYPO_VAR",)
 
 
+def test_ssh_files_relative_to_env_file(tmp_path: Path) -> None:
+    f = tmp_path / "sub" / "e.env"
+    f.parent.mkdir()
+    f.write_text("".join(f"{k}={v}\n" for k, v in ENV.items())
+                 + "SSH_IDENTITY_FILE=keys/id\nSSH_KNOWN_HOSTS_FILE=/abs/kh\n")
+    cfg = load_env_file(f)
+    assert cfg.SSH_IDENTITY_FILE == str(tmp_path / "sub" / "keys" / "id")
+    assert cfg.SSH_KNOWN_HOSTS_FILE == "/abs/kh"
+
+
 def test_ssh_always_checks_host_keys() -> None:
     argv = ssh_argv(parse_env(dict(ENV, SSH_USER="bird", SSH_PORT="2222",
                                    SSH_IDENTITY_FILE="/k", SSH_KNOWN_HOSTS_FILE="/kh")), "true")

@@ -174,5 +174,11 @@ def load_env_file(path: str | Path) -> PairConfig:
         if binding.error:
             raise ConfigError(f"{p}:{binding.original.line}: malformed line; expected "
                               "KEY=VALUE (see .env.example)")
-    raw = dotenv_values(p, interpolate=False)
-    return parse_env(dict(raw), env_file=str(p))
+    raw = dict(dotenv_values(p, interpolate=False))
+    # ssh files relative to the env file (not to wherever the launcher was started); ~ too.
+    for key in ("SSH_IDENTITY_FILE", "SSH_KNOWN_HOSTS_FILE"):
+        val = (raw.get(key) or "").strip()
+        if val:
+            path = Path(val).expanduser()
+            raw[key] = str(path if path.is_absolute() else (p.parent / path).resolve())
+    return parse_env(raw, env_file=str(p))

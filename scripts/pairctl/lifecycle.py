@@ -55,7 +55,9 @@ def fmt_elapsed(seconds: float) -> str:
 
 
 def endpoint(cfg: PairConfig) -> str:
-    return f"http://{cfg.SPARK1}:{cfg.PORT}"
+    """Base URL of the pair's endpoint (rank 0); IPv6 literals get brackets."""
+    host = f"[{cfg.SPARK1}]" if ":" in cfg.SPARK1 else cfg.SPARK1
+    return f"http://{host}:{cfg.PORT}"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, replace
 
 from pairctl.config import SECRET_NAMES, ConfigError, PairConfig
+from pairctl.nodes import ssh_argv
 from pairctl.recipe import Mount, Recipe, serve_argv, substitute
 
 OVERLAY_MOUNT = "/opt/dsv4-flash-overlays"
@@ -192,6 +193,9 @@ def render_plan(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:
         where = "local (SPARK1)" if rank == 0 else f"ssh {cfg.ssh_target()} (SPARK2)"
         lines.append("")
         lines.append(f"## rank {rank} ({rp.role}) on {rp.node} via {where}: container {rp.name}")
+        if rank == 1:
+            lines.append("# over: " + shlex.join(ssh_argv(cfg)) + " -- <the docker line>"
+                         + (" (secret values on stdin)" if rp.secret_env else ""))
         lines.append("docker " + shlex.join(mask_argv(rp.docker_argv)))
         lines.append("# env:")
         for k, v in rp.env.items():

@@ -223,6 +223,9 @@ cmd_up() {
   pairctl validate || exit "$?"
   acquire_lock
   if pairctl healthy; then
+    if ((GATE)); then
+      run_gate
+    fi
     return 0
   fi
   local -a pf_args=()

@@ -52,10 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--m", type=int, nargs="+", default=list(MS))
     p.add_argument("--tune", action="store_true", help="search configs before the benchmark")
     p.add_argument(
-        "--grid", choices=("coarse", "fine", "final"), default="coarse",
+        "--grid", choices=("coarse", "fine", "final", "ab"), default="coarse",
         help="search space for --tune")
     p.add_argument("--transfer-top", type=int, default=4,
                    help="with several --n, later N only re-time the first N's best few per M")
+    p.add_argument("--seed-json", type=Path, nargs="*", default=[],
+                   help="earlier result JSONs: their per-(N, M) kernel config joins the search")
     p.add_argument("--tune-budget-s", type=float, default=300.0, help="stop tuning after this")
     p.add_argument("--configs-out", type=Path, help="write the tuned table (fp8_configs.json)")
     p.add_argument("--reps", type=int, default=25, help="graph replays per measurement")
@@ -224,6 +226,11 @@ def candidate_configs(grid: str, m: int) -> list[F.KernelConfig]:
         space = [(64, 128), (64, 128), (4, 8), (2, 3), (0, 1), (0, 1), (0,)]
     elif grid == "fine":
         space = [(128, 256), (64, 128), (4, 8), (2, 3), (0, 1), (0, 1), (0,)]
+    elif grid == "ab":  # layout-1 kernel only; --seed-json adds the incumbents
+        if m < 10:
+            return []
+        return [F.KernelConfig(bn, bk, nw, ns, 1, 1, 0, 1)
+                for bn, bk, nw, ns in itertools.product((64, 128, 256), (64, 128), (4, 8), (2, 3))]
     elif m <= 5:  # "final"
         space = [(64, 128, 256), (128,), (4, 8), (3,), (1,), (0, 1), (0,)]
     elif m <= 40:
@@ -307,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.time() + args.tune_budget_s + 120.0
     dev = torch.cuda.get_device_name()
     top_by_m: dict[int, list[F.KernelConfig]] = {}
+    seeds: dict[tuple[int, int], F.KernelConfig] = {}
+    for path in args.seed_json:
+        for row in json.loads(path.read_text()).get("rows", []):
+            if row.get("cfg"):
+                seeds[(row["n"], row["m"])] = F.KernelConfig.from_dict(row["cfg"])
     for n in args.n:
         prob = Problem(n, copies_for(n))
         w_calls_src = prob.w
@@ -329,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                     cands = top_by_m[m]
                 else:
                     cands = candidate_configs(args.grid, m)
+                if (n, m) in seeds and seeds[(n, m)] not in cands:
+                    cands = [seeds[(n, m)], *cands]
                 share = args.tune_budget_s / len(args.m) if m not in top_by_m else 30.0
                 cfg, _, log = tune_one(prob, m, cands, min(deadline, time.time() + share))
                 tune_logs[f"{n}x{m}"] = log

@@ -316,6 +316,60 @@ if HAVE_TRITON:
             )
 
 
+if HAVE_TRITON:
+
+    @triton.jit
+    def _fp8_head_kernel_ab(
+        a_ptr,
+        w_ptr,
+        s_ptr,
+        y_ptr,
+        M,
+        N,
+        K,
+        stride_am,
+        stride_wn,
+        stride_ym,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        BM: tl.constexpr,
+        CONVERT: tl.constexpr,
+    ):
+        """Layout 1: y = A @ (W*s)^T with the activations as the MMA's register operand.
+
+        The widened weight tile is written to shared memory once (wide 16-byte stores) and
+        read by the MMA from there, instead of being re-read 2 bytes at a time into MMA
+        registers as in ``_fp8_head_kernel``; the price is padding M to >= 64 (one
+        warpgroup MMA is 64 rows), so it can only pay between M ~ 20 and 64.
+        """
+        pid = tl.program_id(0)
+        offs_n = pid * BN + tl.arange(0, BN)
+        rows = tl.minimum(offs_n, N - 1)
+        offs_k = tl.arange(0, BK)
+        w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_k[None, :]
+        offs_m = tl.arange(0, BM)
+        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
+        a_mask = offs_m[:, None] < M
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for _k in range(0, K, BK):
+            if CONVERT == 1:
+                w = tl.load(w_ptrs).to(tl.float16)
+                a = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float16)
+            else:
+                w = tl.load(w_ptrs).to(tl.bfloat16)
+                a = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.bfloat16)
+            acc = tl.dot(a, tl.trans(w), acc)
+            a_ptrs += BK
+            w_ptrs += BK
+        s = tl.load(s_ptr + rows)
+        y = (acc * s[None, :]).to(y_ptr.dtype.element_ty)
+        tl.store(
+            y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+            y,
+            mask=(offs_n[None, :] < N) & a_mask,
+        )
+
+
 @dataclass(frozen=True)
 class KernelConfig:
     """One launch configuration of ``_fp8_head_kernel``."""
@@ -331,6 +385,8 @@ class KernelConfig:
     pre_a: int = 0
     # 1: one padded M tile instead of two (see m_tiles).
     single_tile: int = 0
+    # 0: W is the MMA's register operand (_fp8_head_kernel); 1: A is (_fp8_head_kernel_ab)
+    layout: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KernelConfig:
@@ -368,6 +424,15 @@ def fp8_head_matmul(
     grid = (triton.cdiv(n, cfg.bn),)
     for start in range(0, m, MAX_M_PER_LAUNCH):
         rows = min(MAX_M_PER_LAUNCH, m - start)
+        if cfg.layout == 1:
+            _fp8_head_kernel_ab[grid](
+                a[start:], q, scale, out[start:], rows, n, k,
+                a.stride(0), q.stride(0), out.stride(0),
+                BN=cfg.bn, BK=cfg.bk, BM=max(64, m_tiles(rows, True)[0]),
+                CONVERT=min(cfg.convert, 1), num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages,
+            )
+            continue
         bm1, bm2 = m_tiles(rows, bool(cfg.single_tile))
         _fp8_head_kernel[grid](
             a[start:],

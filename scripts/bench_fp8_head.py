@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         result["checks"] = check_kernel(
             [F.KernelConfig(128, 128, 4, 3, 0), F.KernelConfig(128, 128, 4, 3, 1, 1),
-             F.KernelConfig(64, 128, 4, 2, 2), F.KernelConfig(256, 64, 8, 2, 1, 1)]
+             F.KernelConfig(64, 128, 4, 2, 2), F.KernelConfig(256, 64, 8, 2, 1, 1),
+             F.KernelConfig(128, 64, 4, 3, 1, 1, 0, 1)]
         )
     copy = copy_ceiling_gbs()
     ceiling = copy["ceiling"]

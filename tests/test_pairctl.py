@@ -321,3 +321,13 @@ def test_first_dead_rank_leads_the_report() -> None:
     assert [d[1] for d in first_dead([head, worker])] == ["w", "h"]
     unknown = (n0, "h", State(True, False, "exited", 1, "0001-01-01T00:00:00Z"))
     assert [d[1] for d in first_dead([unknown, worker])] == ["w", "h"]
+
+
+def test_join_hint_only_after_a_long_wait() -> None:
+    from pairctl.lifecycle import join_hint
+
+    cfg = parse_env(ENV)
+    assert join_hint("waiting for rank 1", 10, cfg) is None
+    assert join_hint("loading weights", 500, cfg) is None
+    hint = join_hint("waiting for rank 1", 120, cfg)
+    assert hint and "10.0.0.1:29501" in hint and "PF-NCCL-IFACE" in hint

@@ -49,6 +49,19 @@ def phase_of(text: str) -> str:
     return phase
 
 
+JOIN_HINT_AFTER_S = 90.0
+
+
+def join_hint(head_phase: str, waited_s: float, cfg: PairConfig) -> str | None:
+    """A hint once the head has waited long for rank 1 (the DistStoreError family)."""
+    if head_phase != "waiting for rank 1" or waited_s < JOIN_HINT_AFTER_S:
+        return None
+    return (f"hint: rank 1 has not joined after {waited_s:.0f}s: it must reach "
+            f"{cfg.master_addr}:{cfg.MASTER_PORT} and the head's ZeroMQ ports over "
+            f"{cfg.NCCL_SOCKET_IFNAME}; check firewall, MASTER_ADDR and PF-NCCL-IFACE, and "
+            "`launch/dspark_launch.sh logs --rank 1`")
+
+
 def fmt_elapsed(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 60}m{s % 60:02d}s"
@@ -182,6 +195,8 @@ def wait_healthy(cfg: PairConfig, timeout_s: float, poll_s: float = 2.0,
     last_line, last_print = "", 0.0
     pair = nodes(cfg)
     misses = {0: 0, 1: 0}
+    waiting_since: float | None = None
+    hinted = False
     while True:
         now = clock()
         dead: list[tuple[Node, str, State]] = []
@@ -223,7 +238,20 @@ def wait_healthy(cfg: PairConfig, timeout_s: float, poll_s: float = 2.0,
         phases = []
         for node in pair:
             text = logs_tail(node, container_name(cfg.PAIR_ID, node.rank), 60)
-            phases.append(f"rank{node.rank}: {phase_of(text)}")
+            phase = phase_of(text)
+            phases.append(f"rank{node.rank}: {phase}")
+            if node.rank == 0:
+                if phase != "waiting for rank 1":
+                    waiting_since = None
+                elif waiting_since is None:
+                    waiting_since = now
+        hint = join_hint("waiting for rank 1" if waiting_since is not None else "",
+                         now - (waiting_since or now), cfg)
+        if hint and not hinted:
+            if tty:
+                print(file=sys.stderr)
+            log(hint)
+            hinted = True
         line = f"[{elapsed}] waiting for {base}/health — " + " | ".join(phases)
         if tty:
             print("\r" + line.ljust(110), end="", file=sys.stderr, flush=True)

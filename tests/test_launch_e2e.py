@@ -128,10 +128,15 @@ def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
 
 
 def test_lifecycle_up_chat_status_noop_down(fresh: hosts.Pair) -> None:
-    """up (with one overlay file missing on rank 1: warns, boots) -> chat -> status ->
-    up again changes nothing -> down leaves nothing. One boot covers both cases, because
-    a boot is the expensive part of these tests."""
+    """up (with one overlay file missing on rank 1: warns, boots; and a stale, exited
+    container of this pair on rank 1: replaced) -> chat -> logs -> plan == what ran ->
+    status -> up again changes nothing -> down leaves nothing. One boot covers these
+    cases, because a boot is the expensive part of these tests."""
     pair = fresh
+    stale = pair.h2.docker("run", "-d", "--name", f"dsv4-{PAIR_ID}-rank1", "--label", LABEL,
+                           "--label", "dsv4.rank=1", "--label", "dsv4.role=worker",
+                           "--network", "host", pairenv.IMAGE, "sh", "-c", "exit 1")
+    assert stale.returncode == 0, stale.stderr
     overlay = pair.h2.on_disk(pairenv.layout(pair).overlay_dir)
     victim = sorted(p for p in (overlay / "dsv4_flash_overlays").glob("*.py")
                     if p.name != "__init__.py")[0]
@@ -155,6 +160,7 @@ def test_lifecycle_up_chat_status_noop_down(fresh: hosts.Pair) -> None:
     before = [pair_pids(h) for h in pair.hosts]
     assert set(before[0]) == {f"dsv4-{PAIR_ID}-rank0"}
     assert set(before[1]) == {f"dsv4-{PAIR_ID}-rank1"}
+    assert before[1][f"dsv4-{PAIR_ID}-rank1"][0] != stale.stdout.strip(), "stale not replaced"
     rc, out = launch(pair, "up")
     assert rc == 0, out
     assert "nothing changed" in out.lower() or "already" in out.lower()

@@ -140,7 +140,7 @@ def test_self_check_disables_the_cache_on_a_planted_mismatch(rust_tok, caplog) -
     assert enc.encode(turn1) == _ref(rust_tok, turn1)
     assert enc.snapshot()["verified"] == 1 and enc.enabled
     (entry,) = list(enc._lru.values())
-    entry.ids[3] = entry.ids[3] + 1  # plant a wrong id in the cached prefix
+    entry.chunks[0][3] = entry.chunks[0][3] + 1  # plant a wrong id in the cached prefix
     with caplog.at_level(logging.ERROR, logger="dsv4_flash_overlays"):
         assert enc.encode(turn2) == _ref(rust_tok, turn2)  # the full encode wins
         assert enc.encode(turn2 + "x\n") == _ref(rust_tok, turn2 + "x\n")
@@ -171,6 +171,7 @@ def test_memory_budget_holds_and_is_honest(rust_tok) -> None:
     snap = enc.snapshot()
     assert snap["evictions"] > 0 and 0 < snap["entries"] < len(texts)
     # What the cache really holds stays within the budget (+ a little for the dicts).
+    print(f"held/budget {held / budget:.3f}")
     assert held <= budget * 1.15, (held, budget)
 
 

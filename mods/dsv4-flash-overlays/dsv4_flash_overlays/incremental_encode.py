@@ -106,8 +106,13 @@ TAIL_MIN_GAP = 16
 SUPERSEDE_SLACK_CHARS = 16384
 # Candidates compared per lookup (most recently used first).
 MAX_CANDIDATES = 256
-# Python-object cost per cached token id (list slot + int object), for the byte budget.
-BYTES_PER_ID = 36
+# Cost per cached token id for the byte budget: one list slot. Ids are canonical int
+# objects from one table per encoder (the table, ~36 B x vocab, is not counted), which
+# also makes copying a 300k-id prefix ~5x faster than copying freshly made ints.
+BYTES_PER_ID = 8
+BYTES_PER_CHUNK = 56 + 16
+# Chunks per entry above which they are merged into one list (amortised O(1) per turn).
+MAX_CHUNKS = 512
 
 
 @dataclass(frozen=True)
@@ -261,10 +266,17 @@ def common_prefix_len(a: str, b: str, start: int = 0) -> int:
 
 @dataclass
 class _Entry:
-    """One cached prompt: its text, its ids and checkpoints at cuts (all immutable)."""
+    """One cached prompt: its text, its ids and checkpoints at cuts (all immutable).
+
+    The ids are kept as a list of chunk lists shared with the entries they were derived
+    from (a new turn references the old turn's chunks instead of copying them); the
+    chunks are never handed to callers, who get a fresh list.
+    """
 
     text: str
-    ids: list[int]
+    chunks: list[list[int]]
+    chunk_start: list[int]  # token offset of each chunk
+    ntok: int
     # Checkpoint i: the cut at char cp_pos[i] needs text agreement up to cp_need[i]
     # (the cut plus its look-ahead) and has cp_ntok[i] tokens before it.
     cp_pos: list[int]
@@ -276,6 +288,28 @@ class _Entry:
     def best_checkpoint(self, agree: int) -> int:
         """Index of the last checkpoint usable when texts agree on ``agree`` chars."""
         return bisect.bisect_right(self.cp_need, agree) - 1
+
+    def prefix_chunks(self, ntok: int) -> list[list[int]]:
+        """Chunks holding the first ``ntok`` ids (at most one short partial copy)."""
+        if ntok >= self.ntok:
+            return list(self.chunks)
+        j = bisect.bisect_right(self.chunk_start, ntok) - 1
+        out = self.chunks[:j]
+        k = ntok - self.chunk_start[j]
+        if k:
+            out.append(self.chunks[j][:k])
+        return out
+
+    def ids(self) -> list[int]:
+        """A fresh list of all ids (the caller owns it)."""
+        return _join(self.chunks)
+
+
+def _join(chunks: list[list[int]]) -> list[int]:
+    out: list[int] = []
+    for chunk in chunks:
+        out.extend(chunk)
+    return out
 
 
 @dataclass
@@ -332,6 +366,7 @@ class IncrementalEncoder:
         # A private copy: HF wrappers toggle truncation/padding on their backend per
         # call, which would race with us; ours never has either.
         self._tok, self.analysis = _private_copy(backend.to_str())
+        self._ints = list(range(self._tok.get_vocab_size(with_added_tokens=True) + 1024))
         self.name = name
         if budget_bytes is None:
             budget_bytes = int(_env_float(ENV_CACHE_MB, DEFAULT_CACHE_MB) * 1024 * 1024)
@@ -499,10 +534,10 @@ class IncrementalEncoder:
             with self._lock:
                 self.stats.calls += 1
                 self.stats.hits += 1
-                self.stats.reused_tokens += len(entry.ids)
+                self.stats.reused_tokens += entry.ntok
                 self.stats.reused_chars += len(text)
                 self._touch(entry)
-            return list(entry.ids)
+            return entry.ids()
 
         base_pos, base_ntok = 0, 0
         cp_pos: list[int] = [0]
@@ -525,10 +560,8 @@ class IncrementalEncoder:
         chunks = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
         encodings = self._tok.encode_batch(chunks, add_special_tokens=False)
 
-        if base_ntok:
-            ids = entry.ids[:base_ntok]  # type: ignore[union-attr]
-        else:
-            ids = []
+        chunks = entry.prefix_chunks(base_ntok) if base_ntok else []  # type: ignore[union-attr]
+        ints = self._ints
         ntok = base_ntok
         new_pos = list(cp_pos)
         new_need = list(cp_need)
@@ -539,7 +572,10 @@ class IncrementalEncoder:
                 new_pos.append(a)
                 new_need.append(a + 1 if text[a - 1] in "\r\n" else a)
                 new_ntok.append(ntok)
-            chunk_ids = enc.ids
+            try:
+                chunk_ids = list(map(ints.__getitem__, enc.ids))
+            except IndexError:  # an id beyond the table: keep the ints as they come
+                chunk_ids = enc.ids
             if i == len(encodings) - 1:
                 for cut, need in zip(tail_cuts, tail_need, strict=True):
                     if cut <= a:
@@ -550,7 +586,8 @@ class IncrementalEncoder:
                     new_pos.append(cut)
                     new_need.append(need)
                     new_ntok.append(ntok + t)
-            ids.extend(chunk_ids)
+            if chunk_ids:
+                chunks.append(chunk_ids)
             ntok += len(chunk_ids)
 
         hit = base_ntok > 0
@@ -563,13 +600,19 @@ class IncrementalEncoder:
             else:
                 self.stats.misses += 1
             self.stats.encoded_chars += len(text) - base_pos
-        new_entry = _Entry(text, ids, new_pos, new_need, new_ntok, key)
+        if len(chunks) > MAX_CHUNKS:
+            chunks = [_join(chunks)]
+        starts, acc = [], 0
+        for chunk in chunks:
+            starts.append(acc)
+            acc += len(chunk)
+        new_entry = _Entry(text, chunks, starts, acc, new_pos, new_need, new_ntok, key)
         superseded = (
             entry if entry is not None and base_pos >= len(entry.text) - SUPERSEDE_SLACK_CHARS
             else None
         )
         self._insert(new_entry, superseded)
-        return list(ids)
+        return _join(chunks)
 
     def _touch(self, entry: _Entry) -> None:
         eid = id(entry)
@@ -591,11 +634,15 @@ class IncrementalEncoder:
                 del self._by_key[entry.key]
 
     def _insert(self, entry: _Entry, superseded: _Entry | None) -> None:
+        # Honest Python sizes: checkpoint ints are objects of their own (3 lists x
+        # (slot + int)); the key, the entry object and two dict slots add a fixed part.
         entry.nbytes = (
             sys.getsizeof(entry.text)
-            + BYTES_PER_ID * len(entry.ids)
-            + 24 * len(entry.cp_pos)
-            + 512
+            + sys.getsizeof(entry.key)
+            + BYTES_PER_ID * entry.ntok
+            + BYTES_PER_CHUNK * len(entry.chunks)
+            + 3 * 36 * len(entry.cp_pos)
+            + 1024
         )
         with self._lock:
             if not self._enabled:

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             "ttft_ms": median(m["ttft_ms"] for m in ms),
             "prompt_tokens": median(m["prompt_tokens"] for m in ms),
             "ttft_ms_each": [m["ttft_ms"] for m in ms],
+            "request_ids": [m["request_id"] for m in ms],
         }
 
     bar = b.progress(args.runs * (len(depths) + 1), "bench_ctx")

@@ -103,6 +103,12 @@ class Host:
         """The docker state dir, as the host sees it."""
         return self.node_view / "docker"
 
+    @property
+    def runtime_dir(self) -> Path:
+        """The host's own XDG_RUNTIME_DIR (the launcher keeps its per-pair lock there), so
+        nothing the launcher writes lands in the machine's shared /tmp."""
+        return self.node_view / "run"
+
     def on_disk(self, host_path: Path | str) -> Path:
         """Translate a path on the host's local disk to the machine's backing path."""
         rel = Path(host_path).relative_to(self.node_view)
@@ -112,7 +118,8 @@ class Host:
         """Environment of a login on this host (what sshd's SetEnv gives)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DSV4R_")}
         env.update({"PATH": f"{BIN_DIR}:{BASE_PATH}", STATE_ENV: str(self.state_dir),
-                    "DSV4R_HOST": self.name, "HOME": "/root"})
+                    "DSV4R_HOST": self.name, "HOME": "/root",
+                    "XDG_RUNTIME_DIR": str(self.runtime_dir)})
         env.update(extra or {})
         return env
 
@@ -348,7 +355,7 @@ def _sshd_config(pair: Pair, host: Host) -> str:
         "StrictModes no",
         "PermitUserEnvironment no",
         f"SetEnv PATH={BIN_DIR}:{BASE_PATH} {STATE_ENV}={host.state_dir} "
-        f"DSV4R_HOST={host.name}",
+        f"DSV4R_HOST={host.name} XDG_RUNTIME_DIR={host.runtime_dir}",
         "Subsystem sftp internal-sftp",
         "LogLevel VERBOSE",
         "",
@@ -392,8 +399,8 @@ def _build(pair: Pair, log: Log) -> None:
     (client / "authorized_keys").write_text(client_pub + "\n")
     known = []
     for host in pair.hosts:
-        for sub in ("sshd", "node/docker"):
-            (host.root / sub).mkdir(parents=True)
+        for sub in ("sshd", "node/docker", "node/run"):
+            (host.root / sub).mkdir(parents=True, mode=0o700)
         pub = _keygen(host.root / "sshd" / "ssh_host_ed25519_key", f"root@{host.name}")
         known.append(f"{host.ip},{host.name} {' '.join(pub.split()[:2])}")
         (host.root / "sshd" / "sshd_config").write_text(_sshd_config(pair, host))

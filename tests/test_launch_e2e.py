@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from rehearsal import chat, hosts, pairenv
 from rehearsal.docker_cli import RUN_SPEC, parse_flags
-from rehearsal.testing import host_process_cmdlines, pair_fixture, run_launcher
+from rehearsal.testing import host_process_cmdlines, http_get_on, pair_fixture, run_launcher
 
 pytestmark = pytest.mark.needs_netns
 
@@ -217,8 +217,7 @@ def test_port_taken_by_foreign_process_fails_preflight(fresh: hosts.Pair) -> Non
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):
-            if pair.h1.run(["curl", "-s", "-o", "/dev/null",
-                            f"http://{pair.h1.ip}:8000/"]).returncode == 0:
+            if http_get_on(pair.h1, f"http://{pair.h1.ip}:8000/").returncode == 0:
                 break
             time.sleep(0.1)
         rc, out = launch(pair, "up", "--timeout", "60")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from rehearsal import hosts, pairenv
-from rehearsal.testing import host_process_cmdlines, pair_fixture
+from rehearsal.testing import host_process_cmdlines, http_get_on, pair_fixture
 
 pytestmark = pytest.mark.needs_netns
 
@@ -77,7 +77,7 @@ def test_container_started_over_ssh_detaches_and_serves(pair: hosts.Pair) -> Non
     try:
         body = ""
         for _ in range(100):
-            got = pair.h1.run(["curl", "-s", f"http://{pair.h2.ip}:{port}/"])
+            got = http_get_on(pair.h1, f"http://{pair.h2.ip}:{port}/")
             body = got.stdout
             if got.returncode == 0:
                 break

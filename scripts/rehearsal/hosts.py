@@ -369,6 +369,12 @@ def build_pair(prefix: str = "dsv4r", log: Log = lambda _m: None,
         raise HarnessError("the rehearsal needs root (ip netns, mounts, sshd); run it as "
                            "root or use the CI machine")
     check_prefix(prefix)
+    missing = [tool for tool in ("ip", "unshare", "nsenter", "mount", "ssh", "ssh-keygen",
+                                 "ss", "flock")
+               if shutil.which(tool) is None] + ([] if Path(SSHD).exists() else [SSHD])
+    if missing:
+        raise HarnessError(f"missing {', '.join(missing)}: install iproute2, util-linux, "
+                           "openssh-server and openssh-client (make system-deps)")
     lock = _lock(prefix)
     try:
         clean_leftovers(prefix, log)

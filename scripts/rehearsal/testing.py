@@ -63,5 +63,14 @@ def run_launcher(pair: hosts.Pair, repo: Path, *args: str, env_file: Path | None
     return pair.h1.run(argv, env=env, timeout=timeout, cwd=str(repo / "launch"))
 
 
+_GET = ("import sys, urllib.request\n"
+        "print(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())")
+
+
+def http_get_on(host: hosts.Host, url: str) -> subprocess.CompletedProcess:
+    """GET `url` from inside `host` (its network); rc 0 and the body on success."""
+    return host.run(["python3", "-c", _GET, url], timeout=30)
+
+
 def is_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"

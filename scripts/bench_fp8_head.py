@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--configs-out", type=Path, help="write the tuned table (fp8_configs.json)")
     p.add_argument("--reps", type=int, default=25, help="graph replays per measurement")
     p.add_argument("--check", action="store_true", help="run correctness checks first")
+    p.add_argument("--dispatch", action="store_true",
+                   help="instead: time the overlay's Fp8Head (shipped table, bf16 fallback) "
+                        "against bf16 at every --m, tuned or not")
     return p.parse_args(argv)
 
 
@@ -285,6 +288,30 @@ def tune_one(
     return best[0], best[1], log
 
 
+def dispatch_rows(args: argparse.Namespace) -> list[dict[str, object]]:
+    """Fp8Head (what the overlay calls, shipped configs) vs bf16 at each M, tuned or not."""
+    rows = []
+    for n in args.n:
+        prob = Problem(n, copies_for(n))
+        heads = []
+        for w in prob.w:
+            h = F.Fp8Head.__new__(F.Fp8Head)  # reuse the rotated fp8 copies
+            h.weight, (h.q, h.scale) = w, prob.qs[len(heads)]
+            h.table = F.lookup_table(torch.cuda.get_device_name(), n, K)
+            heads.append(h)
+        for m in args.m:
+            a = prob.act(m)
+            t_bf16 = graph_time_us([lambda w=w, a=a: a @ w.t() for w in prob.w], reps=args.reps)
+            t_head = graph_time_us([lambda h=h, a=a: h(a) for h in heads], reps=args.reps)
+            path = "bf16" if F.pick(heads[0].table, m) == F.BF16 else "fp8"
+            rows.append({"n": n, "m": m, "bf16_us": t_bf16, "head_us": t_head, "path": path,
+                         "speedup": t_bf16 / t_head})
+            print(json.dumps(rows[-1]), flush=True)
+        del prob, heads
+        torch.cuda.empty_cache()
+    return rows
+
+
 # ------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -297,6 +324,16 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, object] = {"schema_version": 1, "gpu": info, "k": K,
                                  "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                  "command": " ".join(sys.argv)}
+    if args.dispatch:
+        rows = dispatch_rows(args)
+        result["dispatch_rows"] = rows
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        print(f"\n{'N':>7} | {'M':>4} | {'bf16 us':>8} | {'head us':>8} | {'path':>5} | x")
+        for r in rows:
+            print(f"{r['n']:>7} | {r['m']:>4} | {r['bf16_us']:8.1f} | {r['head_us']:8.1f} | "
+                  f"{r['path']:>5} | {r['speedup']:.2f}")
+        return 0
     if args.check:
         result["checks"] = check_kernel(
             [F.KernelConfig(128, 128, 4, 3, 0), F.KernelConfig(128, 128, 4, 3, 1, 1),

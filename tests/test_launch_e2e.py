@@ -107,7 +107,13 @@ def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
     """`plan` claims to print exactly what `up` runs; the runtime recorded what did run."""
     runs = [shlex.split(ln) for ln in plan_text.splitlines() if ln.startswith("docker run ")]
     assert len(runs) == 2, plan_text
+    real = shutil.which("docker")  # the real CLI parses every flag before it needs a daemon
     for argv in runs:
+        if real and "rehearsal" not in real:
+            res = subprocess.run([real, *argv[1:]], capture_output=True, text=True, timeout=30,
+                                 env={"PATH": "/usr/bin:/bin",
+                                      "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+            assert "Cannot connect to the Docker daemon" in res.stderr, res.stderr
         opts, rest = parse_flags(argv[2:], RUN_SPEC, "run", interspersed=False)
         host = pair.h1 if opts["name"].endswith("rank0") else pair.h2
         info = json.loads(host.docker("inspect", opts["name"]).stdout)[0]

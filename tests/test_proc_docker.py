@@ -9,11 +9,24 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from rehearsal.docker_cli import (
+    INSPECT_SPEC,
+    LOGS_SPEC,
+    PS_SPEC,
+    RM_SPEC,
+    RUN_SPEC,
+    UsageError,
+    parse_flags,
+    parse_size,
+    parse_ulimit,
+)
 from rehearsal.hosts import remove_created_paths
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,3 +253,71 @@ def test_without_state_dir_it_says_where_it_works() -> None:
     env = {k: v for k, v in os.environ.items() if k != "DSV4R_DOCKER_STATE"}
     res = subprocess.run([str(DOCKER), "ps"], env=env, capture_output=True, text=True)
     assert res.returncode != 0 and "rehearsal test host" in res.stderr
+
+
+def _real_docker() -> str | None:
+    """The real docker CLI (not our shim), which parses every flag before it looks for a
+    daemon (../shared/FACTS.md): a free, exact oracle for flag syntax."""
+    path = shutil.which("docker")
+    return path if path and "rehearsal" not in path else None
+
+
+def _real_verdict(argv: list[str]) -> bool:
+    """True if the real docker CLI accepted the flags (then failed to reach a daemon)."""
+    real = _real_docker()
+    assert real
+    res = subprocess.run([real, *argv], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    return "Cannot connect to the Docker daemon" in res.stderr
+
+
+def _our_verdict(argv: list[str]) -> bool:
+    """True if our runtime's parser accepts the same flags (no state, no processes)."""
+    specs = {"run": RUN_SPEC, "ps": PS_SPEC, "logs": LOGS_SPEC, "rm": RM_SPEC,
+             "inspect": INSPECT_SPEC}
+    try:
+        opts, _ = parse_flags(argv[1:], specs[argv[0]], argv[0],
+                              interspersed=argv[0] != "run")
+        if argv[0] == "run":
+            if opts["shm_size"]:
+                parse_size(opts["shm_size"])
+            for u in opts["ulimit"]:
+                parse_ulimit(u)
+    except UsageError:
+        return False
+    return True
+
+
+FLAG_CORPUS = [
+    "run -d --name n --label dsv4.pair=p --network host --gpus all --ipc host "
+    "--shm-size 16g --ulimit memlock=-1 --ulimit stack=67108864 -v /a:/b:ro -e A=1 -e B "
+    "img vllm serve /m --port 8000",
+    "run --detach=true --net=host --name=n -l a=b --volume=/a:/b --env=A=1 img x",
+    "run -d --network host --shm-size 512m img x",
+    "run -d --network host --ulimit nofile=1024:2048 img x",
+    "run -d --bogus img x",
+    "run -d -Z img x",
+    "run -d --network host --shm-size lots img x",
+    "run -d --ulimit bogus=1 img x",
+    "run -d --ulimit memlock img x",
+    "run -d --name",
+    "ps -a --no-trunc --filter label=a=b --filter label=c --format '{{json .}}'",
+    "ps --bogus",
+    "logs --tail 5 -f n",
+    "logs -n 3 n",
+    "logs --follow=true n",
+    "rm -f a b",
+    "rm --force=true a",
+    "rm -x a",
+    "inspect n",
+    "inspect --format '{{.State.Running}}' n",
+    "inspect -f '{{json .Config.Labels}}' a b",
+]
+
+
+@pytest.mark.parametrize("line", FLAG_CORPUS)
+def test_flag_verdicts_match_the_real_docker_cli(line: str) -> None:
+    if _real_docker() is None:
+        pytest.skip("no real docker CLI on PATH to compare with")
+    argv = shlex.split(line)
+    assert _our_verdict(argv) == _real_verdict(argv), line

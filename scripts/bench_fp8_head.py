@@ -428,10 +428,12 @@ def main(argv: list[str] | None = None) -> int:
         data = {"schema_version": 1,
                 "note": "written by scripts/bench_fp8_head.py --tune; 'bf16' = cuBLAS is faster",
                 "entries": table_out}
-        if args.configs_out.exists():
-            old = json.loads(args.configs_out.read_text())
-            old.setdefault("entries", {}).update(table_out)
-            data["entries"] = old["entries"]
+        if args.configs_out.exists():  # merge per (key, M): keep Ms not measured this run
+            old = json.loads(args.configs_out.read_text()).get("entries", {})
+            for key, entry in table_out.items():
+                old.setdefault(key, {}).update(entry)
+                old[key] = dict(sorted(old[key].items(), key=lambda kv: int(kv[0])))
+            data["entries"] = old
         args.configs_out.write_text(json.dumps(data, indent=1))
     print_table(rows, ceiling, info)
     return 0

@@ -3,10 +3,10 @@
 
 Phase "solo": one decoding stream alone (guarded: the server must show only it).
 Phase "under prefill": the same stream; after --lead-ms, a second request with a long prompt
-(--prefill-tokens, max_tokens 1) is sent. Steps that carry a prefill chunk are longer, so the
-decoding stream's gaps while the long request is pending that exceed 1.5x its own earlier gap are
-the interfered steps; decode_tok_s = tokens per event / their median (step_ms). stall_ms is the
-longest gap of the decoding stream while the long request was pending.
+(--prefill-tokens, max_tokens 1) is sent. Steps that carry a prefill chunk are longer: the run of
+the decoding stream's gaps that exceed 1.5x its own earlier gap and ends at the long request's
+first token is the interfered steps; decode_tok_s = tokens per event / their median (step_ms).
+stall_ms is the longest gap of the decoding stream while the long request was pending.
 
 This is the metric --long-prefill-token-threshold moves: without it a long prompt's prefill
 chunks (up to --max-num-batched-tokens per step) make every step slow for the decoding stream.
@@ -34,12 +34,13 @@ def window_metrics(dec: StreamResult, sent_ns: int, first_ns: int) -> dict[str, 
     """Decode rate of `dec` while the long request (sent at sent_ns, first token at first_ns)
     was being prefilled.
 
-    Every engine step that carries a prefill chunk is longer, so the decoding stream's gaps that
-    overlap [sent_ns, first_ns] and exceed STRETCH x its median gap before sent_ns are the
-    interfered steps. decode_tok_s = tokens per event / median interfered gap. The median keeps
-    the step time and ignores the odd gap that is not a full chunk step (the final, partial chunk;
-    server-side tokenization of the long prompt). With no stretched gap at all (no interference),
-    the median of all overlapping gaps is used.
+    Every engine step that carries a prefill chunk is longer, and those steps are contiguous and
+    end with the long request's first token. So: walk back from the decoding stream's last event
+    before first_ns over gaps longer than STRETCH x its median gap before sent_ns; that run is the
+    interfered steps. decode_tok_s = tokens per event / the run's median gap (step_ms). The median
+    ignores the odd gap that is not a full chunk step (a server-side stall while it tokenizes the
+    long prompt, delivery jitter); the final, usually partial, chunk is left out unless the run
+    would be shorter than 2 steps. With no stretched gap at all, all overlapping gaps are used.
     """
     ts = dec.token_chunk_ns
     counts = chunk_token_counts(dec)
@@ -54,21 +55,30 @@ def window_metrics(dec: StreamResult, sent_ns: int, first_ns: int) -> dict[str, 
         return out
     ref = median([b - a for a, b in zip(ts, ts[1:], strict=False) if b <= sent_ns])
     over = [
-        (i, ts[i] - ts[i - 1])
-        for i in range(1, len(ts))
-        if ts[i] > sent_ns and ts[i - 1] < first_ns
-    ]
+        i for i in range(1, len(ts)) if ts[i] > sent_ns and ts[i - 1] < first_ns
+    ]  # gaps (ending at event i) overlapping [sent, first]
     if ref is None or not over:
         return out
-    stretched = [(i, g) for i, g in over if g > STRETCH * ref]
-    use = stretched or over
-    step = median(g for _, g in use)
-    per_event = sum(counts[i] for i, _ in use) / len(use)
+
+    def run_back(last: int) -> list[int]:
+        run, i = [], last
+        while i >= 1 and ts[i] > sent_ns and ts[i] - ts[i - 1] > STRETCH * ref:
+            run.append(i)
+            i -= 1
+        return run
+
+    before_last = [i for i in over if ts[i] < first_ns - ref / 2]
+    run = run_back(before_last[-1]) if before_last else []
+    if len(run) < 2:
+        run = run_back(over[-1])
+    use = run or over
+    step = median(ts[i] - ts[i - 1] for i in use)
+    per_event = sum(counts[i] for i in use) / len(use)
     out.update(
         decode_tok_s=per_event / (step / NS_PER_S),
-        stall_ms=max(g for _, g in over) / 1e6,
+        stall_ms=max(ts[i] - ts[i - 1] for i in over) / 1e6,
         step_ms=step / 1e6,
-        stretched_steps=len(stretched),
+        stretched_steps=len(run),
         itl_before_ms=ref / 1e6,
     )
     return out

@@ -23,7 +23,7 @@ import requests
 
 from benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, SCHEMA_VERSION
 from benchlib.guard import GuardConfig, GuardedPoint, GuardError, InFlightTracker, run_guarded
-from benchlib.stream import StreamResult, open_connection, stream_request
+from benchlib.stream import StreamResult, clock_offset_cached, open_connection, stream_request
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -173,6 +173,7 @@ class Bench:
             except OSError:
                 socks.append(None)  # stream_request will connect itself and report the error
         time.sleep(self.args.settle_ms / 1000)
+        clock_offset_cached(0)  # fresh, measured here rather than under 64 contending threads
         return run_threads(
             [
                 lambda p=p, s=s: stream_request(

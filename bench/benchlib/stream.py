@@ -57,6 +57,7 @@ class StreamResult:
     finish_reason: str | None = None
     n_events: int = 0
     wake_lag_max_ms: float | None = None  # worst recv wake-up delay after kernel arrival
+    request_stamp: str | None = None  # "kernel" or "user": where the TTFT origin came from
 
 
 @dataclass
@@ -128,6 +129,39 @@ def open_connection(url: str, timeout_s: float = 600.0) -> socket.socket:
     return sock
 
 
+def clock_offset_ns(tries: int = 5) -> int:
+    """CLOCK_REALTIME - CLOCK_MONOTONIC, to turn kernel socket stamps into monotonic time.
+
+    Bracketed by two monotonic reads and retried: with 64 threads, a GIL switch between two
+    plain reads would put milliseconds of error into every stamp of that request.
+    """
+    best = None
+    for _ in range(tries):
+        m1 = time.monotonic_ns()
+        r = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        m2 = time.monotonic_ns()
+        if best is None or m2 - m1 < best[0]:
+            best = (m2 - m1, r - (m1 + m2) // 2)
+        if m2 - m1 < 20_000:
+            break
+    return best[1]  # type: ignore[index]
+
+
+_OFFSET: list[int] = []  # [offset_ns, measured_at_monotonic_ns]
+
+
+def clock_offset_cached(max_age_s: float = 2.0) -> int:
+    """The clock offset, re-measured at most every max_age_s (it only drifts by NTP slew, ppm).
+
+    Both stamps of a request use the same offset, so it cancels in TTFT and every gap; only the
+    plausibility bounds below need it to be roughly right.
+    """
+    now = time.monotonic_ns()
+    if not _OFFSET or now - _OFFSET[1] > max_age_s * 1e9:
+        _OFFSET[:] = [clock_offset_ns(), now]
+    return _OFFSET[0]
+
+
 def _kernel_ns(cdata: bytes) -> int | None:
     """First timespec of a timestamp control message (the software stamp), realtime ns."""
     if len(cdata) < 16:
@@ -194,16 +228,20 @@ def stream_request(
         else:
             sock.settimeout(timeout_s)
         res.t_connected_ns = time.monotonic_ns()
-        rec.offset_ns = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
+        rec.offset_ns = clock_offset_cached()
         res.t_request_ns = t_before = time.monotonic_ns()
         sock.sendall(head)
         t_after = time.monotonic_ns()
-        # TTFT origin: when the head left, per the kernel (bounded by our own stamps: a thread
-        # preempted between its stamp and send() must not count that wait as server time).
-        tx = _tx_stamps(sock, timeout_s)
-        if tx:
-            res.t_request_ns = max(t_before, min(min(tx) - rec.offset_ns, t_after))
         sock.sendall(body)
+        # TTFT origin: when the head left, per the kernel (a thread preempted between its own
+        # stamp and send() must not count that wait as server time).
+        tx = _tx_stamps(sock, timeout_s)
+        res.request_stamp = "user"
+        if tx:
+            k = min(tx) - rec.offset_ns
+            # Plausibility bound only (same reasoning as _Recv.stamps).
+            if t_before - 1_000_000_000 < k < t_after + 1_000_000_000:
+                res.t_request_ns, res.request_stamp = k, "kernel"
         rec.run(sock)
     except TimeoutError:
         res.error = f"timeout: no data for {timeout_s:g}s"
@@ -253,11 +291,16 @@ class _Recv:
                 return
 
     def stamps(self) -> list[int]:
+        """Kernel arrival per recv in monotonic ns (user stamp where the kernel gave none).
+
+        Not clamped to the user stamp: send and receive stamps share one clock offset, which
+        cancels in every difference; clamping one side would turn offset noise into error.
+        """
         out = []
         for u, k in zip(self.user, self.kern, strict=True):
             kt = _kernel_ns(k)
-            # Never later than we saw it (guards against clock-offset noise).
-            out.append(u if kt is None else min(kt - self.offset_ns, u))
+            ok = kt is not None and -10 * 1_000_000_000 < kt - self.offset_ns - u < 1_000_000_000
+            out.append(kt - self.offset_ns if ok else u)  # type: ignore[operator]
         return out
 
     def max_lag_ms(self) -> float | None:

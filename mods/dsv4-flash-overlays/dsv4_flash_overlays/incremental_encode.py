@@ -100,8 +100,8 @@ CHUNK_CHARS = 8192
 # conversation usually diverges right at the end (the generation prompt).
 TAIL_CHARS = 4096
 # ... but at most this many, spaced at least TAIL_MIN_GAP characters apart.
-TAIL_MAX = 48
-TAIL_MIN_GAP = 16
+TAIL_MAX = 32
+TAIL_MIN_GAP = 32
 # A new entry that reuses all but this many characters of an entry replaces it.
 SUPERSEDE_SLACK_CHARS = 16384
 # Candidates compared per lookup (most recently used first).
@@ -490,42 +490,43 @@ class IncrementalEncoder:
                     break
         return best, best_len
 
-    def _find_cuts(self, text: str, start: int) -> tuple[list[int], list[int], list[int]]:
-        """Cuts in ``text[start:]``: chunk boundaries, tail checkpoints, their look-ahead.
+    def _find_cuts(self, text: str, start: int) -> list[int]:
+        """Cut positions in ``text`` after ``start``, to become chunk boundaries.
 
-        Returns (chunk_cuts, tail_cuts, tail_need). Chunk cuts are spaced about
-        CHUNK_CHARS apart; tail cuts cover the last TAIL_CHARS.
+        About one per CHUNK_CHARS, then every cut in the last TAIL_CHARS (at least
+        TAIL_MIN_GAP apart, at most TAIL_MAX): the next turn of a conversation usually
+        diverges right at the end (the generation prompt), so that is where the
+        checkpoints must be dense.
         """
         cut_re = self._cut_re
         n = len(text)
         if cut_re is None:
-            return [], [], []
+            return []
         tail_from = max(start, n - TAIL_CHARS)
-        chunk_cuts: list[int] = []
+        cuts: list[int] = []
         pos = start + CHUNK_CHARS
         while pos < tail_from:
             m = cut_re.search(text, pos, tail_from)
             if m is None:
                 break
-            cut = m.end()
-            chunk_cuts.append(cut)
-            pos = cut + CHUNK_CHARS
-        tail_cuts: list[int] = []
-        tail_need: list[int] = []
-        last = chunk_cuts[-1] if chunk_cuts else start
+            cuts.append(m.end())
+            pos = m.end() + CHUNK_CHARS
+        tail: list[int] = []
+        last = cuts[-1] if cuts else start
         for m in cut_re.finditer(text, tail_from):
             cut = m.end()
             if cut >= n:
                 break
-            if cut - last < TAIL_MIN_GAP:
-                continue
-            tail_cuts.append(cut)
-            # A newline cut looks at text[cut]; an added-token cut looks at nothing.
-            tail_need.append(cut + 1 if text[cut - 1] in "\r\n" else cut)
-            last = cut
-        if len(tail_cuts) > TAIL_MAX:
-            tail_cuts, tail_need = tail_cuts[-TAIL_MAX:], tail_need[-TAIL_MAX:]
-        return chunk_cuts, tail_cuts, tail_need
+            if cut - last >= TAIL_MIN_GAP:
+                tail.append(cut)
+                last = cut
+        return cuts + tail[-TAIL_MAX:]
+
+    def _encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Ids of each text; the offset-free batch call where tokenizers has one."""
+        fast = getattr(self._tok, "encode_batch_fast", None)
+        encodings = (fast or self._tok.encode_batch)(texts, add_special_tokens=False)
+        return [e.ids for e in encodings]
 
     def _encode_cached(self, text: str) -> list[int]:
         key = text[:HEAD_CHARS]
@@ -540,55 +541,40 @@ class IncrementalEncoder:
             return entry.ids()
 
         base_pos, base_ntok = 0, 0
-        cp_pos: list[int] = [0]
-        cp_need: list[int] = [0]
-        cp_ntok: list[int] = [0]
+        new_pos: list[int] = [0]
+        new_need: list[int] = [0]
+        new_ntok: list[int] = [0]
+        chunks: list[list[int]] = []
         if entry is not None:
             k = entry.best_checkpoint(agree)
             if k > 0:
                 base_pos, base_ntok = entry.cp_pos[k], entry.cp_ntok[k]
-                cp_pos = entry.cp_pos[: k + 1]
-                cp_need = entry.cp_need[: k + 1]
-                cp_ntok = entry.cp_ntok[: k + 1]
+                new_pos = entry.cp_pos[: k + 1]
+                new_need = entry.cp_need[: k + 1]
+                new_ntok = entry.cp_ntok[: k + 1]
+                chunks = entry.prefix_chunks(base_ntok)
 
-        chunk_cuts, tail_cuts, tail_need = self._find_cuts(text, base_pos)
-        # The tail gets its own (small) chunk starting at its first cut; its other
-        # checkpoints are resolved with char_to_token on that chunk's encoding.
-        if tail_cuts and (not chunk_cuts or tail_cuts[0] > chunk_cuts[-1]):
-            chunk_cuts.append(tail_cuts[0])
-        bounds = [base_pos, *chunk_cuts, len(text)]
-        chunks = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-        encodings = self._tok.encode_batch(chunks, add_special_tokens=False)
-
-        chunks = entry.prefix_chunks(base_ntok) if base_ntok else []  # type: ignore[union-attr]
+        # Every cut becomes a chunk boundary: chunks encode exactly on their own, and a
+        # checkpoint's token count is the running sum of chunk lengths.
+        bounds = [base_pos, *self._find_cuts(text, base_pos), len(text)]
+        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
         ints = self._ints
         ntok = base_ntok
-        new_pos = list(cp_pos)
-        new_need = list(cp_need)
-        new_ntok = list(cp_ntok)
-        for i, enc in enumerate(encodings):
-            a = bounds[i]
+        for i, ids in enumerate(self._encode_batch(pieces)):
             if i > 0:
+                a = bounds[i]
                 new_pos.append(a)
+                # A newline cut looks at text[a]; an added-token cut looks at nothing.
                 new_need.append(a + 1 if text[a - 1] in "\r\n" else a)
                 new_ntok.append(ntok)
+            if not ids:
+                continue
             try:
-                chunk_ids = list(map(ints.__getitem__, enc.ids))
+                ids = list(map(ints.__getitem__, ids))
             except IndexError:  # an id beyond the table: keep the ints as they come
-                chunk_ids = enc.ids
-            if i == len(encodings) - 1:
-                for cut, need in zip(tail_cuts, tail_need, strict=True):
-                    if cut <= a:
-                        continue
-                    t = enc.char_to_token(cut - a)
-                    if t is None:
-                        continue
-                    new_pos.append(cut)
-                    new_need.append(need)
-                    new_ntok.append(ntok + t)
-            if chunk_ids:
-                chunks.append(chunk_ids)
-            ntok += len(chunk_ids)
+                pass
+            chunks.append(ids)
+            ntok += len(ids)
 
         hit = base_ntok > 0
         with self._lock:

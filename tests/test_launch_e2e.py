@@ -254,6 +254,31 @@ def test_other_pairs_container_on_rank1_survives(fresh: hosts.Pair) -> None:
     assert_no_orphans(pair, allowed=("dsv4-pair-b-rank1", "sleep 600", other_id))
 
 
+def test_launcher_run_on_the_wrong_machine_fails_preflight(fresh: hosts.Pair) -> None:
+    # A launcher copied to another machine (here: rank 1 itself) must refuse, not act.
+    pair = fresh
+    assert pair.env_file is not None
+    res = pair.h2.run([str(REPO / "launch" / "dspark_launch.sh"), "up", "--env-file",
+                       str(pair.env_file)], env={"PAIRCTL_POLL_S": "0.5"}, timeout=120,
+                      cwd=str(REPO / "launch"))
+    out = res.stdout + res.stderr
+    assert res.returncode == EXIT_PREFLIGHT, out
+    assert "PF-SELF-IS-SPARK1" in out and "FAIL" in out
+    assert_no_orphans(pair)
+
+
+def test_spark2_equal_to_spark1_is_refused(fresh: hosts.Pair) -> None:
+    pair = fresh
+    assert pair.env_file is not None
+    bad = pair.env_file.with_name("same.env")
+    bad.write_text(pair.env_file.read_text().replace(f"SPARK2={pair.h2.ip}",
+                                                     f"SPARK2={pair.h1.ip}"))
+    rc, out = launch(pair, "up", env_file=bad, timeout=120)
+    assert rc in (EXIT_USAGE, EXIT_PREFLIGHT), out
+    assert "SPARK2" in out
+    assert_no_orphans(pair)
+
+
 @pytest.mark.parametrize(("command", "edit", "needle"), [
     ("up", lambda text: text.replace("PAIR_ID=rehearsal\n", ""), "PAIR_ID"),
     ("up", lambda text: text.replace("PORT=8000", "PORT=eighty"), "PORT"),

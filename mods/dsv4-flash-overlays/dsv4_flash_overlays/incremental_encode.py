@@ -457,7 +457,8 @@ class IncrementalEncoder:
     # -- internals ---------------------------------------------------------------------
 
     def _plain(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL while Rust works (encode does not).
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def _verify(self, text: str, ids: list[int]) -> list[int]:
         full = self._plain(text, False)

@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--m", type=int, nargs="+", default=list(MS))
     p.add_argument("--tune", action="store_true", help="search configs before the benchmark")
     p.add_argument(
-        "--grid", choices=("coarse", "fine", "final", "ab", "big"), default="coarse",
+        "--grid", choices=("coarse", "fine", "final", "ab", "big", "mma2"), default="coarse",
         help="search space for --tune")
     p.add_argument("--transfer-top", type=int, default=4,
                    help="with several --n, later N only re-time the first N's best few per M")
@@ -234,6 +234,11 @@ def candidate_configs(grid: str, m: int) -> list[F.KernelConfig]:
             return []
         return [F.KernelConfig(bn, bk, nw, ns, 1, 1, 0, 1)
                 for bn, bk, nw, ns in itertools.product((64, 128, 256), (64, 128), (4, 8), (2, 3))]
+    elif grid == "mma2":  # BN < 64 per warpgroup -> mma.sync; W then reaches it by LDS.64/LDSM
+        cfgs = [F.KernelConfig(bn, bk, nw, 3, 1, 1 if m > 5 else 0)
+                for bn, nw in ((32, 1), (32, 2), (32, 4), (64, 1), (64, 2), (128, 2))
+                for bk in (128, 256)]
+        return cfgs
     elif grid == "big":  # run 7 found BN=64 / 4 warps best up to M=64: try it beyond
         space = [(64,), (64, 128), (4,), (2, 3), (1,), (1,), (0, 1)]
     elif m <= 5:  # "final"

@@ -235,9 +235,10 @@ def candidate_configs(grid: str, m: int) -> list[F.KernelConfig]:
         return [F.KernelConfig(bn, bk, nw, ns, 1, 1, 0, 1)
                 for bn, bk, nw, ns in itertools.product((64, 128, 256), (64, 128), (4, 8), (2, 3))]
     elif grid == "mma2":  # BN < 64 per warpgroup -> mma.sync; W then reaches it by LDS.64/LDSM
-        cfgs = [F.KernelConfig(bn, bk, nw, 3, 1, 1 if m > 5 else 0)
+        cfgs = [F.KernelConfig(bn, bk, nw, 3, 1, 1 if m > 5 else 0, st)
                 for bn, nw in ((32, 1), (32, 2), (32, 4), (64, 1), (64, 2), (128, 2))
-                for bk in (128, 256)]
+                for bk in (128, 256) for st in (0, 1)
+                if not st or F.m_tiles(m, True) != F.m_tiles(m)]
         return cfgs
     elif grid == "big":  # run 7 found BN=64 / 4 warps best up to M=64: try it beyond
         space = [(64,), (64, 128), (4,), (2, 3), (1,), (1,), (0, 1)]
@@ -343,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.check:
         result["checks"] = check_kernel(
-            [F.KernelConfig(128, 128, 4, 3, 0), F.KernelConfig(128, 128, 4, 3, 1, 1),
-             F.KernelConfig(64, 128, 4, 2, 2), F.KernelConfig(256, 64, 8, 2, 1, 1),
-             F.KernelConfig(128, 64, 4, 3, 1, 1, 0, 1)]
+            [F.KernelConfig(128, 128, 4, 3, 0), F.KernelConfig(64, 128, 4, 3, 1, 1),
+             F.KernelConfig(64, 256, 2, 3, 1, 0), F.KernelConfig(128, 128, 2, 3, 1, 1, 1),
+             F.KernelConfig(32, 256, 1, 3, 1, 1)]
         )
     copy = copy_ceiling_gbs()
     ceiling = copy["ceiling"]

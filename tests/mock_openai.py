@@ -190,57 +190,60 @@ class Handler(BaseHTTPRequestHandler):
         with st.lock:
             st.running += 1
             st.counters["prompt_tokens"] += ptoks
-        base = {"id": rid, "object": "chat.completion.chunk", "model": "mock-model"}
-        self._chunk(base | {"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
-        ttft = cfg.ttft_s + (ptoks / cfg.prefill_tok_s if cfg.prefill_tok_s else 0.0)
-        deadline = received / 1e9 + ttft  # from arrival, so our own overheads do not add
-        time.sleep(max(0.0, deadline - time.monotonic()))
-        first_token = time.monotonic_ns()
-        self._chunk(base | {"choices": [{"index": 0, "delta": {"content": "w0"}}]})
-        done, step = 1, 0
-        while done < max_tokens:
-            k = min(cfg.tokens_per_step[step % len(cfg.tokens_per_step)], max_tokens - done)
-            deadline += cfg.step_s
+        try:
+            base = {"id": rid, "object": "chat.completion.chunk", "model": "mock-model"}
+            self._chunk(base | {"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+            ttft = cfg.ttft_s + (ptoks / cfg.prefill_tok_s if cfg.prefill_tok_s else 0.0)
+            deadline = received / 1e9 + ttft  # from arrival, so our own overheads do not add
             time.sleep(max(0.0, deadline - time.monotonic()))
-            self._chunk(base | {"choices": [{"index": 0, "delta": {"content": " w" * k}}]})
+            first_token = time.monotonic_ns()
+            self._chunk(base | {"choices": [{"index": 0, "delta": {"content": "w0"}}]})
+            done, step = 1, 0
+            while done < max_tokens:
+                k = min(cfg.tokens_per_step[step % len(cfg.tokens_per_step)], max_tokens - done)
+                deadline += cfg.step_s
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                self._chunk(base | {"choices": [{"index": 0, "delta": {"content": " w" * k}}]})
+                with st.lock:
+                    st.counters["spec_decode_num_drafts"] += 1
+                    st.counters["spec_decode_num_draft_tokens"] += 5
+                    st.counters["spec_decode_num_accepted_tokens"] += k - 1
+                    for p in range(k - 1):
+                        st.per_pos[p] += 1
+                done += k
+                step += 1
             with st.lock:
-                st.counters["spec_decode_num_drafts"] += 1
-                st.counters["spec_decode_num_draft_tokens"] += 5
-                st.counters["spec_decode_num_accepted_tokens"] += k - 1
-                for p in range(k - 1):
-                    st.per_pos[p] += 1
-            done += k
-            step += 1
-        with st.lock:
-            st.counters["generation_tokens"] += done
-        finish = time.monotonic_ns()
-        fin = {"index": 0, "delta": {}, "finish_reason": "length"}
-        self._chunk(base | {"choices": [fin]})
-        usage = {"prompt_tokens": ptoks, "completion_tokens": done, "total_tokens": ptoks + done}
-        self._chunk(base | {"choices": [], "usage": usage})
-        self._chunk("[DONE]")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
-        with st.lock:
-            st.records.append(
-                {
-                    "id": rid,
-                    "received_ns": received,
-                    "first_token_ns": first_token,
-                    "finish_ns": finish,
-                    "prompt_tokens": ptoks,
-                    "completion_tokens": done,
-                }
-            )
-
-        def forget() -> None:
+                st.counters["generation_tokens"] += done
+            finish = time.monotonic_ns()
+            fin = {"index": 0, "delta": {}, "finish_reason": "length"}
+            self._chunk(base | {"choices": [fin]})
+            usage = {"prompt_tokens": ptoks, "completion_tokens": done}
+            self._chunk(base | {"choices": [], "usage": usage})
+            self._chunk("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
             with st.lock:
-                st.running -= 1
+                st.records.append(
+                    {
+                        "id": rid,
+                        "received_ns": received,
+                        "first_token_ns": first_token,
+                        "finish_ns": finish,
+                        "prompt_tokens": ptoks,
+                        "completion_tokens": done,
+                    }
+                )
+        except OSError:
+            pass  # the client hung up (e.g. the guard aborted its wave)
+        finally:
+            if cfg.count_lag_s:
+                threading.Timer(cfg.count_lag_s, self._forget).start()
+            else:
+                self._forget()
 
-        if cfg.count_lag_s:
-            threading.Timer(cfg.count_lag_s, forget).start()
-        else:
-            forget()
+    def _forget(self) -> None:
+        with self.state.lock:
+            self.state.running -= 1
 
 
 class _Quiet(ThreadingHTTPServer):

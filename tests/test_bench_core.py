@@ -6,6 +6,7 @@ gauges it exports, and which requests were foreign.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -228,3 +229,25 @@ def test_deltas_give_acceptance_of_the_clean_wave():
 
 def test_exit_code_constant_is_distinct():
     assert EXIT_CONTAMINATED not in (0, 1, 2)
+
+
+@pytest.mark.parametrize("abort", [True, False])
+def test_contaminated_wave_is_cut_short_unless_told_not_to(abort):
+    cfg = dataclasses.replace(FAST_GUARD, abort_early=abort)
+    with MockServer(MockConfig(ttft_s=0.02, step_s=0.01)) as m:
+        calls = []
+
+        def wave(tr: InFlightTracker):
+            calls.append(1)
+            if len(calls) == 1:
+                threading.Timer(0.1, m.inject_foreign, args=(1, 0.2)).start()
+            return _wave_of(m.url, 1, max_tokens=240)(tr)  # ~0.8 s when left alone
+
+        gp = run_guarded(m.url, wave, cfg)
+    assert gp.status == "ok" and gp.retries == 1 and gp.result[0].ok
+    first, clean = gp.attempts
+    assert not first.clean
+    if abort:
+        assert first.duration_s < clean.duration_s - 0.4  # stopped ~0.1 s in, not at 0.8 s
+    else:
+        assert first.duration_s > clean.duration_s - 0.2

@@ -50,6 +50,11 @@ def base_parser(description: str) -> argparse.ArgumentParser:
         help="how long a finished request of ours still counts as ours (server gauge lag)",
     )
     p.add_argument("--no-guard", action="store_true", help="measure unguarded (not recommended)")
+    p.add_argument(
+        "--no-abort",
+        action="store_true",
+        help="let a contaminated wave run to its end instead of cutting it short",
+    )
     p.add_argument("--timeout-s", type=float, default=900, help="per-request socket timeout")
     p.add_argument(
         "--settle-ms",
@@ -108,6 +113,7 @@ class Bench:
             interval_s=args.guard_interval_ms / 1000,
             grace_s=args.guard_grace_ms / 1000,
             backoff_s=args.backoff_s,
+            abort_early=not args.no_abort,
         )
         self.points: list[dict[str, Any]] = []
         self.exit_code = EXIT_OK

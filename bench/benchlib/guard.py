@@ -14,6 +14,7 @@ visible to the server pushes its count above ours (foreign ones always are, whil
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections import deque
@@ -38,6 +39,8 @@ class InFlightTracker:
         self._finished: deque[int] = deque()
         self._peak = 0
         self.started = 0
+        self._socks: set[Any] = set()
+        self.aborted = False
 
     def _effective(self, now: int) -> int:
         while self._finished and self._finished[0] + self._grace_ns <= now:
@@ -54,6 +57,26 @@ class InFlightTracker:
         with self._lock:
             self._active -= 1
             self._finished.append(time.monotonic_ns())
+
+    def attach(self, sock: Any) -> None:
+        """Register a request's socket, so abort() can end it; refused after an abort."""
+        with self._lock:
+            if not self.aborted:
+                self._socks.add(sock)
+                return
+        _shutdown(sock)
+
+    def detach(self, sock: Any) -> None:
+        with self._lock:
+            self._socks.discard(sock)
+
+    def abort(self) -> None:
+        """End every attached request now (their threads see EOF); later ones end at once."""
+        with self._lock:
+            self.aborted = True
+            socks, self._socks = list(self._socks), set()
+        for s in socks:
+            _shutdown(s)
 
     def count(self) -> int:
         with self._lock:
@@ -74,6 +97,13 @@ class InFlightTracker:
             return max(self._peak, self._effective(time.monotonic_ns()))
 
 
+def _shutdown(sock: Any) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
+
+
 @dataclass
 class GuardConfig:
     enabled: bool = True
@@ -83,6 +113,7 @@ class GuardConfig:
     backoff_s: float = 2.0
     backoff_max_s: float = 30.0
     scrape_timeout_s: float = 5.0
+    abort_early: bool = True  # cut a wave short as soon as a sample shows foreign traffic
 
 
 class GuardError(RuntimeError):
@@ -139,6 +170,10 @@ class Sampler:
                 self.sample("during")
             except GuardError as e:
                 self.reason = self.reason or str(e)
+            if self.reason is not None and self.cfg.abort_early:
+                # The wave is lost anyway: stop paying for it (a 128k-token point is minutes).
+                self.tracker.abort()
+                return
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="guard-sampler", daemon=True)

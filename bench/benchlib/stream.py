@@ -228,6 +228,9 @@ def stream_request(
         else:
             sock.settimeout(timeout_s)
         res.t_connected_ns = time.monotonic_ns()
+        attach = getattr(tracker, "attach", None)
+        if attach is not None:
+            attach(sock)  # lets the guard cut a contaminated wave short
         rec.offset_ns = clock_offset_cached()
         res.t_request_ns = t_before = time.monotonic_ns()
         sock.sendall(head)
@@ -249,10 +252,15 @@ def stream_request(
         res.error = f"{type(e).__name__}: {e}"
     finally:
         if sock is not None:
+            detach = getattr(tracker, "detach", None)
+            if detach is not None:
+                detach(sock)
             sock.close()
         res.t_done_ns = time.monotonic_ns()
         if tracker is not None:
             tracker.finish()
+    if getattr(tracker, "aborted", False):
+        res.error = res.error or "aborted: the guard saw foreign traffic (wave discarded)"
     res.wake_lag_max_ms = rec.max_lag_ms()
     _parse_response(res, rec.stamps(), rec.bufs)
     return res

@@ -142,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                 med["ttft_ms"],
                 med["prefill_tok_s"],
                 med["decode_tok_s"],
-                None if med["mean_accept_len"] is None else round(med["mean_accept_len"], 3),
+                None if med["mean_accept_len"] is None else f"{med['mean_accept_len']:.3f}",
+                "/".join(f"{x:.2f}" for x in s["accept_rate_pos_median"])
+                if s["accept_rate_pos_median"]
+                else None,
                 s["retries"],
                 s["status"],
             ]
@@ -157,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 "prefill_tok_s",
                 "decode_tok_s",
                 "accept_len",
+                "accept_by_pos",
                 "retries",
                 "status",
             ],

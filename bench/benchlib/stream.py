@@ -16,6 +16,7 @@ import bisect
 import json
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -102,6 +103,7 @@ def build_request(
 # export the names). SO_TIMESTAMPING gives a software stamp when each received segment arrives
 # (ancillary data of recvmsg) and when the request's bytes leave (error queue, read afterwards).
 # Older kernels: SO_TIMESTAMPNS (receive only). Neither: user-space stamps.
+_LINUX = sys.platform.startswith("linux")
 SO_TIMESTAMPNS = 35
 SO_TIMESTAMPING = 37
 _TS_TX = 1 << 1  # SOF_TIMESTAMPING_TX_SOFTWARE
@@ -119,6 +121,8 @@ def open_connection(url: str, timeout_s: float = 600.0) -> socket.socket:
     ep = Endpoint.parse(url)
     sock = socket.create_connection((ep.host, ep.port), timeout=timeout_s)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if not _LINUX:
+        return sock  # the option numbers below are Linux's
     try:
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _TS_FLAGS)
     except OSError:
@@ -178,6 +182,8 @@ def _tx_stamps(sock: socket.socket, timeout_s: float) -> list[int]:
     made a stdlib server's small SSE writes arrive in 40 ms bursts.
     """
     out: list[int] = []
+    if not _LINUX:
+        return out
     try:
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, _TS_FLAGS & ~_TS_TX)
     except OSError:

@@ -175,12 +175,19 @@ def test_rm_force_kills_the_whole_container(state: Path) -> None:
     docker(state, "load-fake", "img", "1")
     # A background child in a new session escapes the process group; the PID namespace
     # still takes it down with the container.
+    # Durations unique to this run, so a concurrent run's sleepers are not counted.
+    a, b = 700000 + os.getpid() % 100000, 800000 + os.getpid() % 100000
     run_d(state, "--name", "tree", "img", "sh", "-c",
-          "setsid sleep 300 & sleep 301 & echo started; wait")
+          f"setsid sleep {a} & sleep {b} & echo started; wait")
     info = wait_state(state, "tree", "running")
-    time.sleep(0.3)
-    marks = [p for p in Path("/proc").iterdir() if p.name.isdigit()
-             and b"sleep\x00300" in _cmdline(p) or b"sleep\x00301" in _cmdline(p)]
+    wanted = (f"sleep\x00{a}".encode(), f"sleep\x00{b}".encode())
+    deadline = time.monotonic() + 10
+    while True:
+        marks = [p for p in Path("/proc").iterdir()
+                 if p.name.isdigit() and any(w in _cmdline(p) for w in wanted)]
+        if len(marks) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert len(marks) == 2, "the test's sleepers did not start"
     refused = docker(state, "rm", "tree")
     assert refused.returncode == 1 and "cannot remove a running container" in refused.stderr

@@ -306,6 +306,7 @@ def dispatch_rows(args: argparse.Namespace) -> list[dict[str, object]]:
             h = F.Fp8Head.__new__(F.Fp8Head)  # reuse the rotated fp8 copies
             h.weight, (h.q, h.scale) = w, prob.qs[len(heads)]
             h.table = F.lookup_table(torch.cuda.get_device_name(), n, K)
+            h.failed = set()
             heads.append(h)
         for m in args.m:
             a = prob.act(m)

@@ -519,6 +519,8 @@ class Fp8Head:
                 )
                 table = {MAX_M_PER_LAUNCH: KernelConfig()}
         self.table = table
+        # Ms whose kernel launch raised (first eager call, before graph capture): bf16 there.
+        self.failed: set[int] = set()
 
     @property
     def extra_bytes(self) -> int:
@@ -527,9 +529,18 @@ class Fp8Head:
 
     def __call__(self, a: torch.Tensor) -> torch.Tensor:
         a2 = a.reshape(-1, a.shape[-1])
-        choice = pick(self.table, a2.shape[0])
+        m = a2.shape[0]
+        choice = BF16 if m in self.failed else pick(self.table, m)
         if choice == BF16:
             out = torch.nn.functional.linear(a2, self.weight)
         else:
-            out = fp8_head_matmul(a2.contiguous(), self.q, self.scale, choice)
+            try:
+                out = fp8_head_matmul(a2.contiguous(), self.q, self.scale, choice)
+            except Exception as exc:  # e.g. OutOfResources on an untuned GPU: never crash
+                logger.warning(
+                    "fp8 draft head: kernel failed at M=%d with %s (%s: %s); bf16 for this M "
+                    "from now on", m, choice, type(exc).__name__, exc,
+                )
+                self.failed.add(m)
+                out = torch.nn.functional.linear(a2, self.weight)
         return out.reshape(*a.shape[:-1], -1)

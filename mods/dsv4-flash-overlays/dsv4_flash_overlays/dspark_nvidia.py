@@ -25,7 +25,11 @@ missing, the lm_head is not a plain bf16 2-D weight with an unquantized method, 
 LogitsProcessor asks for another head dtype, or K is not a multiple of 128.
 
 Memory: N * K bytes + 4 N for the scales per rank: 64640 * 4096 = 265 MB (+0.26 MB) at
-TP=2, 530 MB for the unsharded head. The bf16 weight stays (the target needs it).
+TP=2, 530 MB for the unsharded head. The bf16 weight stays (the target needs it). The copy
+is made at load time, before vLLM profiles memory, so KV-cache sizing accounts for it.
+
+Not tracked: weights changed in place after load (RL weight sync, sleep-mode level 2
+reload). The fp8 copy would then be stale: restart, or ``remove()`` before updating.
 """
 
 from __future__ import annotations

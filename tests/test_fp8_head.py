@@ -246,3 +246,19 @@ def test_kernel_failure_falls_back_to_bf16_for_that_m(monkeypatch, caplog):
     assert "kernel failed at M=7" in caplog.text and head.failed == {7}
     assert torch.equal(y, torch.nn.functional.linear(a, w))
     assert torch.equal(head(a), y)  # no second attempt
+
+
+def test_eval_script_runs_on_a_real_safetensors_shard(tmp_path):
+    safetensors = pytest.importorskip("safetensors.torch")
+    import eval_fp8_head
+
+    w = (torch.randn(300, 256) * 0.04).bfloat16()
+    path = tmp_path / "head.safetensors"
+    safetensors.save_file({"head.weight": w}, str(path))
+    args = eval_fp8_head.parse_args(["--weights", str(path), "--key", "head.weight",
+                                     "--rows", "120", "--chunk", "60", "--device", "cpu",
+                                     "--f64-rows", "60"])
+    res = eval_fp8_head.evaluate(args)
+    assert res["n"] == 300 and res["k"] == 256 and res["source"].endswith(":head.weight")
+    assert res["all_within_hard_bound"] and res["argmax_agreement"] > 0.9
+    assert 1e-3 < res["rel_logit_err_vs_f64_of_bf16_weights"] < 0.05

@@ -227,7 +227,9 @@ def test_untuned_device_warns_loudly_and_dispatch_uses_kernel(monkeypatch, caplo
     assert "NO TUNED CONFIG" in caplog.text
     a = torch.randn(2, 3, 256).bfloat16()
     y = head(a)
-    assert y.shape == (2, 3, 100) and len(calls) == 1
+    assert y.shape == (2, 3, 100) and calls == [F.UNTUNED_SMALL_M]
+    big = torch.randn(33, 256).bfloat16()  # untuned and large M: bf16, never slower
+    assert torch.equal(head(big), torch.nn.functional.linear(big, w)) and len(calls) == 1
     assert head.extra_bytes == 100 * 256 + 4 * 100
     bf = F.Fp8Head(w, table={8: F.BF16})
     assert torch.equal(bf(a), torch.nn.functional.linear(a, w))

@@ -496,6 +496,14 @@ def pick(table: dict[int, KernelConfig | str], m: int) -> KernelConfig | str:
     return table[keys[-1]]
 
 
+# On a device without tuned entries: fp8 only where halving the bytes wins on any GPU
+# (small M, bandwidth-bound), with a modest shared-memory footprint (~48 KB: fits SM 8.9 and
+# GB10's ~99 KB); cuBLAS bf16 above, so an untuned device is never slower than before.
+UNTUNED_SMALL_M = KernelConfig(bn=64, bk=128, num_warps=2, num_stages=3, convert=CONVERT_F16,
+                               pre_a=1)
+UNTUNED_TABLE: dict[int, KernelConfig | str] = {32: UNTUNED_SMALL_M, MAX_M_PER_LAUNCH: BF16}
+
+
 class Fp8Head:
     """An fp8 copy of one lm_head shard plus the dispatch that uses it.
 
@@ -513,11 +521,11 @@ class Fp8Head:
             if table is None:
                 logger.warning(
                     "fp8 draft head: NO TUNED CONFIG for %s N=%d K=%d in %s; using the "
-                    "untuned default %s for every M (may be slower than bf16: run "
+                    "untuned default (fp8 %s for M <= 32, bf16 above; run "
                     "scripts/bench_fp8_head.py --tune on this device)",
-                    name, n, k, CONFIG_PATH.name, KernelConfig(),
+                    name, n, k, CONFIG_PATH.name, UNTUNED_SMALL_M,
                 )
-                table = {MAX_M_PER_LAUNCH: KernelConfig()}
+                table = dict(UNTUNED_TABLE)
         self.table = table
         # Ms whose kernel launch raised (first eager call, before graph capture): bf16 there.
         self.failed: set[int] = set()

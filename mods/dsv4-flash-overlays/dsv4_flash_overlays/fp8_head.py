@@ -25,6 +25,11 @@ Kernel layout (learned from a first kernel that lost at M >= 80): one program ow
 of BN weight rows and *all* M activation rows (one or two M sub-tiles), so every weight
 byte is read from HBM exactly once. The product is computed transposed (W-tile @ A^T), so
 the wide weight block is the MMA's M dimension and the few tokens its N dimension.
+With <= 2 warps per program (the tuned choice up to M = 48 on the H200) Triton uses mma.sync,
+which gets the e4m3 tile from shared memory in 8-byte loads; 4 warps select Hopper's
+warpgroup MMA, whose register operand is fed 2 bytes per load (see docs/fp8-head-notes.md).
+A second kernel (``_fp8_head_kernel_ab``, layout 1) makes the activations the register
+operand instead; it won nowhere it mattered and stays out of the shipped table.
 
 This module holds the quantizer, the Triton kernel, its wrapper, the dispatch with tuned
 configs (``fp8_configs.json``) and the float reference ``fp8_head_matmul_ref``.

@@ -153,11 +153,12 @@ def server_ttft_ms(rec: dict) -> float:
 
 
 def assert_ttft_matches(points: list[dict], recs: dict[str, dict]) -> None:
-    """Client TTFT vs the server's own record of each request, within 2% (+1 ms) at the median.
+    """Client TTFT vs the server's own record of each request, within 2% (+2 ms) at the median.
 
-    The record's first_token_ns is the modelled step end; the twin writes a little later, more
-    so on a loaded box, so single requests can be a few ms off: the median is compared. No
-    request may look earlier than the server made its token (the client uses kernel stamps).
+    The record's first_token_ns is the modelled step end; the twin's Python thread writes the
+    token later — 0.5 ms idle, up to ~10 ms on this loaded 2-core box (measured, outbound) — so
+    2 ms of slack and the median over requests. The client's own error is tested against kernel
+    truth in test_bench_overhead.py. No request may look earlier than the server made its token.
     """
     rel = []
     for p in points:
@@ -166,7 +167,7 @@ def assert_ttft_matches(points: list[dict], recs: dict[str, dict]) -> None:
         assert m["prompt_tokens"] == rec["prompt_tokens"]
         diff = m["ttft_ms"] - server_ttft_ms(rec)
         assert diff > -0.1
-        rel.append(max(diff - 1.0, 0.0) / server_ttft_ms(rec))
+        rel.append(max(diff - 2.0, 0.0) / server_ttft_ms(rec))
     assert statistics.median(rel) <= 0.02, rel
 
 
@@ -195,8 +196,18 @@ def test_bench_ctx_recovers_the_truth(twin, tmp_path):
     truth, recs = twin.truth, twin.records()
     for depth in ("8192", "24576"):
         s = doc["summary"][depth]
+        # Against what the server did (its records: tokens after the first / time from first
+        # to last step end), 2%; against the model, 3% (the twin's steps run late when the
+        # box is loaded).
+        pts = [p for p in doc["points"] if p.get("role") == "measure" and str(p["depth"]) == depth]
+        for p in pts:
+            rec = recs[p["metrics"]["request_id"]]
+            server_rate = (rec["completion_tokens"] - 1) / (
+                (rec["finish_ns"] - rec["first_token_ns"]) / 1e9
+            )
+            assert p["metrics"]["decode_tok_s"] == pytest.approx(server_rate, rel=0.02)
         assert s["decode_tok_s"]["median"] == pytest.approx(
-            truth["single_stream_decode_tok_s"], rel=0.02
+            truth["single_stream_decode_tok_s"], rel=0.03
         )
         assert s["mean_accept_len"]["median"] == pytest.approx(truth["mean_accept_len"], rel=0.02)
         for got, want in zip(s["accept_rate_pos_median"], truth["accept_rate_by_pos"], strict=True):
@@ -234,7 +245,7 @@ def test_chat_probe_ttft_matches_server_records(twin, tmp_path):
             "--url",
             twin.url,
             "--turns",
-            "3",
+            "5",
             "--first-tokens",
             "2k",
             "--turn-tokens",
@@ -249,9 +260,9 @@ def test_chat_probe_ttft_matches_server_records(twin, tmp_path):
     assert rc == 0
     recs = twin.records()
     pts = json.loads(out.read_text())["points"]
-    assert len(pts) == 3
+    assert len(pts) == 5
     prompt = [p["metrics"]["prompt_tokens"] for p in pts]
-    assert prompt[0] < prompt[1] < prompt[2]
+    assert prompt == sorted(set(prompt))
     assert_ttft_matches(pts, recs)
     # Later turns re-send the history: the prefix cache serves it (this is a chat client).
     assert recs[pts[2]["metrics"]["request_id"]]["cached_tokens"] > 0
@@ -345,18 +356,25 @@ def test_bench_conc_finds_the_max_num_seqs_ceiling(tmp_path_factory, tmp_path):
             ]
         )
         assert rc == 0
-        s = json.loads(out.read_text())["summary"]
+        doc = json.loads(out.read_text())
     finally:
         t.stop()
-    agg = t.truth["aggregate_decode_tok_s_by_batch"]
-    assert s["1"]["per_req_decode_tok_s"]["median"] == pytest.approx(agg["1"], rel=0.02)
-    assert s["2"]["aggregate_tok_s"]["median"] == pytest.approx(agg["2"], rel=0.03)
-    ceiling = t.truth["aggregate_decode_ceiling_tok_s"]
+    s, truth = doc["summary"], t.truth
+    agg = truth["aggregate_decode_tok_s_by_batch"]
+
+    def expected(c: int, batch: int) -> float:
+        """Model step time at this batch x the acceptance the wave actually had (/metrics)."""
+        pt = next(p for p in doc["points"] if p["concurrency"] == c)
+        return agg[str(batch)] / truth["mean_accept_len"] * pt["server_deltas"]["mean_accept_len"]
+
+    assert s["1"]["per_req_decode_tok_s"]["median"] == pytest.approx(expected(1, 1), rel=0.02)
+    assert s["2"]["aggregate_tok_s"]["median"] == pytest.approx(expected(2, 2), rel=0.03)
+    ceiling = truth["aggregate_decode_ceiling_tok_s"]
     assert ceiling == agg["4"]
-    assert s["4"]["aggregate_tok_s"]["median"] == pytest.approx(ceiling, rel=0.03)
+    assert s["4"]["aggregate_tok_s"]["median"] == pytest.approx(expected(4, 4), rel=0.03)
     assert s["6"]["active"]["median"] == 4  # two streams wait outside the window
-    assert s["6"]["aggregate_tok_s"]["median"] == pytest.approx(ceiling, rel=0.03)
-    assert s["aggregate_ceiling_tok_s"] == pytest.approx(ceiling, rel=0.03)
+    assert s["6"]["aggregate_tok_s"]["median"] == pytest.approx(expected(6, 4), rel=0.03)
+    assert s["aggregate_ceiling_tok_s"] == pytest.approx(ceiling, rel=0.04)
 
 
 # ---- client overhead at 64 streams ---------------------------------------------------------

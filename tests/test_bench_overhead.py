@@ -97,6 +97,8 @@ class KernelStampServer:
         time.sleep(max(0.0, (rx - off) / 1e9 + TTFT_S - time.monotonic()))
         c.sendall(_chunk({"id": rid, "choices": [{"index": 0, "delta": {"content": "Hi"}}]}))
         tx = _tx_last(c)
+        with self.lock:  # before the stream can end, so the client never looks too early
+            self.truth[rid] = (tx - rx) / 1e6
         time.sleep(0.02)
         for _ in range(3):
             c.sendall(_chunk({"id": rid, "choices": [{"index": 0, "delta": {"content": " x"}}]}))
@@ -104,8 +106,6 @@ class KernelStampServer:
         usage = {"prompt_tokens": 5, "completion_tokens": 4}
         c.sendall(_chunk({"id": rid, "choices": [], "usage": usage}) + b"0\r\n\r\n")
         c.close()
-        with self.lock:
-            self.truth[rid] = (tx - rx) / 1e6
 
     def close(self) -> None:
         self.srv.close()

@@ -1,4 +1,4 @@
-# SPDX-License-Identifier: Apache-2.0
+# SPDX-License-Identifier: MIT
 """Overlay: DSpark *draft* logits from an fp8 copy of the lm_head shard.
 
 Why: vLLM 0.33's DSpark speculator (``v1/worker/gpu/spec_decode/dspark/speculator.py``,

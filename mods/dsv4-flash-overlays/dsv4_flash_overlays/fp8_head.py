@@ -1,4 +1,4 @@
-# SPDX-License-Identifier: Apache-2.0
+# SPDX-License-Identifier: MIT
 """fp8 (e4m3) weight, bf16 activation GEMM for the DSpark draft lm_head.
 
 Why this exists: the DSpark draft computes full-vocabulary logits every step through the

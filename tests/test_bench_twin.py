@@ -57,6 +57,8 @@ boot:
   warm: {{loading_weights_s: 0.0, compiling_s: 0.0, capturing_graphs_s: 0.0}}
   api_server_s: 0.0
   jit_stall_s: 0.0
+answers:
+  file: {REPO}/bench/quality_ref_dspark.json
 """
 
 
@@ -409,6 +411,21 @@ def test_client_ttft_overhead_at_64_streams(twin, capsys):
             f"inbound median {statistics.median(inbound):.2f} ms, outbound median "
             f"{statistics.median(outbound):.2f} ms; load {os.getloadavg()[0]:.1f}"
         )
+
+
+# ---- the quality gate on the twin (it serves the reference answers from our JSON) -----------
+def test_quality_gate_passes_on_the_twin_and_fails_without_answers(twin, tmp_path, capsys):
+    import quality_ref_dspark
+
+    assert quality_ref_dspark.main(["--url", twin.url]) == 0
+    assert "5/5 passed" in capsys.readouterr().out
+    t = Twin(tmp_path, "--twin-fault", "no-answers")
+    try:
+        assert quality_ref_dspark.main(["--url", t.url]) == 1
+    finally:
+        t.stop()
+    out = capsys.readouterr().out
+    assert "failed: arithmetic, fact, code_output, counting, strict_json" in out
 
 
 # ---- refusal: persistent foreign traffic (last: it leaves the twin busy for a while) -------

@@ -54,6 +54,8 @@ VARS: tuple[Var, ...] = (
     Var("NCCL_SOCKET_IFNAME", None, "iflist", "NCCL bootstrap/socket interface(s)"),
     Var("GLOO_SOCKET_IFNAME", None, "iflist", "Gloo interface (torch.distributed CPU side)"),
     Var("NCCL_IB_HCA", "", "hca_or_empty", "2-rail HCA list, one port per card; empty = NCCL auto"),
+    Var("NCCL_IB_GID_INDEX", "", "gid_or_empty",
+        "pin NCCL's RoCE GID index (0-255); empty = NCCL picks RoCEv2 itself (preferred)"),
     Var("HF_TOKEN", "", "any", "optional Hugging Face token (never printed)", secret=True),
 )
 VAR_NAMES = tuple(v.name for v in VARS)
@@ -101,6 +103,10 @@ def _check(kind: str, value: str) -> str | None:
         return None if _IMAGE_RE.match(value) else "is not an image reference (repo/name:tag)"
     if kind == "iflist":
         return None if _IF_RE.match(value) else "must be interface names, comma-separated"
+    if kind == "gid":
+        if not value.isdigit() or not 0 <= int(value) <= 255:
+            return "must be a GID index 0-255 (or empty to let NCCL choose)"
+        return None
     if kind == "hca":
         return None if _HCA_RE.match(value) else "must look like dev[:port],dev[:port]"
     raise AssertionError(f"unknown kind {kind}")

@@ -25,6 +25,7 @@ from pairctl.plan import (
     with_recipe_defaults,
 )
 from pairctl.recipe import Recipe
+from pairctl.roce import decide_gid
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 
@@ -68,6 +69,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "PF-HCA-2RAIL": ("NCCL_IB_HCA names one port per card (2-rail)",
                      "list one port of each card, e.g. NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1; "
                      "4-rail fails with ibv_modify_qp ... 110"),
+    "PF-ROCE-GID": ("each NCCL_IB_HCA port has a RoCEv2 IPv4 GID, and a pinned "
+                    "NCCL_IB_GID_INDEX points at it on both nodes",
+                    "unset NCCL_IB_GID_INDEX (NCCL picks RoCEv2) or set it to the index shown; "
+                    "check the port's netdev has its IPv4 address (ip -br addr)"),
     "PF-NO-COMPRESSED-MLA": (f"{FORBIDDEN_ENV} is set nowhere",
                              f"remove {FORBIDDEN_ENV} from the recipe, env file and extra args "
                              "(it once wedged a host's unified memory)"),
@@ -396,6 +401,9 @@ def decide(cfg: PairConfig, recipe: Recipe, passthrough: list[str], evidence: di
         checks.append(fn() if n1.get("reachable") else _mk(cid, SKIP, "rank 1 not reachable"))
     evs = [n0, n1] if n1.get("reachable") else [n0]
     checks.append(check_hca(cfg.NCCL_IB_HCA, evs))
+    status, detail = decide_gid(cfg.NCCL_IB_HCA, cfg.NCCL_IB_GID_INDEX,
+                                {r: ev.get("roce_gids") for r, ev in enumerate(evs)})
+    checks.append(_mk("PF-ROCE-GID", status, detail))
     checks.append(check_no_compressed_mla(cfg, recipe, passthrough))
     checks.append(check_no_ray(list(head.vllm_argv), head.env))
     if n1.get("reachable"):

@@ -15,6 +15,8 @@ from pairctl.config import PairConfig
 from pairctl.docker import parse_ps
 from pairctl.nodes import Node
 from pairctl.plan import LABEL_PAIR
+from pairctl.roce import PROBE_SECTION as _ROCE_SECTION
+from pairctl.roce import parse_gids
 
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
@@ -44,8 +46,9 @@ if [ -d "$OV" ]; then
   (cd "$OV" && find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
      ! -path '*.egg-info/*' ! -path './build/*' -exec sha256sum {} + 2>/dev/null | sort -k2)
 else echo "dir=no"; fi
-sec end
-"""
+"""  # the RoCE GID table and the end marker follow
+
+_SCRIPT += _ROCE_SECTION + "sec end\n"
 
 
 def probe_script(cfg: PairConfig, image: str) -> str:
@@ -130,6 +133,7 @@ def parse_probe(text: str) -> dict[str, Any]:
         digest, _, name = line.partition(" ")
         ofiles[name.strip().removeprefix("./")] = digest
     ev["overlay_files"] = ofiles
+    ev["roce_gids"] = parse_gids(sec.get("roce_gids", []))
     return ev
 
 

@@ -77,7 +77,7 @@ class ConvFuzzer:
             return pick(MARKS)
         return self._codepoint()
 
-    def text(self, lo: int = 1, hi: int = 16) -> str:
+    def text(self, lo: int = 1, hi: int = 12) -> str:
         # Mostly separated pieces: long unbroken letter runs make BPE slow (both paths
         # alike) without testing anything new; a quarter are glued to the previous one.
         seps = self.rng.choices(["", " ", "\n", ", "], weights=[25, 55, 12, 8],

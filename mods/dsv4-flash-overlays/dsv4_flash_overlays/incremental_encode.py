@@ -54,6 +54,7 @@ import bisect
 import functools
 import json
 import logging
+import operator
 import os
 import random
 import re
@@ -92,7 +93,7 @@ KNOWN_SPLIT_PATTERNS: frozenset[str] = frozenset(
 _WS_CLASS = "\\s\x85\xa0\u1680\u180e\u2000-\u200b\u2028\u2029\u202f\u205f\u2060\u3000\ufeff"
 _NL_CUT = re.compile("[\r\n](?=[^" + _WS_CLASS + "])")
 
-# Texts shorter than this are encoded directly: nothing to gain, and it is the key length.
+# Texts shorter than this are encoded directly: nothing to gain.
 HEAD_CHARS = 256
 # Spacing of chunk boundaries (and checkpoints) in freshly encoded text, in characters.
 CHUNK_CHARS = 8192
@@ -102,10 +103,8 @@ TAIL_CHARS = 4096
 # ... but at most this many, spaced at least TAIL_MIN_GAP characters apart.
 TAIL_MAX = 32
 TAIL_MIN_GAP = 32
-# A new entry that reuses all but this many characters of an entry replaces it.
+# A new entry that reuses all but this many characters (and >= 3/4) of an entry replaces it.
 SUPERSEDE_SLACK_CHARS = 16384
-# Candidates compared per lookup (most recently used first).
-MAX_CANDIDATES = 256
 # Cost per cached token id for the byte budget: one list slot. Ids are canonical int
 # objects from one table per encoder (the table, ~36 B x vocab, is not counted), which
 # also makes copying a 300k-id prefix ~5x faster than copying freshly made ints.
@@ -282,7 +281,6 @@ class _Entry:
     cp_pos: list[int]
     cp_need: list[int]
     cp_ntok: list[int]
-    key: str
     nbytes: int = 0
 
     def best_checkpoint(self, agree: int) -> int:
@@ -303,6 +301,9 @@ class _Entry:
     def ids(self) -> list[int]:
         """A fresh list of all ids (the caller owns it)."""
         return _join(self.chunks)
+
+
+_TEXT = operator.attrgetter("text")
 
 
 def _join(chunks: list[list[int]]) -> list[int]:
@@ -382,7 +383,10 @@ class IncrementalEncoder:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._lru: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry
-        self._by_key: dict[str, OrderedDict[int, _Entry]] = {}
+        # All entries sorted by text (a new list on every change, so lookups read it
+        # without the lock). The entry sharing the longest prefix with a query is next
+        # to the query's sorted position: O(log n) comparisons whatever the entry count.
+        self._sorted: list[_Entry] = []
         self._bytes = 0
         self.stats = Stats()
         self._last_log = time.monotonic()
@@ -413,14 +417,14 @@ class IncrementalEncoder:
             self._enabled = False
             self.disabled_reason = reason
             self._lru.clear()
-            self._by_key.clear()
+            self._sorted = []
             self._bytes = 0
 
     def clear(self) -> None:
         """Drop every cached prompt (counters are kept)."""
         with self._lock:
             self._lru.clear()
-            self._by_key.clear()
+            self._sorted = []
             self._bytes = 0
 
     @property
@@ -477,18 +481,19 @@ class IncrementalEncoder:
         self.disable("self-check mismatch")
         return full
 
-    def _lookup(self, text: str, key: str) -> tuple[_Entry | None, int]:
-        """Cached entry sharing the longest prefix with ``text``, and that length."""
-        with self._lock:
-            bucket = self._by_key.get(key)
-            candidates = list(reversed(bucket.values()))[:MAX_CANDIDATES] if bucket else []
+    def _lookup(self, text: str) -> tuple[_Entry | None, int]:
+        """Cached entry sharing the longest prefix with ``text``, and that length.
+
+        In lexicographic order, if a <= b <= q then lcp(a, q) <= lcp(b, q): the best
+        entry is one of the two neighbours of ``text``'s insertion point.
+        """
+        snap = self._sorted
+        i = bisect.bisect_left(snap, text, key=_TEXT)
         best, best_len = None, 0
-        for entry in candidates:
-            n = common_prefix_len(entry.text, text, HEAD_CHARS)
+        for entry in snap[max(0, i - 1) : i + 1]:
+            n = common_prefix_len(entry.text, text)
             if n > best_len:
                 best, best_len = entry, n
-                if n == len(text):
-                    break
         return best, best_len
 
     def _find_cuts(self, text: str, start: int) -> list[int]:
@@ -530,8 +535,7 @@ class IncrementalEncoder:
         return [e.ids for e in encodings]
 
     def _encode_cached(self, text: str) -> list[int]:
-        key = text[:HEAD_CHARS]
-        entry, agree = self._lookup(text, key)
+        entry, agree = self._lookup(text)
         if entry is not None and agree == len(text) == len(entry.text):
             with self._lock:
                 self.stats.calls += 1
@@ -593,10 +597,13 @@ class IncrementalEncoder:
         for chunk in chunks:
             starts.append(acc)
             acc += len(chunk)
-        new_entry = _Entry(text, chunks, starts, acc, new_pos, new_need, new_ntok, key)
+        new_entry = _Entry(text, chunks, starts, acc, new_pos, new_need, new_ntok)
+        # The new turn of a conversation replaces the old one; a branch that keeps only
+        # part of it (or another conversation sharing a system prompt) does not.
+        old_len = len(entry.text) if entry is not None else 0
         superseded = (
-            entry if entry is not None and base_pos >= len(entry.text) - SUPERSEDE_SLACK_CHARS
-            else None
+            entry if entry is not None and base_pos >= old_len - SUPERSEDE_SLACK_CHARS
+            and 4 * base_pos >= 3 * old_len else None
         )
         self._insert(new_entry, superseded)
         return _join(chunks)
@@ -605,27 +612,24 @@ class IncrementalEncoder:
         eid = id(entry)
         if eid in self._lru:
             self._lru.move_to_end(eid)
-            bucket = self._by_key.get(entry.key)
-            if bucket is not None and eid in bucket:
-                bucket.move_to_end(eid)
 
     def _remove(self, entry: _Entry) -> None:
-        eid = id(entry)
-        if self._lru.pop(eid, None) is None:
+        """Drop ``entry`` (caller holds the lock)."""
+        if self._lru.pop(id(entry), None) is None:
             return
         self._bytes -= entry.nbytes
-        bucket = self._by_key.get(entry.key)
-        if bucket is not None:
-            bucket.pop(eid, None)
-            if not bucket:
-                del self._by_key[entry.key]
+        snap = self._sorted
+        i = bisect.bisect_left(snap, entry.text, key=_TEXT)
+        while i < len(snap) and snap[i] is not entry and snap[i].text == entry.text:
+            i += 1
+        if i < len(snap) and snap[i] is entry:
+            self._sorted = snap[:i] + snap[i + 1 :]
 
     def _insert(self, entry: _Entry, superseded: _Entry | None) -> None:
         # Honest Python sizes: checkpoint ints are objects of their own (3 lists x
-        # (slot + int)); the key, the entry object and two dict slots add a fixed part.
+        # (slot + int)); the entry object, its list slots and dict slots add a fixed part.
         entry.nbytes = (
             sys.getsizeof(entry.text)
-            + sys.getsizeof(entry.key)
             + BYTES_PER_ID * entry.ntok
             + BYTES_PER_CHUNK * len(entry.chunks)
             + 3 * 36 * len(entry.cp_pos)
@@ -638,9 +642,13 @@ class IncrementalEncoder:
                 self._remove(superseded)
             if entry.nbytes > self.budget_bytes:
                 return
-            eid = id(entry)
-            self._lru[eid] = entry
-            self._by_key.setdefault(entry.key, OrderedDict())[eid] = entry
+            snap = self._sorted
+            i = bisect.bisect_left(snap, entry.text, key=_TEXT)
+            if i < len(snap) and snap[i].text == entry.text:
+                self._remove(snap[i])  # same text: keep the newest entry only
+                snap = self._sorted
+            self._sorted = [*snap[:i], entry, *snap[i:]]
+            self._lru[id(entry)] = entry
             self._bytes += entry.nbytes
             while self._bytes > self.budget_bytes and self._lru:
                 _, old = next(iter(self._lru.items()))

@@ -32,7 +32,7 @@ rehearse: system-deps venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	shellcheck -x $$(git ls-files '*.sh') .ci/run
+	shellcheck -x $$(git ls-files '*.sh') .ci/run scripts/rehearsal/bin/docker scripts/rehearsal/bin/vllm
 
 pytest: venv
 	$(VPY) -m pytest -q

@@ -145,7 +145,7 @@ def _rendezvous(args: ServeArgs, prof: profmod.Profile, faults: faultmod.Faults,
         die(str(exc))
         raise  # unreachable; keeps type checkers happy
     link = Link(sock, peer, float(dist.get("heartbeat_interval_s", 0.5)),
-                float(dist.get("heartbeat_timeout_s", 3.0)),
+                float(dist.get("heartbeat_timeout_s", 10.0)),
                 lambda why: die(f"TP peer lost: {why}; shutting down this rank"))
     link.start()
     return link

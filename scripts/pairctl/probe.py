@@ -85,6 +85,17 @@ def _rc(lines: list[str]) -> tuple[int | None, list[str]]:
     return None, lines
 
 
+def _digests(lines: list[str]) -> dict[str, str]:
+    """``sha256 name`` lines of a section (``dir=`` markers skipped) → {name: digest}."""
+    out = {}
+    for line in lines:
+        if line.startswith("dir="):
+            continue
+        digest, _, name = line.partition(" ")
+        out[name.strip().removeprefix("./")] = digest
+    return out
+
+
 def parse_probe(text: str) -> dict[str, Any]:
     """Parse the probe's stdout into evidence (JSON-serialisable)."""
     sec = split_sections(text)
@@ -116,23 +127,11 @@ def parse_probe(text: str) -> dict[str, Any]:
     ev["image_error"] = "" if rc == 0 else " ".join(img)[:300]
     model = sec.get("model", [])
     ev["model_dir"] = "dir=yes" in model
-    files = {}
-    for line in model:
-        if line.startswith("dir="):
-            continue
-        digest, _, name = line.partition(" ")
-        files[name] = digest
-    ev["model_files"] = files
+    ev["model_files"] = _digests(model)
     ev["tilelang_ok"] = (sec.get("tilelang") or [""])[0] == "ok"
     ov = sec.get("overlays", [])
     ev["overlay_dir"] = "dir=yes" in ov
-    ofiles = {}
-    for line in ov:
-        if line.startswith("dir="):
-            continue
-        digest, _, name = line.partition(" ")
-        ofiles[name.strip().removeprefix("./")] = digest
-    ev["overlay_files"] = ofiles
+    ev["overlay_files"] = _digests(ov)
     ev["roce_gids"] = parse_gids(sec.get("roce_gids", []))
     return ev
 

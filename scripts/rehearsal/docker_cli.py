@@ -384,6 +384,16 @@ def inspect_object(store: Store, cid: str) -> dict[str, Any]:
     }
 
 
+def _print_inspected(found: list[dict], fmt: str | None, rc: int) -> int:
+    """Print inspect results like docker: one rendered --format line each, else a JSON array."""
+    if fmt:
+        for obj in found:
+            print(gotemplate.render(fmt, obj))
+    else:
+        print(json.dumps(found, indent=4))
+    return rc
+
+
 INSPECT_SPEC = FlagSpec(values={"format": ("-f", "--format"), "type": ("--type",)})
 
 
@@ -398,12 +408,7 @@ def cmd_inspect(store: Store, args: list[str]) -> int:
         except StoreError:
             print(f"Error: No such object: {ref}", file=sys.stderr)
             rc = 1
-    if opts["format"]:
-        for obj in found:
-            print(gotemplate.render(opts["format"], obj))
-    else:
-        print(json.dumps(found, indent=4))
-    return rc
+    return _print_inspected(found, opts["format"], rc)
 
 
 IMAGE_INSPECT_SPEC = FlagSpec(values={"format": ("-f", "--format")})
@@ -425,12 +430,7 @@ def cmd_image(store: Store, args: list[str]) -> int:
             rc = 1
             continue
         found.append({"Id": image["Id"], "RepoTags": [ref], "Config": {"Env": image["Env"]}})
-    if opts["format"]:
-        for obj in found:
-            print(gotemplate.render(opts["format"], obj))
-    else:
-        print(json.dumps(found, indent=4))
-    return rc
+    return _print_inspected(found, opts["format"], rc)
 
 
 LOGS_SPEC = FlagSpec(bools={"follow": ("-f", "--follow")},

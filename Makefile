@@ -28,11 +28,12 @@ system-deps:
 	bash scripts/ensure_system_deps.sh
 
 rehearse: system-deps venv
-	$(VPY) scripts/rehearse.py
+	$(VPY) -m sim.rehearsal
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	shellcheck -x $$(git ls-files '*.sh') .ci/run scripts/rehearsal/bin/docker scripts/rehearsal/bin/vllm
+	$(VENV)/bin/ruff format --check .
+	shellcheck -x $$(git ls-files '*.sh') .ci/run sim/rehearsal/bin/docker sim/rehearsal/bin/vllm
 
 pytest: venv
 	$(VPY) -m pytest -q

@@ -20,10 +20,10 @@ import random
 import sys
 from typing import Any
 
-from benchlib import cli, prompts
-from benchlib.guard import InFlightTracker
-from benchlib.stats import NS_PER_S, median, request_metrics, summarize, window_rate
-from benchlib.stream import StreamResult
+from bench.benchlib import cli, prompts
+from bench.benchlib.guard import InFlightTracker
+from bench.benchlib.stats import NS_PER_S, median, request_metrics, summarize, window_rate
+from bench.benchlib.stream import StreamResult
 
 
 def steady_window(results: list[StreamResult]) -> dict[str, Any]:

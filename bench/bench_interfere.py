@@ -22,10 +22,10 @@ import threading
 import time
 from typing import Any
 
-from benchlib import cli, prompts
-from benchlib.guard import InFlightTracker
-from benchlib.stats import NS_PER_S, chunk_token_counts, median, request_metrics, summarize
-from benchlib.stream import StreamResult
+from bench.benchlib import cli, prompts
+from bench.benchlib.guard import InFlightTracker
+from bench.benchlib.stats import NS_PER_S, chunk_token_counts, median, request_metrics, summarize
+from bench.benchlib.stream import StreamResult
 
 STRETCH = 1.5  # a step this much longer than the stream's solo gap is an interfered step
 

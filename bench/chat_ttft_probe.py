@@ -19,9 +19,9 @@ import random
 import sys
 from typing import Any
 
-from benchlib import cli, prompts
-from benchlib.guard import InFlightTracker
-from benchlib.stats import median, request_metrics, summarize
+from bench.benchlib import cli, prompts
+from bench.benchlib.guard import InFlightTracker
+from bench.benchlib.stats import median, request_metrics, summarize
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # One safe command for one pair of DGX Sparks: DeepSeek-V4-Flash + DSpark, TP=2, no Ray.
-# Bash only sequences the steps; every decision lives in scripts/pairctl (unit-tested).
+# Bash only sequences the steps; every decision lives in pairctl/ (python -m pairctl, unit-tested).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly SCRIPT_DIR
 REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
 readonly REPO_ROOT
-readonly PAIRCTL="${REPO_ROOT}/scripts/pairctl_cli.py"
 readonly EXIT_USAGE=2
 readonly EXIT_PREFLIGHT=3
 readonly EXIT_BOOT=4
@@ -18,6 +17,7 @@ readonly DEFAULT_TIMEOUT_S=900
 CMD="up"
 ENV_FILE="${REPO_ROOT}/.env"
 RECIPE="${REPO_ROOT}/recipes/dsv4-flash-dspark.yaml"
+OVERLAY_SRC="${REPO_ROOT}/mods/dsv4-flash-overlays"
 JSON_OUT=""
 TIMEOUT_S="${DEFAULT_TIMEOUT_S}"
 GATE=0
@@ -43,7 +43,8 @@ err() {
 #######################################
 usage() {
   cat <<USAGE
-Usage: launch/dspark_launch.sh [up|down|status|logs|plan|preflight] [options] [-- VLLM_ARGS...]
+Usage: launch/dspark_launch.sh [up|down|status|logs|plan|preflight|sync-overlays] [options]
+                               [-- VLLM_ARGS...]
 
 Run on the rank-0 Spark (SPARK1). One OpenAI endpoint at http://SPARK1:PORT/v1.
 
@@ -59,6 +60,10 @@ Commands:
               masked). Changes nothing.
   preflight   read-only checks with stable IDs (PASS/WARN/FAIL + remedy); --json FILE writes
               the evidence. up runs it first and stops on any FAIL.
+  sync-overlays
+              copy the files that ship in mods/dsv4-flash-overlays/ to OVERLAY_DIR on both
+              nodes, check every file's sha256 on arrival, then swap the copy in (a node that
+              fails keeps its old copy; exit 1).
 
 Options:
   --env-file FILE   pair config (default: ${REPO_ROOT}/.env; see .env.example)
@@ -66,6 +71,7 @@ Options:
   --json FILE       preflight/up: write the preflight evidence as JSON
   --timeout S       up: seconds to wait for health (default ${DEFAULT_TIMEOUT_S}; first boot ~10 min)
   --gate            up: run bench/quality_ref_dspark.py against the endpoint when healthy
+  --src DIR         sync-overlays: overlay package to copy (default mods/dsv4-flash-overlays)
   --rank 0|1        logs: which rank (default 0)
   -f, --follow      logs: follow
   --tail N          logs: last N lines
@@ -91,6 +97,10 @@ pick_python() {
   else
     PYTHON="python3"
   fi
+  if ! "${PYTHON}" -c 'import pairctl' 2>/dev/null; then
+    err "${PYTHON} cannot import pairctl; install the project first: make -C ${REPO_ROOT} venv WITH_VLLM=0"
+    exit "${EXIT_USAGE}"
+  fi
 }
 
 #######################################
@@ -101,7 +111,7 @@ pick_python() {
 pairctl() {
   local sub="$1"
   shift
-  local -a argv=("${PYTHON}" "${PAIRCTL}" "${sub}" --env-file "${ENV_FILE}" --recipe "${RECIPE}" "$@")
+  local -a argv=("${PYTHON}" -m pairctl "${sub}" --env-file "${ENV_FILE}" --recipe "${RECIPE}" "$@")
   if ((${#VLLM_EXTRA[@]} > 0)); then
     argv+=(-- "${VLLM_EXTRA[@]}")
   fi
@@ -116,7 +126,7 @@ parse_args() {
   local seen_cmd=0
   while (($# > 0)); do
     case "$1" in
-      up | down | status | logs | plan | preflight)
+      up | down | status | logs | plan | preflight | sync-overlays)
         if ((seen_cmd)); then
           err "two commands given ('${CMD}' and '$1'); pick one (see --help)"
           exit "${EXIT_USAGE}"
@@ -128,7 +138,7 @@ parse_args() {
         usage
         exit 0
         ;;
-      --env-file | --recipe | --json | --timeout | --rank | --tail)
+      --env-file | --recipe | --json | --timeout | --rank | --tail | --src)
         if (($# < 2)); then
           err "$1 needs a value (see --help)"
           exit "${EXIT_USAGE}"
@@ -140,10 +150,11 @@ parse_args() {
           --timeout) TIMEOUT_S="$2" ;;
           --rank) RANK="$2" ;;
           --tail) TAIL="$2" ;;
+          --src) OVERLAY_SRC="$2" ;;
         esac
         shift
         ;;
-      --env-file=* | --recipe=* | --json=* | --timeout=* | --rank=* | --tail=*)
+      --env-file=* | --recipe=* | --json=* | --timeout=* | --rank=* | --tail=* | --src=*)
         set -- "${1%%=*}" "${1#*=}" "${@:2}"
         continue
         ;;
@@ -280,11 +291,7 @@ cmd_up() {
 run_gate() {
   local url
   url="$(pairctl endpoint)"
-  local -a gate=("${PYTHON}" "${REPO_ROOT}/bench/quality_ref_dspark.py" --url "${url}")
-  if [[ ! -f "${gate[1]}" ]]; then
-    err "quality gate ${gate[1]} not found"
-    exit "${EXIT_GATE}"
-  fi
+  local -a gate=("${PYTHON}" -m bench.quality_ref_dspark --url "${url}")
   if ! "${gate[@]}"; then
     err "quality gate FAILED against ${url} (endpoint left running for inspection)"
     exit "${EXIT_GATE}"
@@ -328,6 +335,7 @@ main() {
     status) pairctl status ;;
     logs) cmd_logs ;;
     plan) pairctl plan ;;
+    sync-overlays) pairctl sync-overlays --src "${OVERLAY_SRC}" ;;
     preflight)
       if [[ -n "${JSON_OUT}" ]]; then
         pairctl preflight --json "${JSON_OUT}"

@@ -12,11 +12,12 @@ import time
 
 import pytest
 import requests
-from benchlib import EXIT_CONTAMINATED, promm
-from benchlib.guard import GuardConfig, GuardError, InFlightTracker, run_guarded
-from benchlib.stats import percentile, request_metrics, summarize, window_rate
-from benchlib.stream import StreamResult, stream_request
-from mock_openai import MockConfig, MockServer
+
+from bench.benchlib import EXIT_CONTAMINATED, promm
+from bench.benchlib.guard import GuardConfig, GuardError, InFlightTracker, run_guarded
+from bench.benchlib.stats import percentile, request_metrics, summarize, window_rate
+from bench.benchlib.stream import StreamResult, stream_request
+from tests.fakes.mock_openai import MockConfig, MockServer
 
 CHAT = "/v1/chat/completions"
 

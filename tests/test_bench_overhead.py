@@ -20,7 +20,8 @@ import threading
 import time
 
 import pytest
-from benchlib.cli import Bench, base_parser
+
+from bench.benchlib.cli import Bench, base_parser
 
 SO_TIMESTAMPING = 37
 FLAGS = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 11)  # TX_SW | RX_SW | SOFTWARE | OPT_TSONLY

@@ -12,13 +12,11 @@ from __future__ import annotations
 import json
 import sys
 
-import bench_conc
-import bench_ctx
-import bench_interfere
-import chat_ttft_probe
 import pytest
-from benchlib import EXIT_CONTAMINATED, EXIT_ERROR
-from mock_openai import MockConfig, MockServer
+
+from bench import bench_conc, bench_ctx, bench_interfere, chat_ttft_probe
+from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR
+from tests.fakes.mock_openai import MockConfig, MockServer
 
 FAST = [
     "--warmups",

@@ -1,4 +1,4 @@
-"""bench/ against the simulator (scripts/spark_twin.py), whose ground truth is known.
+"""bench/ against the simulator (python -m sim.twin), whose ground truth is known.
 
 Truth comes from the twin itself: /twin/truth (the closed-form figures of its performance model)
 and /twin/requests (its server-side record of every request: received, first token, tokenize
@@ -18,16 +18,14 @@ import threading
 import time
 from pathlib import Path
 
-import bench_conc
-import bench_ctx
-import bench_interfere
-import chat_ttft_probe
 import pytest
 import requests
-from benchlib import EXIT_CONTAMINATED
-from benchlib.cli import Bench, base_parser
-from benchlib.guard import GuardConfig, InFlightTracker, run_guarded
-from benchlib.stats import request_metrics
+
+from bench import bench_conc, bench_ctx, bench_interfere, chat_ttft_probe
+from bench.benchlib import EXIT_CONTAMINATED
+from bench.benchlib.cli import Bench, base_parser
+from bench.benchlib.guard import GuardConfig, InFlightTracker, run_guarded
+from bench.benchlib.stats import request_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = [
@@ -45,7 +43,7 @@ FAST = [
 ]
 PROFILE = f"""profile_version: 1
 name: bench-fast
-base: {REPO}/scripts/profiles/spark-pair.yaml
+base: {REPO}/sim/profiles/spark-pair.yaml
 decode:
   step_ms_by_batch: {{1: 10.0, 4: 16.0, 16: 40.0, 24: 52.0}}
   fp8_draft_head_saving_ms: 0.0
@@ -81,7 +79,8 @@ class Twin:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
-                str(REPO / "scripts/spark_twin.py"),
+                "-m",
+                "sim.twin",
                 "serve",
                 "dsv4-flash",
                 "--nnodes",
@@ -120,7 +119,7 @@ class Twin:
         ).raise_for_status()
 
     def wait_idle(self, timeout_s: float = 30) -> None:
-        from benchlib import promm
+        from bench.benchlib import promm
 
         s = requests.Session()
         deadline = time.monotonic() + timeout_s
@@ -415,7 +414,7 @@ def test_client_ttft_overhead_at_64_streams(twin, capsys):
 
 # ---- the quality gate on the twin (it serves the reference answers from our JSON) -----------
 def test_quality_gate_passes_on_the_twin_and_fails_without_answers(twin, tmp_path, capsys):
-    import quality_ref_dspark
+    from bench import quality_ref_dspark
 
     assert quality_ref_dspark.main(["--url", twin.url]) == 0
     assert "5/5 passed" in capsys.readouterr().out

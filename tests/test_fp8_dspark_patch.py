@@ -49,15 +49,17 @@ def _model(vllm_mods, monkeypatch, weight_dtype=torch.bfloat16):
     """A real DSparkDeepseekV4ForCausalLM object with just what the head path touches."""
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
-    monkeypatch.setattr(vllm_mods.lp, "get_current_vllm_config",
-                        lambda: types.SimpleNamespace(model_config=None))
+    monkeypatch.setattr(
+        vllm_mods.lp, "get_current_vllm_config", lambda: types.SimpleNamespace(model_config=None)
+    )
     cls = vllm_mods.dspark.DSparkDeepseekV4ForCausalLM
     model = cls.__new__(cls)
     torch.nn.Module.__init__(model)
     torch.manual_seed(0)
     lm_head = torch.nn.Module()
-    lm_head.weight = torch.nn.Parameter((torch.randn(N, K) * 0.05).to(weight_dtype),
-                                        requires_grad=False)
+    lm_head.weight = torch.nn.Parameter(
+        (torch.randn(N, K) * 0.05).to(weight_dtype), requires_grad=False
+    )
     lm_head.quant_method = UnquantizedEmbeddingMethod()
     lm_head.tp_size = 1
     model.lm_head = lm_head
@@ -73,14 +75,20 @@ def test_flag_off_leaves_vllm_untouched(vllm_mods, monkeypatch):
     import dsv4_flash_overlays as plugin
 
     cls = vllm_mods.dspark.DSparkDeepseekV4ForCausalLM
-    before = (cls.compute_draft_logits, cls.compute_logits,
-              vllm_mods.spec.DSparkSpeculator.load_draft_model)
+    before = (
+        cls.compute_draft_logits,
+        cls.compute_logits,
+        vllm_mods.spec.DSparkSpeculator.load_draft_model,
+    )
     monkeypatch.delenv("VLLM_DSPARK_FP8_DRAFT_HEAD", raising=False)
     monkeypatch.setattr(plugin, "_APPLIED", {})
     plugin.register()
     assert plugin.applied()["fp8-draft-head"] is False
-    assert (cls.compute_draft_logits, cls.compute_logits,
-            vllm_mods.spec.DSparkSpeculator.load_draft_model) == before
+    assert (
+        cls.compute_draft_logits,
+        cls.compute_logits,
+        vllm_mods.spec.DSparkSpeculator.load_draft_model,
+    ) == before
 
 
 def test_flag_on_cpu_only_process_logs_why_and_changes_nothing(vllm_mods, monkeypatch, caplog):

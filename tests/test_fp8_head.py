@@ -1,6 +1,6 @@
 """fp8 draft head: quantization math, the kernel's arithmetic (CPU), dispatch tables.
 
-The GPU timings live in mods/dsv4-flash-overlays/results/fp8_head_*.json (H200 runs);
+The GPU timings live in bench/results/fp8_head/fp8_head_*.json (H200 runs);
 here everything runs on the CPU: the kernel itself under Triton's interpreter (in a
 subprocess, since TRITON_INTERPRET must be set before the kernel is decorated) and its
 arithmetic emulated in torch against float64 references with derived tolerances.
@@ -20,7 +20,9 @@ import torch
 from dsv4_flash_overlays import fp8_head as F
 
 E4M3_FINITE = [
-    c for c in range(256) if c not in (0x7F, 0xFF)  # 0x7F/0xFF are NaN in e4m3fn
+    c
+    for c in range(256)
+    if c not in (0x7F, 0xFF)  # 0x7F/0xFF are NaN in e4m3fn
 ]
 
 
@@ -107,7 +109,8 @@ def test_bit_trick_widening_is_exact_for_every_code():
 
 # ---------------------------------------------------------------------- kernel arithmetic
 CASES = [(m, F.CONVERT_F16) for m in range(1, 17)] + [
-    (m, c) for m in (5, 40) for c in (F.CONVERT_BF16, F.CONVERT_F16, F.CONVERT_F16_BITS)]
+    (m, c) for m in (5, 40) for c in (F.CONVERT_BF16, F.CONVERT_F16, F.CONVERT_F16_BITS)
+]
 
 
 def test_emulated_kernel_matches_float64_within_derived_tolerance():
@@ -168,12 +171,16 @@ _INTERPRET_SCRIPT = textwrap.dedent(
 )
 
 
-def test_triton_kernel_under_interpreter_ragged_shapes(repo_root):
+def test_triton_kernel_under_interpreter_ragged_shapes():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=str(repo_root / "mods" / "dsv4-flash-overlays"))
-    proc = subprocess.run([sys.executable, "-c", _INTERPRET_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERPRET_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(rows) == 7 + 4
@@ -252,14 +259,27 @@ def test_kernel_failure_falls_back_to_bf16_for_that_m(monkeypatch, caplog):
 
 def test_eval_script_runs_on_a_real_safetensors_shard(tmp_path):
     safetensors = pytest.importorskip("safetensors.torch")
-    import eval_fp8_head
+    from bench.kernels import eval_fp8_head
 
     w = (torch.randn(300, 256) * 0.04).bfloat16()
     path = tmp_path / "head.safetensors"
     safetensors.save_file({"head.weight": w}, str(path))
-    args = eval_fp8_head.parse_args(["--weights", str(path), "--key", "head.weight",
-                                     "--rows", "120", "--chunk", "60", "--device", "cpu",
-                                     "--f64-rows", "60"])
+    args = eval_fp8_head.parse_args(
+        [
+            "--weights",
+            str(path),
+            "--key",
+            "head.weight",
+            "--rows",
+            "120",
+            "--chunk",
+            "60",
+            "--device",
+            "cpu",
+            "--f64-rows",
+            "60",
+        ]
+    )
     res = eval_fp8_head.evaluate(args)
     assert res["n"] == 300 and res["k"] == 256 and res["source"].endswith(":head.weight")
     assert res["all_within_hard_bound"] and res["argmax_agreement"] > 0.9

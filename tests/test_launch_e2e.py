@@ -18,9 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rehearsal import chat, hosts, pairenv
-from rehearsal.docker_cli import RUN_SPEC, parse_flags
-from rehearsal.testing import host_process_cmdlines, http_get_on, pair_fixture, run_launcher
+
+from sim.rehearsal import chat, hosts, pairenv
+from sim.rehearsal.docker_cli import RUN_SPEC, parse_flags
+from sim.rehearsal.testing import host_process_cmdlines, http_get_on, pair_fixture, run_launcher
 
 pytestmark = pytest.mark.needs_netns
 
@@ -63,8 +64,9 @@ def fresh(ready: hosts.Pair) -> Iterator[hosts.Pair]:
     _force_clean(ready)
 
 
-def launch(pair: hosts.Pair, *args: str, env_file: Path | None = None,
-           timeout: float = 240) -> tuple[int, str]:
+def launch(
+    pair: hosts.Pair, *args: str, env_file: Path | None = None, timeout: float = 240
+) -> tuple[int, str]:
     """Run the launcher on host 1; returns (exit code, stdout+stderr). Never leaks the
     (fake) HF_TOKEN, whatever the command."""
     res = run_launcher(pair, REPO, *args, env_file=env_file, timeout=timeout)
@@ -83,10 +85,11 @@ def assert_no_orphans(pair: hosts.Pair, allowed: tuple[str, ...] = ()) -> None:
     """No container and no process on either host except sshd and `allowed` substrings."""
     deadline = time.monotonic() + 5  # an ssh session may take a moment to close
     while True:
-        left = {h.name: [c["Names"] for c in containers(h)
-                         if not any(a in c["Names"] for a in allowed)] +
-                [p for p in host_process_cmdlines(h) if not any(a in p for a in allowed)]
-                for h in pair.hosts}
+        left = {
+            h.name: [c["Names"] for c in containers(h) if not any(a in c["Names"] for a in allowed)]
+            + [p for p in host_process_cmdlines(h) if not any(a in p for a in allowed)]
+            for h in pair.hosts
+        }
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -99,8 +102,10 @@ def inject(host: hosts.Host, fault: str) -> None:
 
 def pair_pids(host: hosts.Host) -> dict[str, tuple[str, int]]:
     """name -> (container ID, init pid) of every container on the host."""
-    return {c["Names"]: (c["ID"], json.loads(host.docker("inspect", c["ID"]).stdout)[0]
-                         ["State"]["Pid"]) for c in containers(host)}
+    return {
+        c["Names"]: (c["ID"], json.loads(host.docker("inspect", c["ID"]).stdout)[0]["State"]["Pid"])
+        for c in containers(host)
+    }
 
 
 def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
@@ -110,9 +115,13 @@ def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
     real = shutil.which("docker")  # the real CLI parses every flag before it needs a daemon
     for argv in runs:
         if real and "rehearsal" not in real:
-            res = subprocess.run([real, *argv[1:]], capture_output=True, text=True, timeout=30,
-                                 env={"PATH": "/usr/bin:/bin",
-                                      "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+            res = subprocess.run(
+                [real, *argv[1:]],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+            )
             assert "Cannot connect to the Docker daemon" in res.stderr, res.stderr
         opts, rest = parse_flags(argv[2:], RUN_SPEC, "run", interspersed=False)
         host = pair.h1 if opts["name"].endswith("rank0") else pair.h2
@@ -121,8 +130,9 @@ def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
         assert info["HostConfig"]["Binds"] == opts["volume"]
         assert info["HostConfig"]["NetworkMode"] == opts["network"] == "host"
         assert info["HostConfig"]["IpcMode"] == opts["ipc"] == "host"
-        assert [u["Name"] for u in info["HostConfig"]["Ulimits"]] == \
-            [u.split("=")[0] for u in opts["ulimit"]]
+        assert [u["Name"] for u in info["HostConfig"]["Ulimits"]] == [
+            u.split("=")[0] for u in opts["ulimit"]
+        ]
         assert [rest[0], *info["Config"]["Cmd"]] == [pairenv.IMAGE, *rest[1:]]
         env = dict(e.split("=", 1) for e in info["Config"]["Env"])
         for item in opts["env"]:
@@ -139,13 +149,29 @@ def test_lifecycle_up_chat_status_noop_down(fresh: hosts.Pair) -> None:
     status -> up again changes nothing -> down leaves nothing. One boot covers these
     cases, because a boot is the expensive part of these tests."""
     pair = fresh
-    stale = pair.h2.docker("run", "-d", "--name", f"dsv4-{PAIR_ID}-rank1", "--label", LABEL,
-                           "--label", "dsv4.rank=1", "--label", "dsv4.role=worker",
-                           "--network", "host", pairenv.IMAGE, "sh", "-c", "exit 1")
+    stale = pair.h2.docker(
+        "run",
+        "-d",
+        "--name",
+        f"dsv4-{PAIR_ID}-rank1",
+        "--label",
+        LABEL,
+        "--label",
+        "dsv4.rank=1",
+        "--label",
+        "dsv4.role=worker",
+        "--network",
+        "host",
+        pairenv.IMAGE,
+        "sh",
+        "-c",
+        "exit 1",
+    )
     assert stale.returncode == 0, stale.stderr
     overlay = pair.h2.on_disk(pairenv.layout(pair).overlay_dir)
-    victim = sorted(p for p in (overlay / "dsv4_flash_overlays").glob("*.py")
-                    if p.name != "__init__.py")[0]
+    victim = sorted(
+        p for p in (overlay / "dsv4_flash_overlays").glob("*.py") if p.name != "__init__.py"
+    )[0]
     victim.unlink()
     rc, out = launch(pair, "up", "--timeout", "120")
     assert rc == 0, out
@@ -219,8 +245,11 @@ def test_head_crash_after_rank1_joined_tears_down_both(fresh: hosts.Pair) -> Non
 
 def test_port_taken_by_foreign_process_fails_preflight(fresh: hosts.Pair) -> None:
     pair = fresh
-    squatter = pair.h1.popen(["python3", "-m", "http.server", "8000", "--bind", pair.h1.ip],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    squatter = pair.h1.popen(
+        ["python3", "-m", "http.server", "8000", "--bind", pair.h1.ip],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(100):
             if http_get_on(pair.h1, f"http://{pair.h1.ip}:8000/").returncode == 0:
@@ -238,10 +267,23 @@ def test_port_taken_by_foreign_process_fails_preflight(fresh: hosts.Pair) -> Non
 
 def test_other_pairs_container_on_rank1_survives(fresh: hosts.Pair) -> None:
     pair = fresh
-    other = pair.h2.docker("run", "-d", "--name", "dsv4-pair-b-rank1",
-                           "--label", "dsv4.pair=pair-b", "--label", "dsv4.rank=1",
-                           "--label", "dsv4.role=worker", "--network", "host",
-                           pairenv.IMAGE, "sleep", "600")
+    other = pair.h2.docker(
+        "run",
+        "-d",
+        "--name",
+        "dsv4-pair-b-rank1",
+        "--label",
+        "dsv4.pair=pair-b",
+        "--label",
+        "dsv4.rank=1",
+        "--label",
+        "dsv4.role=worker",
+        "--network",
+        "host",
+        pairenv.IMAGE,
+        "sleep",
+        "600",
+    )
     assert other.returncode == 0, other.stderr
     other_id = other.stdout.strip()
     rc, out = launch(pair, "up", "--timeout", "60")
@@ -258,9 +300,12 @@ def test_launcher_run_on_the_wrong_machine_fails_preflight(fresh: hosts.Pair) ->
     # A launcher copied to another machine (here: rank 1 itself) must refuse, not act.
     pair = fresh
     assert pair.env_file is not None
-    res = pair.h2.run([str(REPO / "launch" / "dspark_launch.sh"), "up", "--env-file",
-                       str(pair.env_file)], env={"PAIRCTL_POLL_S": "0.5"}, timeout=120,
-                      cwd=str(REPO / "launch"))
+    res = pair.h2.run(
+        [str(REPO / "launch" / "dspark_launch.sh"), "up", "--env-file", str(pair.env_file)],
+        env={"PAIRCTL_POLL_S": "0.5"},
+        timeout=120,
+        cwd=str(REPO / "launch"),
+    )
     out = res.stdout + res.stderr
     assert res.returncode == EXIT_PREFLIGHT, out
     assert "PF-SELF-IS-SPARK1" in out and "FAIL" in out
@@ -271,24 +316,27 @@ def test_spark2_equal_to_spark1_is_refused(fresh: hosts.Pair) -> None:
     pair = fresh
     assert pair.env_file is not None
     bad = pair.env_file.with_name("same.env")
-    bad.write_text(pair.env_file.read_text().replace(f"SPARK2={pair.h2.ip}",
-                                                     f"SPARK2={pair.h1.ip}"))
+    bad.write_text(
+        pair.env_file.read_text().replace(f"SPARK2={pair.h2.ip}", f"SPARK2={pair.h1.ip}")
+    )
     rc, out = launch(pair, "up", env_file=bad, timeout=120)
     assert rc in (EXIT_USAGE, EXIT_PREFLIGHT), out
     assert "SPARK2" in out
     assert_no_orphans(pair)
 
 
-@pytest.mark.parametrize(("command", "edit", "needle"), [
-    ("up", lambda text: text.replace("PAIR_ID=rehearsal\n", ""), "PAIR_ID"),
-    ("up", lambda text: text.replace("PORT=8000", "PORT=eighty"), "PORT"),
-    ("up", lambda text: text + "SPARK3 10.0.0.3\n", "malformed line"),
-    # Has an '=', but python-dotenv cannot parse it: must not be skipped with a warning.
-    # (`plan`: a config error is exit 2 for every command, and plan never boots a pair.)
-    ("plan", lambda text: text + "this line is not KEY=VALUE\n", ""),
-])
-def test_malformed_env_is_a_usage_error(fresh: hosts.Pair, command: str, edit,
-                                        needle: str) -> None:
+@pytest.mark.parametrize(
+    ("command", "edit", "needle"),
+    [
+        ("up", lambda text: text.replace("PAIR_ID=rehearsal\n", ""), "PAIR_ID"),
+        ("up", lambda text: text.replace("PORT=8000", "PORT=eighty"), "PORT"),
+        ("up", lambda text: text + "SPARK3 10.0.0.3\n", "malformed line"),
+        # Has an '=', but python-dotenv cannot parse it: must not be skipped with a warning.
+        # (`plan`: a config error is exit 2 for every command, and plan never boots a pair.)
+        ("plan", lambda text: text + "this line is not KEY=VALUE\n", ""),
+    ],
+)
+def test_malformed_env_is_a_usage_error(fresh: hosts.Pair, command: str, edit, needle: str) -> None:
     pair = fresh
     assert pair.env_file is not None
     bad = pair.env_file.with_name("bad.env")
@@ -305,13 +353,23 @@ def test_sync_overlays_reaches_both_disks_over_ssh(fresh: hosts.Pair) -> None:
     for host in pair.hosts:
         shutil.rmtree(host.on_disk(lay.overlay_dir))
     assert pair.env_file is not None
-    res = pair.h1.run([str(REPO / "scripts" / "sync_overlays.sh"), "--env-file",
-                       str(pair.env_file)], timeout=120)
+    res = pair.h1.run(
+        [
+            str(REPO / "launch" / "dspark_launch.sh"),
+            "sync-overlays",
+            "--env-file",
+            str(pair.env_file),
+        ],
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     src = REPO / "mods" / "dsv4-flash-overlays"
-    want = sorted(str(p.relative_to(src)) for p in src.rglob("*.py")
-                  if "__pycache__" not in p.parts and not any(
-                      part.endswith(".egg-info") or part == "build" for part in p.parts))
+    want = sorted(
+        str(p.relative_to(src))
+        for p in src.rglob("*.py")
+        if "__pycache__" not in p.parts
+        and not any(part.endswith(".egg-info") or part == "build" for part in p.parts)
+    )
     for host in pair.hosts:
         dst = host.on_disk(lay.overlay_dir)
         got = sorted(str(p.relative_to(dst)) for p in dst.rglob("*.py"))

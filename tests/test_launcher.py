@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes.fakepair import FAKES, LAUNCHER, REPO, SECRET, Env, free_port, serve_endpoint
+
+from tests.fakes.fakepair import FAKES, LAUNCHER, SECRET, Env, free_port, serve_endpoint
 
 
 @pytest.fixture()
@@ -53,27 +54,37 @@ def test_plan_has_exact_lines_and_masks_secret(pair: Env) -> None:
     assert len(lines) == 2
     worker, head = lines  # rank 1 first: that is the start order
     for line, rank, role in ((worker, 1, "worker"), (head, 0, "head")):
-        for frag in (f"--name dsv4-pair-a-rank{rank}", "--label dsv4.pair=pair-a",
-                     f"--label dsv4.rank={rank}", f"--label dsv4.role={role}",
-                     "--network host --gpus all --ipc host",
-                     f"{pair.values['OVERLAY_DIR']}:/opt/dsv4-flash-overlays:ro",
-                     "-e PYTHONPATH=/opt/dsv4-flash-overlays",
-                     "-e VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=600",
-                     "-e HF_TOKEN ", f"--node-rank {rank}", "--master-addr 127.0.0.1",
-                     "--long-prefill-token-threshold 4096", "--max-num-seqs 24",
-                     f"--port {pair.values['PORT']}"):
+        for frag in (
+            f"--name dsv4-pair-a-rank{rank}",
+            "--label dsv4.pair=pair-a",
+            f"--label dsv4.rank={rank}",
+            f"--label dsv4.role={role}",
+            "--network host --gpus all --ipc host",
+            f"{pair.values['OVERLAY_DIR']}:/opt/dsv4-flash-overlays:ro",
+            "-e PYTHONPATH=/opt/dsv4-flash-overlays",
+            "-e VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=600",
+            "-e HF_TOKEN ",
+            f"--node-rank {rank}",
+            "--master-addr 127.0.0.1",
+            "--long-prefill-token-threshold 4096",
+            "--max-num-seqs 24",
+            f"--port {pair.values['PORT']}",
+        ):
             assert frag in line, (frag, line)
         assert line.endswith("--max-num-seqs 16"), "passthrough must come last (CLI wins)"
     assert "--headless" in worker and "--headless" not in head
     assert pair.calls() == [], "plan must not run docker"
 
 
-@pytest.mark.parametrize("line,needle", [
-    ("PORT=eighty", "PORT"),
-    ("SPARK2=", "SPARK2"),
-    ("this is not an assignment", "malformed line"),
-    ("MODEL_PATH=relative/path", "MODEL_PATH"),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ("PORT=eighty", "PORT"),
+        ("SPARK2=", "SPARK2"),
+        ("this is not an assignment", "malformed line"),
+        ("MODEL_PATH=relative/path", "MODEL_PATH"),
+    ],
+)
 def test_malformed_env_exits_2_and_touches_nothing(pair: Env, line: str, needle: str) -> None:
     text = pair.env_file.read_text()
     key = line.split("=")[0]
@@ -163,7 +174,9 @@ def test_up_starts_worker_then_head_and_is_idempotent(pair: Env) -> None:
     assert "healthy after" in p.stderr
     runs = pair.runs()
     assert [(r["host"], r["argv"][r["argv"].index("--name") + 1]) for r in runs] == [
-        ("h2", "dsv4-pair-a-rank1"), ("h1", "dsv4-pair-a-rank0")]
+        ("h2", "dsv4-pair-a-rank1"),
+        ("h1", "dsv4-pair-a-rank0"),
+    ]
     assert [r["argv"][2:] for r in pair.removes()] == [["dsv4-pair-a-rank0-id"]]
     assert any("WARN" in x and "without overlays" in x for x in p.stderr.splitlines())
     assert "/opt/dsv4-flash-overlays" not in " ".join(runs[0]["argv"])
@@ -172,8 +185,11 @@ def test_up_starts_worker_then_head_and_is_idempotent(pair: Env) -> None:
     # The secret reached both containers, through the environment only: no command line
     # (docker argv, ssh argv, remote command) ever carried it.
     for host in ("h1", "h2"):
-        (mine,) = [c for c in pair.load()["hosts"][host]["containers"]
-                   if c["Name"].startswith("dsv4-pair-a")]
+        (mine,) = [
+            c
+            for c in pair.load()["hosts"][host]["containers"]
+            if c["Name"].startswith("dsv4-pair-a")
+        ]
         assert mine["Env"]["HF_TOKEN"] == SECRET
     assert SECRET not in pair.log_path.read_text()
 
@@ -194,16 +210,25 @@ def test_down_touches_only_this_pair(pair: Env) -> None:
     pair.add_container("h2", "dsv4-pair-a-rank1", "pair-a", 1)
     pair.add_container("h1", "dsv4-pair-b-rank0", "pair-b", 0)
     pair.add_container("h2", "dsv4-pair-b-rank1", "pair-b", 1)
-    pair.state["hosts"]["h2"]["containers"].append({
-        "ID": "unlabelled-id", "Name": "someone-else", "State": "running", "ExitCode": 0,
-        "Labels": {}, "Logs": []})
+    pair.state["hosts"]["h2"]["containers"].append(
+        {
+            "ID": "unlabelled-id",
+            "Name": "someone-else",
+            "State": "running",
+            "ExitCode": 0,
+            "Labels": {},
+            "Logs": [],
+        }
+    )
     pair.save()
     p = pair.run("down")
     assert p.returncode == 0, p.stderr
     st = pair.load()
     assert {c["Name"] for c in st["hosts"]["h1"]["containers"]} == {"dsv4-pair-b-rank0"}
     assert {c["Name"] for c in st["hosts"]["h2"]["containers"]} == {
-        "dsv4-pair-b-rank1", "someone-else"}
+        "dsv4-pair-b-rank1",
+        "someone-else",
+    }
     removed = [a for r in pair.removes() for a in r["argv"][2:]]
     assert sorted(removed) == ["dsv4-pair-a-rank0-id", "dsv4-pair-a-rank1-id"]
     for c in pair.calls():
@@ -243,13 +268,24 @@ def test_generated_docker_lines_parse_with_real_docker_client(pair: Env) -> None
         pytest.skip("no docker client on PATH")
     for rank in (0, 1):
         out = subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "pairctl_cli.py"), "argv", "--rank",
-             str(rank), "--env-file", str(pair.env_file)],
-            capture_output=True, check=True).stdout.decode()
+            [
+                sys.executable,
+                "-m",
+                "pairctl",
+                "argv",
+                "--rank",
+                str(rank),
+                "--env-file",
+                str(pair.env_file),
+            ],
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
         argv = out.rstrip("\0").split("\0")
         env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
-        p = subprocess.run([docker, *argv], capture_output=True, text=True, env=env,
-                           timeout=30, check=False)
+        p = subprocess.run(
+            [docker, *argv], capture_output=True, text=True, env=env, timeout=30, check=False
+        )
         msg = p.stdout + p.stderr
         assert "unknown flag" not in msg and "invalid argument" not in msg, msg
         assert "Cannot connect to the Docker daemon" in msg or "docker.sock" in msg, msg
@@ -259,16 +295,12 @@ def test_shellcheck_clean() -> None:
     sc = shutil.which("shellcheck")
     if sc is None:
         pytest.skip("shellcheck not installed")
-    scripts = [LAUNCHER, *sorted((REPO / "scripts").glob("sync_overlays.sh")),
-               *sorted(FAKES.iterdir())]
-    p = subprocess.run([sc, "-x", *map(str, scripts)], capture_output=True, text=True,
-                       check=False)
+    scripts = [LAUNCHER, *sorted(FAKES.iterdir())]
+    p = subprocess.run([sc, "-x", *map(str, scripts)], capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stdout
 
 
 def test_failed_quality_gate_exits_6_and_leaves_endpoint(pair: Env) -> None:
-    if not (REPO / "bench" / "quality_ref_dspark.py").exists():
-        pytest.skip("bench/quality_ref_dspark.py not present yet")
     p = pair.run("up", "--gate", timeout=120)  # the fake endpoint cannot chat: gate fails
     assert p.returncode == 6, p.stdout + p.stderr
     assert "quality gate FAILED" in p.stderr

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from pairctl.config import VAR_NAMES, ConfigError, load_env_file, parse_env
 from pairctl.lifecycle import phase_of
 from pairctl.nodes import ssh_argv
@@ -34,10 +35,16 @@ from pairctl.probe import parse_probe
 from pairctl.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-ENV = {"PAIR_ID": "pair-a", "SPARK1": "10.0.0.1", "SPARK2": "10.0.0.2",
-       "MODEL_PATH": "/models/dsv4", "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
-       "GLOO_SOCKET_IFNAME": "enp1s0f1np1", "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
-       "HF_TOKEN": "hf_secret"}
+ENV = {
+    "PAIR_ID": "pair-a",
+    "SPARK1": "10.0.0.1",
+    "SPARK2": "10.0.0.2",
+    "MODEL_PATH": "/models/dsv4",
+    "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+    "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+    "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
+    "HF_TOKEN": "hf_secret",
+}
 
 # Recorded probe output of a healthy rank-1 node (format of pairctl.probe's script).
 PROBE = """
@@ -78,11 +85,21 @@ cccc  ./dsv4_flash_overlays/__init__.py
 
 
 def ev(**kw) -> dict:
-    base = {"reachable": True, "addrs": ["10.0.0.1"], "netdevs": ["lo", "enp1s0f1np1"],
-            "ibdevs": {}, "listen_ports": [], "docker_ps_rc": 0, "containers": [],
-            "image_id": "sha256:1", "model_dir": True,
-            "model_files": {"config.json": "aa", "tokenizer.json": "bb"},
-            "tilelang_ok": True, "overlay_dir": True, "overlay_files": {"a.py": "x"}}
+    base = {
+        "reachable": True,
+        "addrs": ["10.0.0.1"],
+        "netdevs": ["lo", "enp1s0f1np1"],
+        "ibdevs": {},
+        "listen_ports": [],
+        "docker_ps_rc": 0,
+        "containers": [],
+        "image_id": "sha256:1",
+        "model_dir": True,
+        "model_files": {"config.json": "aa", "tokenizer.json": "bb"},
+        "tilelang_ok": True,
+        "overlay_dir": True,
+        "overlay_files": {"a.py": "x"},
+    }
     base.update(kw)
     return base
 
@@ -116,12 +133,19 @@ def test_pair_examples_are_distinct_pairs() -> None:
     assert len(set(nodes)) == len(nodes), "pairs share nothing: no node in two pairs"
 
 
-@pytest.mark.parametrize("key,val,msg", [
-    ("PAIR_ID", "Pair A", "PAIR_ID"), ("SPARK1", "10.0.0.1;rm", "SPARK1"),
-    ("MASTER_PORT", "0", "MASTER_PORT"), ("PORT", "8000x", "PORT"),
-    ("MODEL_PATH", "models", "MODEL_PATH"), ("NCCL_SOCKET_IFNAME", "a b", "NCCL_SOCKET_IFNAME"),
-    ("NCCL_IB_HCA", "mlx5_0:x", "NCCL_IB_HCA"), ("SSH_USER", "bob smith", "SSH_USER"),
-])
+@pytest.mark.parametrize(
+    "key,val,msg",
+    [
+        ("PAIR_ID", "Pair A", "PAIR_ID"),
+        ("SPARK1", "10.0.0.1;rm", "SPARK1"),
+        ("MASTER_PORT", "0", "MASTER_PORT"),
+        ("PORT", "8000x", "PORT"),
+        ("MODEL_PATH", "models", "MODEL_PATH"),
+        ("NCCL_SOCKET_IFNAME", "a b", "NCCL_SOCKET_IFNAME"),
+        ("NCCL_IB_HCA", "mlx5_0:x", "NCCL_IB_HCA"),
+        ("SSH_USER", "bob smith", "SSH_USER"),
+    ],
+)
 def test_malformed_values_named(key: str, val: str, msg: str) -> None:
     with pytest.raises(ConfigError, match=msg):
         parse_env(dict(ENV, **{key: val}))
@@ -129,15 +153,17 @@ def test_malformed_values_named(key: str, val: str, msg: str) -> None:
 
 def test_secret_never_in_error(tmp_path: Path) -> None:
     f = tmp_path / "e.env"
-    f.write_text("".join(f"{k}={v}\n" for k, v in ENV.items() if k != "HF_TOKEN")
-                 + "HF_TOKEN hf_zz9tok\n")
+    f.write_text(
+        "".join(f"{k}={v}\n" for k, v in ENV.items() if k != "HF_TOKEN") + "HF_TOKEN hf_zz9tok\n"
+    )
     with pytest.raises(ConfigError) as exc:
         load_env_file(f)
     assert "hf_zz9tok" not in str(exc.value) and ":8:" in str(exc.value)
 
 
-@pytest.mark.parametrize("line", ["SPARK3 10.0.0.3", "this line is not KEY=VALUE",
-                                  'IMAGE="unterminated'])
+@pytest.mark.parametrize(
+    "line", ["SPARK3 10.0.0.3", "this line is not KEY=VALUE", 'IMAGE="unterminated']
+)
 def test_unparsable_line_is_an_error_not_a_warning(tmp_path: Path, line: str) -> None:
     f = tmp_path / "e.env"
     f.write_text("".join(f"{k}={v}\n" for k, v in ENV.items()) + line + "\n")
@@ -147,9 +173,11 @@ def test_unparsable_line_is_an_error_not_a_warning(tmp_path: Path, line: str) ->
 
 def test_defaults_and_dotenv_semantics(tmp_path: Path) -> None:
     f = tmp_path / "e.env"
-    f.write_text("# c\nexport PAIR_ID=pair-a\nSPARK1='10.0.0.1'\nSPARK2=\"10.0.0.2\"\n"
-                 "MODEL_PATH=/m # comment\nNCCL_SOCKET_IFNAME=eth0\nGLOO_SOCKET_IFNAME=eth0\n"
-                 "TYPO_VAR=1\n")
+    f.write_text(
+        "# c\nexport PAIR_ID=pair-a\nSPARK1='10.0.0.1'\nSPARK2=\"10.0.0.2\"\n"
+        "MODEL_PATH=/m # comment\nNCCL_SOCKET_IFNAME=eth0\nGLOO_SOCKET_IFNAME=eth0\n"
+        "TYPO_VAR=1\n"
+    )
     cfg = load_env_file(f)
     assert cfg.SPARK1 == "10.0.0.1" and cfg.MODEL_PATH == "/m"
     assert cfg.master_addr == "10.0.0.1" and cfg.PORT == ""  # empty = recipe's port
@@ -160,16 +188,28 @@ def test_defaults_and_dotenv_semantics(tmp_path: Path) -> None:
 def test_ssh_files_relative_to_env_file(tmp_path: Path) -> None:
     f = tmp_path / "sub" / "e.env"
     f.parent.mkdir()
-    f.write_text("".join(f"{k}={v}\n" for k, v in ENV.items())
-                 + "SSH_IDENTITY_FILE=keys/id\nSSH_KNOWN_HOSTS_FILE=/abs/kh\n")
+    f.write_text(
+        "".join(f"{k}={v}\n" for k, v in ENV.items())
+        + "SSH_IDENTITY_FILE=keys/id\nSSH_KNOWN_HOSTS_FILE=/abs/kh\n"
+    )
     cfg = load_env_file(f)
     assert cfg.SSH_IDENTITY_FILE == str(tmp_path / "sub" / "keys" / "id")
     assert cfg.SSH_KNOWN_HOSTS_FILE == "/abs/kh"
 
 
 def test_ssh_always_checks_host_keys() -> None:
-    argv = ssh_argv(parse_env(dict(ENV, SSH_USER="bird", SSH_PORT="2222",
-                                   SSH_IDENTITY_FILE="/k", SSH_KNOWN_HOSTS_FILE="/kh")), "true")
+    argv = ssh_argv(
+        parse_env(
+            dict(
+                ENV,
+                SSH_USER="bird",
+                SSH_PORT="2222",
+                SSH_IDENTITY_FILE="/k",
+                SSH_KNOWN_HOSTS_FILE="/kh",
+            )
+        ),
+        "true",
+    )
     s = " ".join(argv)
     assert "BatchMode=yes" in s and "StrictHostKeyChecking=yes" in s
     assert "StrictHostKeyChecking=no" not in s and "UserKnownHostsFile=/dev/null" not in s
@@ -187,8 +227,10 @@ def test_mask_argv() -> None:
 def test_phase_from_logs() -> None:
     assert phase_of("") == "starting"
     assert phase_of("SPARK-TWIN SIMULATOR\nLoading weights 1/43\n") == "loading weights"
-    assert phase_of("Loading weights\nCompiling graph\nCapturing CUDA graphs 3/35") == \
-        "capturing CUDA graphs"
+    assert (
+        phase_of("Loading weights\nCompiling graph\nCapturing CUDA graphs 3/35")
+        == "capturing CUDA graphs"
+    )
     assert phase_of("Waiting for rank 1 to join at 10.0.0.1:29501") == "waiting for rank 1"
 
 
@@ -222,8 +264,7 @@ def test_check_self_and_distinct() -> None:
 
 
 def test_check_foreign_pair_names_it() -> None:
-    other = {"name": "dsv4-pair-b-rank1", "state": "running",
-             "labels": {"dsv4.pair": "pair-b"}}
+    other = {"name": "dsv4-pair-b-rank1", "state": "running", "labels": {"dsv4.pair": "pair-b"}}
     mine = {"name": "dsv4-pair-a-rank1", "state": "running", "labels": {"dsv4.pair": "pair-a"}}
     c = check_foreign("pair-a", ev(), ev(containers=[other, mine]))
     assert c.status == FAIL and "pair-b" in c.detail and "rank 1" in c.detail
@@ -245,8 +286,12 @@ def test_check_image_and_model() -> None:
 def test_check_ports() -> None:
     assert check_port("PF-PORT-FREE", 8000, "pair-a", ev()).status == PASS
     assert check_port("PF-PORT-FREE", 8000, "pair-a", ev(listen_ports=[8000])).status == FAIL
-    own = ev(listen_ports=[8000], containers=[
-        {"name": "dsv4-pair-a-rank0", "state": "running", "labels": {"dsv4.pair": "pair-a"}}])
+    own = ev(
+        listen_ports=[8000],
+        containers=[
+            {"name": "dsv4-pair-a-rank0", "state": "running", "labels": {"dsv4.pair": "pair-a"}}
+        ],
+    )
     assert check_port("PF-PORT-FREE", 8000, "pair-a", own).status == WARN
     assert check_port("PF-PORT-FREE", 8000, "pair-b", own).status == FAIL
 
@@ -297,9 +342,10 @@ def test_check_overlays_warn_only() -> None:
 def test_decide_skips_rank1_checks_when_unreachable() -> None:
     cfg = parse_env(ENV)
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    evidence = {"resolved": {"SPARK1": "10.0.0.1", "SPARK2": "10.0.0.2",
-                             "MASTER_ADDR": "10.0.0.1"},
-                "nodes": {"0": ev(), "1": {"reachable": False, "rc": 255, "stderr": "x"}}}
+    evidence = {
+        "resolved": {"SPARK1": "10.0.0.1", "SPARK2": "10.0.0.2", "MASTER_ADDR": "10.0.0.1"},
+        "nodes": {"0": ev(), "1": {"reachable": False, "rc": 255, "stderr": "x"}},
+    }
     checks = decide(cfg, recipe, [], evidence, {"a.py": "x"})
     by = {c.id: c.status for c in checks}
     assert set(by) == set(CATALOGUE)

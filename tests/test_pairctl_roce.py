@@ -13,9 +13,12 @@ LL = "fe80:0000:0000:0000:0ac4:7aff:fe11:2233"
 
 def table(dev: str, v2_index: int, port: int = 1) -> list[dict]:
     """A Spark-like GID table: link-local v1/v2 at 0/1, IPv4 v1 at v2_index-1, v2 at v2_index."""
-    lines = [f"{dev} {port} 0 {LL} IB/RoCE v1", f"{dev} {port} 1 {LL} RoCE v2",
-             f"{dev} {port} {v2_index - 1} {V4} IB/RoCE v1",
-             f"{dev} {port} {v2_index} {V4} RoCE v2"]
+    lines = [
+        f"{dev} {port} 0 {LL} IB/RoCE v1",
+        f"{dev} {port} 1 {LL} RoCE v2",
+        f"{dev} {port} {v2_index - 1} {V4} IB/RoCE v1",
+        f"{dev} {port} {v2_index} {V4} RoCE v2",
+    ]
     return parse_gids(lines)
 
 
@@ -23,8 +26,10 @@ HCA = "rocep1s0f1,roceP2p1s0f1"
 
 
 def both(idx0: int, idx1: int) -> dict[int, list[dict]]:
-    return {0: table("rocep1s0f1", idx0) + table("roceP2p1s0f1", idx0),
-            1: table("rocep1s0f1", idx1) + table("roceP2p1s0f1", idx1)}
+    return {
+        0: table("rocep1s0f1", idx0) + table("roceP2p1s0f1", idx0),
+        1: table("rocep1s0f1", idx1) + table("roceP2p1s0f1", idx1),
+    }
 
 
 def test_auto_index_same_everywhere_passes_and_names_it() -> None:

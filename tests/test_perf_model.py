@@ -1,4 +1,4 @@
-"""Tests of scripts/perf_model.py: the seed's figures, the expert-paging maths, edge cases.
+"""Tests of perfmodel/cli.py: the seed's figures, the expert-paging maths, edge cases.
 
 Expected values come from the seed README's figures and from reasoning done here (the
 hypergeometric miss probability, the 1 + q^6 identity), never from the model's own output.
@@ -12,9 +12,10 @@ import subprocess
 import sys
 from dataclasses import replace
 
-import perf_model
 import pytest
+
 from perfmodel import budget as B
+from perfmodel import cli as perf_model
 from perfmodel import paging as P
 
 SEED_STEP_MS = 67.0
@@ -28,6 +29,7 @@ def rel(a: float, b: float) -> float:
 
 # --- the seed's figures, within 10% -------------------------------------------------------
 
+
 def test_step_time_and_rate_match_seed() -> None:
     inp = B.Inputs()
     assert rel(B.step_ms(inp), SEED_STEP_MS) < 0.10
@@ -35,8 +37,14 @@ def test_step_time_and_rate_match_seed() -> None:
 
 
 def test_budget_components_match_seed_breakdown() -> None:
-    seed = {"moe_experts": 30, "dense_fp8_gemms": 10.5, "weight_only_gemms": 7,
-            "draft_verify_heads": 4, "nccl": 4.5, "misc": 6}
+    seed = {
+        "moe_experts": 30,
+        "dense_fp8_gemms": 10.5,
+        "weight_only_gemms": 7,
+        "draft_verify_heads": 4,
+        "nccl": 4.5,
+        "misc": 6,
+    }
     got = {c.name: c.ms for c in B.components(B.Inputs())}
     for name, ms in seed.items():
         assert rel(got[name], ms) < 0.10, name
@@ -56,8 +64,7 @@ def test_seed_band_maps_to_plausible_alphas() -> None:
     assert 0.6 < lo < hi < 0.95
     # tok/s = steps/s x (accepted + 1), checked by hand at the low end.
     acc = B.Acceptance.geometric(lo, 5)
-    assert B.steps_per_s(inp) * (1 + sum(lo**k for k in range(1, 6))) == pytest.approx(
-        45, rel=1e-6)
+    assert B.steps_per_s(inp) * (1 + sum(lo**k for k in range(1, 6))) == pytest.approx(45, rel=1e-6)
     assert acc.mean_accept_len() == pytest.approx(1 + sum(lo**k for k in range(1, 6)))
 
 
@@ -92,6 +99,7 @@ def test_aggregate_ceiling_anchor_and_shape() -> None:
 
 
 # --- expert paging: closed form vs hypergeometric vs Monte-Carlo ------------------------
+
 
 def test_exact_miss_probability_is_hypergeometric() -> None:
     assert math.comb(255, 6) / math.comb(256, 6) == pytest.approx(P.exact_base())
@@ -154,6 +162,7 @@ def test_seed_moe_time_implies_routing_locality() -> None:
 
 # --- bandwidth, draft head, acceptance edge cases -----------------------------------------
 
+
 def test_bandwidth_scaling() -> None:
     slow, fast = B.Inputs(), B.Inputs(hw=B.Hardware(bw_gbs=470.0))
     cs = {c.name: c.ms for c in B.components(slow)}
@@ -198,6 +207,7 @@ def test_more_drafts_page_more_experts() -> None:
 
 # --- the CLI ------------------------------------------------------------------------------
 
+
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     rc = perf_model.main(list(args))
     return rc, capsys.readouterr().out
@@ -207,22 +217,45 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out = run_cli(capsys, "--json", "--mc-trials", "200", "--m", "1,6,12")
     assert rc == 0
     doc = json.loads(out)
-    for key in ("schema_version", "inputs", "budget", "step_ms", "steps_per_s", "acceptance",
-                "tok_s", "tok_s_band", "expert_paging", "tree", "aggregate", "seed_checks"):
+    for key in (
+        "schema_version",
+        "inputs",
+        "budget",
+        "step_ms",
+        "steps_per_s",
+        "acceptance",
+        "tok_s",
+        "tok_s_band",
+        "expert_paging",
+        "tree",
+        "aggregate",
+        "seed_checks",
+    ):
         assert key in doc, key
     assert doc["schema_version"] == 1
     assert {c["source"] for c in doc["budget"]} <= {"derived", "calibrated", "residual"}
     assert sum(c["ms"] for c in doc["budget"]) == pytest.approx(doc["step_ms"], abs=0.01)
     assert [r["m"] for r in doc["expert_paging"]] == [1, 6, 12]
-    assert doc["tok_s"] == pytest.approx(doc["steps_per_s"] * doc["acceptance"]["mean_accept_len"],
-                                         rel=1e-3)
+    assert doc["tok_s"] == pytest.approx(
+        doc["steps_per_s"] * doc["acceptance"]["mean_accept_len"], rel=1e-3
+    )
     assert doc["aggregate"]["rows"][-1]["num_seqs"] == 24
 
 
 def test_cli_flags_change_the_numbers(capsys: pytest.CaptureFixture[str]) -> None:
     _, a = run_cli(capsys, "--json", "--mc-trials", "0")
-    _, b = run_cli(capsys, "--json", "--mc-trials", "0", "--bw-gbs", "273",
-                   "--accept", "0.9,0.8,0.7,0.6,0.5", "--max-num-seqs", "8")
+    _, b = run_cli(
+        capsys,
+        "--json",
+        "--mc-trials",
+        "0",
+        "--bw-gbs",
+        "273",
+        "--accept",
+        "0.9,0.8,0.7,0.6,0.5",
+        "--max-num-seqs",
+        "8",
+    )
     da, db = json.loads(a), json.loads(b)
     assert db["steps_per_s"] > da["steps_per_s"]
     by_hand = math.fsum(math.prod((0.9, 0.8, 0.7, 0.6, 0.5)[:k]) for k in range(1, 6))
@@ -238,11 +271,10 @@ def test_cli_rejects_bad_acceptance(capsys: pytest.CaptureFixture[str]) -> None:
     assert perf_model.main(["--accept-kind", "rate", "--accept", "0.5,0.6,0.4,0.3,0.2"]) == 2
 
 
-def test_help_and_table_run_as_script(repo_root) -> None:
-    script = str(repo_root / "scripts" / "perf_model.py")
-    h = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+def test_help_and_table_run_as_module() -> None:
+    cmd = [sys.executable, "-m", "perfmodel"]
+    h = subprocess.run([*cmd, "--help"], capture_output=True, text=True)
     assert h.returncode == 0 and "--max-num-seqs" in h.stdout
-    t = subprocess.run([sys.executable, script, "--mc-trials", "100"], capture_output=True,
-                       text=True)
+    t = subprocess.run([*cmd, "--mc-trials", "100"], capture_output=True, text=True)
     assert t.returncode == 0, t.stderr
     assert "verify steps/s" in t.stdout and "Monte-Carlo" in t.stdout

@@ -82,11 +82,17 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
         "HF_HUB_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "INFO",
     }
-    proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
-                          text=True, timeout=300, cwd="/")
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line[len("RESULT "):])
+    out = json.loads(line[len("RESULT ") :])
     # Found through the static dist-info on PYTHONPATH, once (no duplicate entry point).
     assert Path(out["dist_path"]) == DIST_INFO
     assert out["ours"] == ["dsv4_flash_overlays:register"]
@@ -131,8 +137,7 @@ def test_flag_off_changes_nothing(fresh_register) -> None:
 
     before = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
     fresh_register.register()
-    assert fresh_register.applied() == {"incremental-encode-cache": False,
-                                        "fp8-draft-head": False}
+    assert fresh_register.applied() == {"incremental-encode-cache": False, "fp8-draft-head": False}
     after = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
     assert all(a is b for a, b in zip(before, after, strict=True))
 
@@ -194,10 +199,15 @@ def test_flag_registry_and_catalogue() -> None:
     assert flags.flag_enabled("X", {"X": "1"})
     assert not flags.flag_enabled("X", {"X": "true"})
     assert not flags.flag_enabled("X", {"X": "1", flags.KILL_SWITCH: "1"})
-    env = {"VLLM_INCREMENTAL_ENCODE_CACHE": "yes", "VLLM_INCREMENTAL_ENCODE_CACHE_MB": "64",
-           "VLLM_INCREMENTAL_ENCODE_VERIFY_RATE": "2"}
-    assert flags.invalid_flags(env) == ["VLLM_INCREMENTAL_ENCODE_CACHE",
-                                        "VLLM_INCREMENTAL_ENCODE_VERIFY_RATE"]
+    env = {
+        "VLLM_INCREMENTAL_ENCODE_CACHE": "yes",
+        "VLLM_INCREMENTAL_ENCODE_CACHE_MB": "64",
+        "VLLM_INCREMENTAL_ENCODE_VERIFY_RATE": "2",
+    }
+    assert flags.invalid_flags(env) == [
+        "VLLM_INCREMENTAL_ENCODE_CACHE",
+        "VLLM_INCREMENTAL_ENCODE_VERIFY_RATE",
+    ]
 
 
 def test_static_dist_info_matches_pyproject() -> None:
@@ -218,6 +228,7 @@ def test_static_dist_info_matches_pyproject() -> None:
 def test_no_duplicate_entry_point_with_an_editable_install_too() -> None:
     import importlib.metadata as md
 
-    ours = [e for e in md.entry_points(group="vllm.general_plugins")
-            if e.name == "dsv4_flash_overlays"]
+    ours = [
+        e for e in md.entry_points(group="vllm.general_plugins") if e.name == "dsv4_flash_overlays"
+    ]
     assert len(ours) == 1

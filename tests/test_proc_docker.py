@@ -1,4 +1,4 @@
-"""The rehearsal's process runtime (`scripts/rehearsal/bin/docker`), tested directly.
+"""The rehearsal's process runtime (`sim/rehearsal/bin/docker`), tested directly.
 
 It stands in for Docker under the launcher, so it must fail where docker fails (unknown
 flags, missing image, name conflicts) and report real process state (a crash shows as
@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from rehearsal.docker_cli import (
+
+from sim.rehearsal.docker_cli import (
     INSPECT_SPEC,
     LOGS_SPEC,
     PS_SPEC,
@@ -27,10 +28,10 @@ from rehearsal.docker_cli import (
     parse_size,
     parse_ulimit,
 )
-from rehearsal.hosts import remove_created_paths
+from sim.rehearsal.hosts import remove_created_paths
 
 REPO = Path(__file__).resolve().parents[1]
-DOCKER = REPO / "scripts" / "rehearsal" / "bin" / "docker"
+DOCKER = REPO / "sim" / "rehearsal" / "bin" / "docker"
 
 pytestmark = pytest.mark.needs_root  # unshare --mount/--pid and bind mounts
 
@@ -42,8 +43,7 @@ def state(tmp_path: Path) -> Path:
     yield st
     # Kill whatever a failing test left running, remove mount points the runtime made.
     for cdir in (st / "containers").glob("*"):
-        subprocess.run([str(DOCKER), "rm", "-f", cdir.name], env=_env(st),
-                       capture_output=True)
+        subprocess.run([str(DOCKER), "rm", "-f", cdir.name], env=_env(st), capture_output=True)
     remove_created_paths(st)
 
 
@@ -52,8 +52,9 @@ def _env(st: Path, **extra: str) -> dict[str, str]:
 
 
 def docker(st: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(DOCKER), *args], env=_env(st, **extra), capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [str(DOCKER), *args], env=_env(st, **extra), capture_output=True, text=True, timeout=60
+    )
 
 
 def run_d(st: Path, *args: str, **extra: str) -> str:
@@ -71,9 +72,9 @@ def wait_state(st: Path, name: str, want: str, timeout: float = 10) -> dict:
         time.sleep(0.05)
 
 
-def test_run_records_labels_env_mounts_and_ps_json(state: Path, tmp_path: Path,
-                                                   tmp_path_factory: pytest.TempPathFactory
-                                                   ) -> None:
+def test_run_records_labels_env_mounts_and_ps_json(
+    state: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     docker(state, "load-fake", "img:1", "abc123")
     src = tmp_path / "src"
     src.mkdir()
@@ -81,11 +82,33 @@ def test_run_records_labels_env_mounts_and_ps_json(state: Path, tmp_path: Path,
     # The mount point's nearest existing ancestor holds no other mounts (unlike tmp_path,
     # which holds the state dir): the runtime overlays it privately.
     far = tmp_path_factory.mktemp("far")
-    cid = run_d(state, "--name", "dsv4-p-rank0", "--label", "dsv4.pair=p",
-                "--label", "dsv4.rank=0", "--gpus", "all", "--ipc", "host", "--shm-size", "1g",
-                "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-                "-v", f"{src}:{far}/new/mnt:ro", "-e", "A=1", "img:1", "sh", "-c",
-                f"cat {far}/new/mnt/marker; echo; sleep 30")
+    cid = run_d(
+        state,
+        "--name",
+        "dsv4-p-rank0",
+        "--label",
+        "dsv4.pair=p",
+        "--label",
+        "dsv4.rank=0",
+        "--gpus",
+        "all",
+        "--ipc",
+        "host",
+        "--shm-size",
+        "1g",
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+        "-v",
+        f"{src}:{far}/new/mnt:ro",
+        "-e",
+        "A=1",
+        "img:1",
+        "sh",
+        "-c",
+        f"cat {far}/new/mnt/marker; echo; sleep 30",
+    )
     assert len(cid) == 64
     deadline = time.monotonic() + 10
     while not docker(state, "logs", cid).stdout and time.monotonic() < deadline:
@@ -95,15 +118,36 @@ def test_run_records_labels_env_mounts_and_ps_json(state: Path, tmp_path: Path,
     assert docker(state, "logs", cid).stdout.startswith("seen inside")
     assert not (far / "new").exists()
     assert not (state / "created-paths.txt").exists()
-    rows = [json.loads(line) for line in docker(
-        state, "ps", "-a", "--no-trunc", "--filter", "label=dsv4.pair=p",
-        "--format", "{{json .}}").stdout.splitlines()]
+    rows = [
+        json.loads(line)
+        for line in docker(
+            state,
+            "ps",
+            "-a",
+            "--no-trunc",
+            "--filter",
+            "label=dsv4.pair=p",
+            "--format",
+            "{{json .}}",
+        ).stdout.splitlines()
+    ]
     assert [r["ID"] for r in rows] == [cid]
     assert rows[0]["Names"] == "dsv4-p-rank0" and rows[0]["State"] == "running"
     assert set(rows[0]["Labels"].split(",")) == {"dsv4.pair=p", "dsv4.rank=0"}
     # AND semantics of label filters: a second, non-matching label filter hides it.
-    assert docker(state, "ps", "-a", "--filter", "label=dsv4.pair=p",
-                  "--filter", "label=dsv4.rank=1", "-q").stdout == ""
+    assert (
+        docker(
+            state,
+            "ps",
+            "-a",
+            "--filter",
+            "label=dsv4.pair=p",
+            "--filter",
+            "label=dsv4.rank=1",
+            "-q",
+        ).stdout
+        == ""
+    )
     info = json.loads(docker(state, "inspect", "dsv4-p-rank0").stdout)[0]
     assert info["State"]["Running"] is True and info["State"]["Pid"] > 0
     assert info["Config"]["Labels"] == {"dsv4.pair": "p", "dsv4.rank": "0"}
@@ -111,16 +155,18 @@ def test_run_records_labels_env_mounts_and_ps_json(state: Path, tmp_path: Path,
     assert info["HostConfig"]["Ulimits"][0] == {"Name": "memlock", "Soft": -1, "Hard": -1}
     assert info["HostConfig"]["ShmSize"] == 1 << 30
     assert info["Mounts"][0]["RW"] is False
-    assert docker(state, "image", "inspect", "--format", "{{.Id}}", "img:1").stdout.strip() \
+    assert (
+        docker(state, "image", "inspect", "--format", "{{.Id}}", "img:1").stdout.strip()
         == "sha256:abc123"
-    assert docker(state, "inspect", "--format", "{{.State.Running}}", cid).stdout.strip() \
-        == "true"
+    )
+    assert docker(state, "inspect", "--format", "{{.State.Running}}", cid).stdout.strip() == "true"
     assert docker(state, "rm", "-f", cid).returncode == 0
     assert docker(state, "ps", "-a", "-q").stdout == ""
 
 
-def test_mount_point_under_root_is_created_recorded_and_removable(state: Path,
-                                                                  tmp_path: Path) -> None:
+def test_mount_point_under_root_is_created_recorded_and_removable(
+    state: Path, tmp_path: Path
+) -> None:
     # `/` cannot get a private overlay: the mount point is made for real, and recorded so
     # the harness removes it (only if empty).
     docker(state, "load-fake", "img", "1")
@@ -161,9 +207,20 @@ def test_mounts_are_real_and_read_only_where_asked(state: Path, tmp_path: Path) 
     ro.mkdir()
     rw.mkdir()
     (ro / "f").write_text("payload")
-    run_d(state, "--name", "m", "-v", f"{ro}:{tmp_path}/in-ro:ro", "-v", f"{rw}:{tmp_path}/in-rw",
-          "img", "sh", "-c", f"cat {tmp_path}/in-ro/f; touch {tmp_path}/in-ro/x || echo RO; "
-          f"echo written > {tmp_path}/in-rw/out")
+    run_d(
+        state,
+        "--name",
+        "m",
+        "-v",
+        f"{ro}:{tmp_path}/in-ro:ro",
+        "-v",
+        f"{rw}:{tmp_path}/in-rw",
+        "img",
+        "sh",
+        "-c",
+        f"cat {tmp_path}/in-ro/f; touch {tmp_path}/in-ro/x || echo RO; "
+        f"echo written > {tmp_path}/in-rw/out",
+    )
     wait_state(state, "m", "exited")
     out = docker(state, "logs", "m").stdout
     assert "payload" in out and "RO" in out
@@ -177,14 +234,24 @@ def test_rm_force_kills_the_whole_container(state: Path) -> None:
     # still takes it down with the container.
     # Durations unique to this run, so a concurrent run's sleepers are not counted.
     a, b = 700000 + os.getpid() % 100000, 800000 + os.getpid() % 100000
-    run_d(state, "--name", "tree", "img", "sh", "-c",
-          f"setsid sleep {a} & sleep {b} & echo started; wait")
+    run_d(
+        state,
+        "--name",
+        "tree",
+        "img",
+        "sh",
+        "-c",
+        f"setsid sleep {a} & sleep {b} & echo started; wait",
+    )
     info = wait_state(state, "tree", "running")
     wanted = (f"sleep\x00{a}".encode(), f"sleep\x00{b}".encode())
     deadline = time.monotonic() + 10
     while True:
-        marks = [p for p in Path("/proc").iterdir()
-                 if p.name.isdigit() and any(w in _cmdline(p) for w in wanted)]
+        marks = [
+            p
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit() and any(w in _cmdline(p) for w in wanted)
+        ]
         if len(marks) == 2 or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -193,8 +260,9 @@ def test_rm_force_kills_the_whole_container(state: Path) -> None:
     assert refused.returncode == 1 and "cannot remove a running container" in refused.stderr
     assert docker(state, "rm", "-f", "tree").returncode == 0
     assert all(not p.exists() or not _cmdline(p) for p in marks)
-    assert not Path(f"/proc/{info['State']['Pid']}/cmdline").exists() \
-        or not _cmdline(Path(f"/proc/{info['State']['Pid']}"))
+    assert not Path(f"/proc/{info['State']['Pid']}/cmdline").exists() or not _cmdline(
+        Path(f"/proc/{info['State']['Pid']}")
+    )
     assert docker(state, "ps", "-a", "-q").stdout == ""
 
 
@@ -205,18 +273,23 @@ def _cmdline(p: Path) -> bytes:
         return b""
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["run", "-d", "--network", "host", "--bogus", "img", "x"], "unknown flag: --bogus"),
-    (["run", "-d", "--network", "host", "--rm", "img", "x"], "outside the subset"),
-    (["run", "-d", "-Z", "img", "x"], "unknown shorthand flag: 'Z' in -Z"),
-    (["run", "-d", "--network", "host", "nope:1", "x"], "Unable to find image 'nope:1'"),
-    (["run", "-d", "--network", "host", "--shm-size", "lots", "img", "x"], "invalid size"),
-    (["run", "-d", "--network", "host", "--ulimit", "bogus=1", "img", "x"],
-     "invalid ulimit type"),
-    (["run", "-d", "--network", "bridge", "img", "x"], "--network host"),
-    (["run", "-d", "--network", "host", "img", "no-such-exe"], "executable file not found"),
-    (["ps", "--bogus"], "unknown flag: --bogus"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "-d", "--network", "host", "--bogus", "img", "x"], "unknown flag: --bogus"),
+        (["run", "-d", "--network", "host", "--rm", "img", "x"], "outside the subset"),
+        (["run", "-d", "-Z", "img", "x"], "unknown shorthand flag: 'Z' in -Z"),
+        (["run", "-d", "--network", "host", "nope:1", "x"], "Unable to find image 'nope:1'"),
+        (["run", "-d", "--network", "host", "--shm-size", "lots", "img", "x"], "invalid size"),
+        (
+            ["run", "-d", "--network", "host", "--ulimit", "bogus=1", "img", "x"],
+            "invalid ulimit type",
+        ),
+        (["run", "-d", "--network", "bridge", "img", "x"], "--network host"),
+        (["run", "-d", "--network", "host", "img", "no-such-exe"], "executable file not found"),
+        (["ps", "--bogus"], "unknown flag: --bogus"),
+    ],
+)
 def test_bad_invocations_fail_like_docker(state: Path, args: list[str], needle: str) -> None:
     docker(state, "load-fake", "img", "1")
     res = docker(state, *args)
@@ -239,13 +312,25 @@ def test_name_conflict_and_missing_container(state: Path) -> None:
 def test_env_by_name_passes_callers_value_and_injected_env(state: Path) -> None:
     docker(state, "load-fake", "img", "1", "--env", "FROM_IMAGE=yes")
     (state / "inject.env").write_text("# test fault\nTWIN_FAULT=crash:loading\n")
-    run_d(state, "--name", "e", "-e", "SECRET_TOKEN", "-e", "UNSET_ONE", "img",
-          "sh", "-c", "env", SECRET_TOKEN="s3cret")
+    run_d(
+        state,
+        "--name",
+        "e",
+        "-e",
+        "SECRET_TOKEN",
+        "-e",
+        "UNSET_ONE",
+        "img",
+        "sh",
+        "-c",
+        "env",
+        SECRET_TOKEN="s3cret",
+    )
     wait_state(state, "e", "exited")
     env = docker(state, "logs", "e").stdout.splitlines()
     assert "SECRET_TOKEN=s3cret" in env and not any(e.startswith("UNSET_ONE") for e in env)
     assert "FROM_IMAGE=yes" in env and "TWIN_FAULT=crash:loading" in env
-    assert any(e.startswith("PATH=") and "scripts/rehearsal/bin" in e for e in env)
+    assert any(e.startswith("PATH=") and "sim/rehearsal/bin" in e for e in env)
 
 
 def test_logs_follow_ends_when_container_exits(state: Path) -> None:
@@ -273,18 +358,27 @@ def _real_verdict(argv: list[str]) -> bool:
     """True if the real docker CLI accepted the flags (then failed to reach a daemon)."""
     real = _real_docker()
     assert real
-    res = subprocess.run([real, *argv], capture_output=True, text=True, timeout=30,
-                         env={**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    res = subprocess.run(
+        [real, *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"},
+    )
     return "Cannot connect to the Docker daemon" in res.stderr
 
 
 def _our_verdict(argv: list[str]) -> bool:
     """True if our runtime's parser accepts the same flags (no state, no processes)."""
-    specs = {"run": RUN_SPEC, "ps": PS_SPEC, "logs": LOGS_SPEC, "rm": RM_SPEC,
-             "inspect": INSPECT_SPEC}
+    specs = {
+        "run": RUN_SPEC,
+        "ps": PS_SPEC,
+        "logs": LOGS_SPEC,
+        "rm": RM_SPEC,
+        "inspect": INSPECT_SPEC,
+    }
     try:
-        opts, _ = parse_flags(argv[1:], specs[argv[0]], argv[0],
-                              interspersed=argv[0] != "run")
+        opts, _ = parse_flags(argv[1:], specs[argv[0]], argv[0], interspersed=argv[0] != "run")
         if argv[0] == "run":
             if opts["shm_size"]:
                 parse_size(opts["shm_size"])

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-import quality_ref_dspark as q
-from mock_openai import MockConfig, MockServer
+
+from bench import quality_ref_dspark as q
+from tests.fakes.mock_openai import MockConfig, MockServer
 
 REF = json.loads((Path(q.__file__).parent / "quality_ref_dspark.json").read_text())
 RIGHT = {p["prompt"]: p["answer"] for p in REF["prompts"]}

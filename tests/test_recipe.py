@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from pairctl.config import ConfigError, parse_env
 from pairctl.plan import build_rank
 from pairctl.recipe import load_recipe, parse_recipe, serve_argv
@@ -19,9 +20,15 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 MAIN = REPO / "recipes" / "dsv4-flash-dspark.yaml"
 
-ENV = {"PAIR_ID": "pair-a", "SPARK1": "10.0.0.1", "SPARK2": "10.0.0.2",
-       "MODEL_PATH": "/models/dsv4", "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
-       "GLOO_SOCKET_IFNAME": "enp1s0f1np1", "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1"}
+ENV = {
+    "PAIR_ID": "pair-a",
+    "SPARK1": "10.0.0.1",
+    "SPARK2": "10.0.0.2",
+    "MODEL_PATH": "/models/dsv4",
+    "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+    "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+    "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
+}
 
 
 def _raw() -> dict:
@@ -48,30 +55,35 @@ def test_seed_tuned_values_present() -> None:
 
 def test_each_tuned_value_is_commented_with_what_it_bought() -> None:
     text = MAIN.read_text()
-    for key, evidence in (("long-prefill-token-threshold", "+53%"),
-                          ("max-num-seqs", "108 -> 131"),
-                          ("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "300 s"),
-                          ("VLLM_INCREMENTAL_ENCODE_CACHE", "0.92 s -> 0.47 s"),
-                          ("VLLM_DSPARK_FP8_DRAFT_HEAD", "+3-5%"),
-                          ("TILELANG_CACHE_DIR", "6-10 s")):
+    for key, evidence in (
+        ("long-prefill-token-threshold", "+53%"),
+        ("max-num-seqs", "108 -> 131"),
+        ("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "300 s"),
+        ("VLLM_INCREMENTAL_ENCODE_CACHE", "0.92 s -> 0.47 s"),
+        ("VLLM_DSPARK_FP8_DRAFT_HEAD", "+3-5%"),
+        ("TILELANG_CACHE_DIR", "6-10 s"),
+    ):
         idx = text.index(f"  {key}:")
-        assert evidence in text[max(0, idx - 400):idx], key
+        assert evidence in text[max(0, idx - 400) : idx], key
 
 
-@pytest.mark.parametrize("mutate,msg", [
-    (lambda d: d.pop("recipe_version"), "recipe_version is required"),
-    (lambda d: d.update(recipe_version=99), "not supported"),
-    (lambda d: d.update(bogus=1), "unknown top-level key"),
-    (lambda d: d["serve"].update({"max_num_seqs": 3}), "long flag name"),
-    (lambda d: d["serve"].update({"--port": 3}), "long flag name"),
-    (lambda d: d["serve"].update({"node-rank": 1}), "set by the launcher"),
-    (lambda d: d["serve"].update({"master-addr": "x"}), "set by the launcher"),
-    (lambda d: d["container"].update(shm="1g"), "unknown container key"),
-    (lambda d: d["container"].update(ulimits=["memlock"]), "ulimits"),
-    (lambda d: d["env"].update({"BAD-NAME": "1"}), "not a valid variable"),
-    (lambda d: d["env"].update({"X": {"a": 1}}), "scalar"),
-    (lambda d: d.pop("serve"), "serve must be"),
-])
+@pytest.mark.parametrize(
+    "mutate,msg",
+    [
+        (lambda d: d.pop("recipe_version"), "recipe_version is required"),
+        (lambda d: d.update(recipe_version=99), "not supported"),
+        (lambda d: d.update(bogus=1), "unknown top-level key"),
+        (lambda d: d["serve"].update({"max_num_seqs": 3}), "long flag name"),
+        (lambda d: d["serve"].update({"--port": 3}), "long flag name"),
+        (lambda d: d["serve"].update({"node-rank": 1}), "set by the launcher"),
+        (lambda d: d["serve"].update({"master-addr": "x"}), "set by the launcher"),
+        (lambda d: d["container"].update(shm="1g"), "unknown container key"),
+        (lambda d: d["container"].update(ulimits=["memlock"]), "ulimits"),
+        (lambda d: d["env"].update({"BAD-NAME": "1"}), "not a valid variable"),
+        (lambda d: d["env"].update({"X": {"a": 1}}), "scalar"),
+        (lambda d: d.pop("serve"), "serve must be"),
+    ],
+)
 def test_recipe_validation_rejects(mutate, msg: str) -> None:
     d = _raw()
     mutate(d)
@@ -151,8 +163,15 @@ def vllm_parse():
 
     def run(argvs: list[list[str]]) -> dict:
         env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_LOGGING_LEVEL="ERROR")
-        p = subprocess.run([sys.executable, "-c", _PARSE], input=json.dumps(argvs),
-                           capture_output=True, text=True, env=env, timeout=240, check=False)
+        p = subprocess.run(
+            [sys.executable, "-c", _PARSE],
+            input=json.dumps(argvs),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+            check=False,
+        )
         assert "@@JSON@@" in p.stdout, p.stderr[-3000:]
         return json.loads(p.stdout.split("@@JSON@@", 1)[1])
 

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from rehearsal import hosts, pairenv
-from rehearsal.testing import host_process_cmdlines, http_get_on, pair_fixture
+
+from sim.rehearsal import hosts, pairenv
+from sim.rehearsal.testing import host_process_cmdlines, http_get_on, pair_fixture
 
 pytestmark = pytest.mark.needs_netns
 
@@ -26,9 +27,15 @@ def test_hosts_have_own_hostname_ip_and_disk(pair: hosts.Pair) -> None:
     lay = pairenv.layout(pair)
     seen = []
     for host in pair.hosts:
-        res = host.run(["sh", "-c", f"hostname; ip -o -4 addr show {host.nic}; "
-                                    f"sha256sum {lay.model_path}/config.json; "
-                                    f"echo {host.name} > {host.node_view}/whoami"])
+        res = host.run(
+            [
+                "sh",
+                "-c",
+                f"hostname; ip -o -4 addr show {host.nic}; "
+                f"sha256sum {lay.model_path}/config.json; "
+                f"echo {host.name} > {host.node_view}/whoami",
+            ]
+        )
         assert res.returncode == 0, res.stderr
         lines = res.stdout.splitlines()
         assert lines[0] == host.name
@@ -41,12 +48,18 @@ def test_hosts_have_own_hostname_ip_and_disk(pair: hosts.Pair) -> None:
 
 
 def test_ssh_login_gets_runtime_on_path(pair: hosts.Pair) -> None:
-    res = pair.h1.run(pair.ssh_argv(pair.h2, [
-        'echo "$(hostname) $(command -v docker) $DSV4R_DOCKER_STATE"; '
-        "docker image inspect --format '{{.Id}}' " + pairenv.IMAGE]))
+    res = pair.h1.run(
+        pair.ssh_argv(
+            pair.h2,
+            [
+                'echo "$(hostname) $(command -v docker) $DSV4R_DOCKER_STATE"; '
+                "docker image inspect --format '{{.Id}}' " + pairenv.IMAGE
+            ],
+        )
+    )
     assert res.returncode == 0, res.stderr
     name, docker, state = res.stdout.splitlines()[0].split()
-    assert name == pair.h2.name and docker.endswith("scripts/rehearsal/bin/docker")
+    assert name == pair.h2.name and docker.endswith("sim/rehearsal/bin/docker")
     assert state == str(pair.h2.state_dir)
     assert res.stdout.splitlines()[1] == pairenv.IMAGE_ID
 
@@ -54,8 +67,9 @@ def test_ssh_login_gets_runtime_on_path(pair: hosts.Pair) -> None:
 def test_wrong_known_hosts_is_a_host_key_failure(pair: hosts.Pair) -> None:
     # Pair B's launcher pointed at pair A: ssh must refuse, not prompt or accept.
     wrong = pair.base / "client" / "known_hosts.wrong"
-    pub = subprocess.run(["ssh-keygen", "-y", "-f", str(pair.identity)], capture_output=True,
-                         text=True, check=True).stdout.split()
+    pub = subprocess.run(
+        ["ssh-keygen", "-y", "-f", str(pair.identity)], capture_output=True, text=True, check=True
+    ).stdout.split()
     wrong.write_text(f"{pair.h2.ip} {pub[0]} {pub[1]}\n")
     res = pair.h1.run(pair.ssh_argv(pair.h2, ["true"], known_hosts=wrong))
     assert res.returncode == 255
@@ -69,9 +83,15 @@ def test_wrong_known_hosts_is_a_host_key_failure(pair: hosts.Pair) -> None:
 def test_container_started_over_ssh_detaches_and_serves(pair: hosts.Pair) -> None:
     port = 8765
     t0 = time.monotonic()
-    res = pair.h1.run(pair.ssh_argv(pair.h2, [
-        f"docker run -d --name web --label dsv4.pair=t --network host {pairenv.IMAGE} "
-        f"python3 -m http.server {port} --bind {pair.h2.ip}"]))
+    res = pair.h1.run(
+        pair.ssh_argv(
+            pair.h2,
+            [
+                f"docker run -d --name web --label dsv4.pair=t --network host {pairenv.IMAGE} "
+                f"python3 -m http.server {port} --bind {pair.h2.ip}"
+            ],
+        )
+    )
     assert res.returncode == 0, res.stderr
     assert time.monotonic() - t0 < 5, "ssh did not return: the container kept the session"
     try:
@@ -119,8 +139,17 @@ def test_teardown_and_leftover_cleanup_remove_everything() -> None:
     prefix = first.prefix
     pairenv.load_image(first.h2)
     mnt = Path(f"/{prefix}-mnt")  # under `/`: made for real and recorded (see the runtime)
-    cid = first.h2.docker("run", "-d", "--network", "host", "-v",
-                          f"{first.base}:{mnt}/deep", pairenv.IMAGE, "sleep", "600")
+    cid = first.h2.docker(
+        "run",
+        "-d",
+        "--network",
+        "host",
+        "-v",
+        f"{first.base}:{mnt}/deep",
+        pairenv.IMAGE,
+        "sleep",
+        "600",
+    )
     assert cid.returncode == 0, cid.stderr
     deadline = time.monotonic() + 10
     while not (mnt / "deep").is_dir() and time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""scripts/sync_overlays.sh: copies the overlay package to both nodes, verified by sha256."""
+"""`launch/dspark_launch.sh sync-overlays`: copies the overlays to both nodes, sha256-verified."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fakes.fakepair import FAKES, REPO, SECRET, Env, free_port
 from pairctl.overlays import parse_sums, verify
 from pairctl.preflight import local_overlay_files
+from tests.fakes.fakepair import FAKES, REPO, SECRET, Env, free_port
 
-SYNC = REPO / "scripts" / "sync_overlays.sh"
+LAUNCHER = REPO / "launch" / "dspark_launch.sh"
 
 
 def _src(tmp: Path) -> Path:
@@ -27,11 +27,23 @@ def _src(tmp: Path) -> Path:
 
 
 def _run(pair: Env, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{FAKES}:{os.environ['PATH']}",
-               FAKE_STATE=str(pair.state_path), FAKE_LOG=str(pair.log_path),
-               FAKE_HOST="h1", FAKE_PY=sys.executable, PAIRCTL_PYTHON=sys.executable)
-    p = subprocess.run([str(SYNC), "--env-file", str(pair.env_file), *args], env=env,
-                       capture_output=True, text=True, timeout=60, check=False)
+    env = dict(
+        os.environ,
+        PATH=f"{FAKES}:{os.environ['PATH']}",
+        FAKE_STATE=str(pair.state_path),
+        FAKE_LOG=str(pair.log_path),
+        FAKE_HOST="h1",
+        FAKE_PY=sys.executable,
+        PAIRCTL_PYTHON=sys.executable,
+    )
+    p = subprocess.run(
+        [str(LAUNCHER), "sync-overlays", "--env-file", str(pair.env_file), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert SECRET not in p.stdout + p.stderr
     return p
 
@@ -46,7 +58,8 @@ def test_sync_copies_verifies_and_replaces(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("sha256 verified") == 2
     assert (dest / "dsv4_flash_overlays" / "flags.py").read_bytes() == (
-        src / "dsv4_flash_overlays" / "flags.py").read_bytes()
+        src / "dsv4_flash_overlays" / "flags.py"
+    ).read_bytes()
     assert not (dest / "stale.py").exists(), "old copy must be replaced, not merged"
     assert not (dest / "dsv4_flash_overlays" / "__pycache__").exists()
     assert local_overlay_files(dest) == local_overlay_files(src)
@@ -71,5 +84,7 @@ def test_verify_detects_corruption() -> None:
 
 
 def test_sync_bad_args() -> None:
-    p = subprocess.run([str(SYNC), "--bogus"], capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        [str(LAUNCHER), "sync-overlays", "--bogus"], capture_output=True, text=True, check=False
+    )
     assert p.returncode == 2 and "unknown argument" in p.stderr

@@ -20,7 +20,8 @@ from dsv4_flash_overlays.incremental_encode import (
     analyse_tokenizer,
     common_prefix_len,
 )
-from test_tok_cache_lib import PREAMBLE, ConvFuzzer, dsv4_dir
+
+from tests.support.tok_cache import PREAMBLE, ConvFuzzer, dsv4_dir
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +40,50 @@ def _ref(tok, text: str) -> list[int]:
 # (old tail, appended text): each pair has a token or pre-token that would straddle a
 # naive cut at the old end, or an added token that only completes across it.
 BOUNDARY_PAIRS = [
-    ("hello wor", "ld and more"), ("12", "345678"), ("123", "4"), ("1234", "5"),
-    ("   ", "x"), ("\n", "\n"), ("\n", " x"), ("\r", "\nY"), ("\n\n", "\tz"),
-    ("<｜User", "｜>hi"), ("<｜User｜", ">x"), ("<｜User｜>", "x"), ("<", "｜Assistant｜>"),
-    ("<｜Assistant｜>", "</think>ok"), ("<｜Assistant｜><", "think>"), ("</think", ">a"),
-    ("中文", "字符"), ("カタ", "カナ"), ("!", "abc"), ("it", "'s"), ("'", "s"), ("a", "\u0301b"),
-    ("\n", "\u00a0x"), ("\n", "\u2028x"), ("\n", "\x85x"), ("\n", "\u3000x"), ("\n", "\ufeffx"),
-    ("x\n", "1"), ("x\n", "中"), ("x\n", "<｜User｜>"), (".\n", "Next"), ("?!", "?!"),
-    ("😀", "😀"), ("👨‍", "👩"), ("｜DSML｜", "invoke"), ("<｜DSML｜", "parameter"),
-    ("<dsml", ":x"), ("<｜/table>", "｜"), ("a ", " b"), ("\t", "\t"), ("", "x"),
-    ("<｜end▁of▁sentence｜>", "<｜User｜>"), ("\u200b", "\n"), ("x\r\n", "\r\ny"),
+    ("hello wor", "ld and more"),
+    ("12", "345678"),
+    ("123", "4"),
+    ("1234", "5"),
+    ("   ", "x"),
+    ("\n", "\n"),
+    ("\n", " x"),
+    ("\r", "\nY"),
+    ("\n\n", "\tz"),
+    ("<｜User", "｜>hi"),
+    ("<｜User｜", ">x"),
+    ("<｜User｜>", "x"),
+    ("<", "｜Assistant｜>"),
+    ("<｜Assistant｜>", "</think>ok"),
+    ("<｜Assistant｜><", "think>"),
+    ("</think", ">a"),
+    ("中文", "字符"),
+    ("カタ", "カナ"),
+    ("!", "abc"),
+    ("it", "'s"),
+    ("'", "s"),
+    ("a", "\u0301b"),
+    ("\n", "\u00a0x"),
+    ("\n", "\u2028x"),
+    ("\n", "\x85x"),
+    ("\n", "\u3000x"),
+    ("\n", "\ufeffx"),
+    ("x\n", "1"),
+    ("x\n", "中"),
+    ("x\n", "<｜User｜>"),
+    (".\n", "Next"),
+    ("?!", "?!"),
+    ("😀", "😀"),
+    ("👨‍", "👩"),
+    ("｜DSML｜", "invoke"),
+    ("<｜DSML｜", "parameter"),
+    ("<dsml", ":x"),
+    ("<｜/table>", "｜"),
+    ("a ", " b"),
+    ("\t", "\t"),
+    ("", "x"),
+    ("<｜end▁of▁sentence｜>", "<｜User｜>"),
+    ("\u200b", "\n"),
+    ("x\r\n", "\r\ny"),
 ]
 
 
@@ -69,8 +104,10 @@ def test_common_prefix_len() -> None:
         k = rng.randint(0, len(a))
         tail = "".join(rng.choices("ab\nZ", k=rng.randint(0, 20)))
         b = a[:k] + tail
-        extra = next((i for i, (x, y) in enumerate(zip(a[k:], tail, strict=False)) if x != y),
-                     min(len(a) - k, len(tail)))
+        extra = next(
+            (i for i, (x, y) in enumerate(zip(a[k:], tail, strict=False)) if x != y),
+            min(len(a) - k, len(tail)),
+        )
         assert common_prefix_len(a, b) == k + extra
         assert common_prefix_len(b, a) == k + extra
 
@@ -98,8 +135,17 @@ def test_edits_branches_and_exact_repeats(rust_tok) -> None:
     enc = IncrementalEncoder(rust_tok, verify_rate=0.0, log_interval_s=0)
     fz = ConvFuzzer(11)
     base = PREAMBLE + "\n".join(fz.text(5, 30) for _ in range(40))
-    texts = [base, base + fz.text(), base[: len(base) // 2] + "EDIT" + base[len(base) // 2:],
-             base[:300], base[:HEAD_CHARS], base[: HEAD_CHARS - 1], base, base + "\n", ""]
+    texts = [
+        base,
+        base + fz.text(),
+        base[: len(base) // 2] + "EDIT" + base[len(base) // 2 :],
+        base[:300],
+        base[:HEAD_CHARS],
+        base[: HEAD_CHARS - 1],
+        base,
+        base + "\n",
+        "",
+    ]
     for text in texts + texts[::-1]:
         got = enc.encode(text)
         assert got == _ref(rust_tok, text)
@@ -155,8 +201,7 @@ def test_memory_budget_holds_and_is_honest(rust_tok) -> None:
     budget = 512 * 1024
     enc = IncrementalEncoder(rust_tok, budget_bytes=budget, verify_rate=0.0, log_interval_s=0)
     fz = ConvFuzzer(5)
-    texts = [f"{i} " + PREAMBLE + "\n".join(fz.text(5, 20) for _ in range(30))
-             for i in range(60)]
+    texts = [f"{i} " + PREAMBLE + "\n".join(fz.text(5, 20) for _ in range(30)) for i in range(60)]
     gc.collect()
     tracemalloc.start()
     try:
@@ -189,14 +234,20 @@ def test_counters_are_logged_periodically(rust_tok, caplog) -> None:
 
 @pytest.fixture(scope="module")
 def vllm_pair():
-    from test_tok_cache_lib import fresh_cached_tokenizer, reference_tokenizer
+    from tests.support.tok_cache import fresh_cached_tokenizer, reference_tokenizer
 
     return reference_tokenizer(), fresh_cached_tokenizer(seed=2)
 
 
 def _prompt(fz: ConvFuzzer) -> str:
-    return PREAMBLE + "".join(f"<｜User｜>{fz.text()}<｜Assistant｜></think>{fz.text()}"
-                              "<｜end▁of▁sentence｜>" for _ in range(3)) + "<｜User｜>hi"
+    return (
+        PREAMBLE
+        + "".join(
+            f"<｜User｜>{fz.text()}<｜Assistant｜></think>{fz.text()}<｜end▁of▁sentence｜>"
+            for _ in range(3)
+        )
+        + "<｜User｜>hi"
+    )
 
 
 @pytest.mark.needs_vllm
@@ -208,17 +259,21 @@ def test_vllm_truncation_and_special_tokens_match(vllm_pair) -> None:
         for side in ("right", "left"):
             ref.truncation_side = tok.truncation_side = side
             for m in (0, 1, 7, len(full) - 1, len(full), len(full) + 3):
-                for kw in ({"truncation": True, "max_length": m}, {"max_length": m},
-                           {"truncation": "longest_first", "max_length": m,
-                            "add_special_tokens": True}):
+                for kw in (
+                    {"truncation": True, "max_length": m},
+                    {"max_length": m},
+                    {"truncation": "longest_first", "max_length": m, "add_special_tokens": True},
+                ):
                     assert dict(tok(prompt, **kw)) == dict(ref(prompt, **kw)), (side, kw)
                     assert tok.encode(prompt, **kw) == ref.encode(prompt, **kw), (side, kw)
     finally:
         ref.truncation_side = tok.truncation_side = "right"
     assert dict(tok(prompt, return_attention_mask=False)) == dict(
-        ref(prompt, return_attention_mask=False))
+        ref(prompt, return_attention_mask=False)
+    )
     assert dict(tok(prompt, return_token_type_ids=True)) == dict(
-        ref(prompt, return_token_type_ids=True))
+        ref(prompt, return_token_type_ids=True)
+    )
 
 
 @pytest.mark.needs_vllm
@@ -233,9 +288,11 @@ def test_vllm_requests_we_do_not_cache_pass_through(vllm_pair) -> None:
     assert dict(tok([prompt, prompt[:500]])) == dict(ref([prompt, prompt[:500]]))
     assert dict(tok(prompt, prompt[:300])) == dict(ref(prompt, prompt[:300]))
     assert dict(tok(prompt, split_special_tokens=True)) == dict(
-        ref(prompt, split_special_tokens=True))
-    assert tok.encode(prompt, return_tensors=None, padding="max_length", max_length=len(
-        prompt)) == ref.encode(prompt, padding="max_length", max_length=len(prompt))
+        ref(prompt, split_special_tokens=True)
+    )
+    assert tok.encode(
+        prompt, return_tensors=None, padding="max_length", max_length=len(prompt)
+    ) == ref.encode(prompt, padding="max_length", max_length=len(prompt))
     snap = enc.snapshot()
     assert snap["calls"] + snap["passthrough"] == calls  # none of these touched the cache
     # Errors stay the tokenizer's own: a lone surrogate fails the same way.
@@ -249,7 +306,7 @@ def test_vllm_requests_we_do_not_cache_pass_through(vllm_pair) -> None:
 
 @pytest.mark.needs_vllm
 def test_vllm_64_threads_on_interleaved_conversations(vllm_pair) -> None:
-    from test_tok_cache_lib import fresh_cached_tokenizer, render
+    from tests.support.tok_cache import fresh_cached_tokenizer, render
 
     ref, _ = vllm_pair
     # A small budget so eviction races with lookups too.
@@ -272,8 +329,11 @@ def test_vllm_64_threads_on_interleaved_conversations(vllm_pair) -> None:
         barrier.wait()
         for rep in range(2):
             for k, (prompt, want) in enumerate(turns):
-                got = (tok(prompt, add_special_tokens=False)["input_ids"] if (t + k) % 2
-                       else tok.encode(prompt, add_special_tokens=False))
+                got = (
+                    tok(prompt, add_special_tokens=False)["input_ids"]
+                    if (t + k) % 2
+                    else tok.encode(prompt, add_special_tokens=False)
+                )
                 if got != want:
                     failures.append(f"thread {t} rep {rep} turn {k}")
                 if enc.snapshot()["bytes"] > enc.budget_bytes:

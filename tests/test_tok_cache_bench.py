@@ -1,23 +1,40 @@
-"""scripts/bench_tokenizer_cache.py runs end to end on a tiny trace and judges it right."""
+"""bench/kernels/bench_tokenizer_cache.py runs end to end on a tiny trace and judges it right."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from bench_tokenizer_cache import Row, main, summarize
+
+from bench.kernels.bench_tokenizer_cache import Row, main, summarize
 
 
 def _row(turn: int, tokens: int, cached: float, new: float, miss: float | None = None) -> Row:
     limit = 1.1 * new + 1.0
-    return Row(turn, tokens, tokens * 4, 100, 30, 10.0 * turn, cached, new, limit,
-               10.0 * turn / cached, cached <= limit, True, miss,
-               None if miss is None else 100 * (miss / (10.0 * turn) - 1))
+    return Row(
+        turn,
+        tokens,
+        tokens * 4,
+        100,
+        30,
+        10.0 * turn,
+        cached,
+        new,
+        limit,
+        10.0 * turn / cached,
+        cached <= limit,
+        True,
+        miss,
+        None if miss is None else 100 * (miss / (10.0 * turn) - 1),
+    )
 
 
 def test_summary_maths() -> None:
-    rows = [_row(1, 1000, 9.0, 9.0, miss=10.5), _row(2, 180_000, 3.0, 1.0),
-            _row(3, 190_000, 3.0, 2.0, miss=29.0)]
+    rows = [
+        _row(1, 1000, 9.0, 9.0, miss=10.5),
+        _row(2, 180_000, 3.0, 1.0),
+        _row(3, 190_000, 3.0, 2.0, miss=29.0),
+    ]
     s = summarize(rows)
     assert s["turns_over_limit"] == [2] and not s["all_within_limit"]
     assert s["worst_excess_ms"] == pytest.approx(3.0 - 2.1)
@@ -27,8 +44,9 @@ def test_summary_maths() -> None:
 
 @pytest.mark.needs_vllm
 def test_bench_runs_on_a_tiny_trace(tmp_path, monkeypatch) -> None:
-    import bench_tokenizer_cache as bench
-    from test_tok_cache_lib import fresh_cached_tokenizer, reference_tokenizer
+    from bench.kernels import bench_tokenizer_cache as bench
+
+    from tests.support.tok_cache import fresh_cached_tokenizer, reference_tokenizer
 
     def quick_load(repeats: int):
         # The session's tokenizers instead of two more loads from disk (~5-10 s); the
@@ -38,8 +56,23 @@ def test_bench_runs_on_a_tiny_trace(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(bench, "_load", quick_load)
     out, png = tmp_path / "b.json", tmp_path / "b.png"
-    rc = main(["--max-tokens", "5000", "--new-tokens", "1500", "--repeats", "1",
-               "--miss-every", "1", "--json", str(out), "--plot", str(png), "--quiet"])
+    rc = main(
+        [
+            "--max-tokens",
+            "5000",
+            "--new-tokens",
+            "1500",
+            "--repeats",
+            "1",
+            "--miss-every",
+            "1",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     result = json.loads(out.read_text())
     assert result["schema_version"] == 1 and result["summary"]["all_exact"]

@@ -21,7 +21,12 @@ ACTIVE = 12  # conversations in flight at once (interleaved in the cache)
 
 
 def test_fuzzed_conversations_are_token_exact() -> None:
-    from test_tok_cache_lib import ConvFuzzer, fresh_cached_tokenizer, reference_tokenizer, render
+    from tests.support.tok_cache import (
+        ConvFuzzer,
+        fresh_cached_tokenizer,
+        reference_tokenizer,
+        render,
+    )
 
     ref = reference_tokenizer()
     # A small budget so that eviction runs during the fuzz as well.

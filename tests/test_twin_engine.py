@@ -7,11 +7,12 @@ tests cover minutes of simulated serving in well under a second.
 from __future__ import annotations
 
 import pytest
-from twin import profile as profmod
-from twin.engine import FOREVER, Engine, EngineConfig, Request
-from twin.metrics import Metrics
-from twin.prefix_cache import PrefixCache, block_hashes
-from twin.sampling import AcceptanceDrawer, key_of
+
+from sim.twin import profile as profmod
+from sim.twin.engine import FOREVER, Engine, EngineConfig, Request
+from sim.twin.metrics import Metrics
+from sim.twin.prefix_cache import PrefixCache, block_hashes
+from sim.twin.sampling import AcceptanceDrawer, key_of
 
 PROF = profmod.load("rehearsal")
 GAMMA = 5
@@ -32,25 +33,46 @@ class VClock:
 
 
 def make_engine(**over) -> tuple[Engine, VClock, list[str]]:
-    cfg = dict(gamma=GAMMA, max_num_seqs=24, max_num_batched_tokens=8192, lpt_threshold=0,
-               max_model_len=1 << 20, fp8_head=False, kv_capacity_tokens=1_200_000,
-               step_timeout_s=None)
+    cfg = dict(
+        gamma=GAMMA,
+        max_num_seqs=24,
+        max_num_batched_tokens=8192,
+        lpt_threshold=0,
+        max_model_len=1 << 20,
+        fp8_head=False,
+        kv_capacity_tokens=1_200_000,
+        step_timeout_s=None,
+    )
     cfg.update(over)
     clock = VClock()
     deaths: list[str] = []
-    eng = Engine(PROF, EngineConfig(**cfg), Metrics("m", GAMMA), PrefixCache(256, 10_000),
-                 on_death=deaths.append, clock=clock, sleep=clock.sleep)
+    eng = Engine(
+        PROF,
+        EngineConfig(**cfg),
+        Metrics("m", GAMMA),
+        PrefixCache(256, 10_000),
+        on_death=deaths.append,
+        clock=clock,
+        sleep=clock.sleep,
+    )
     return eng, clock, deaths
 
 
-def make_req(eng: Engine, clock: VClock, prompt: list[int] | int, target: int = FOREVER,
-             seed: int = 0) -> Request:
+def make_req(
+    eng: Engine, clock: VClock, prompt: list[int] | int, target: int = FOREVER, seed: int = 0
+) -> Request:
     ids = list(range(1, prompt + 1)) if isinstance(prompt, int) else prompt
     key = key_of("t", seed, len(ids))
-    return Request(id=eng.next_id(), prompt_len=len(ids), hashes=block_hashes(ids, 256),
-                   target_len=target, max_tokens=target, out_key=key,
-                   drawer=AcceptanceDrawer(PROF.cum_accept(GAMMA), "quasi", key),
-                   received_ns=int(clock() * 1e9))
+    return Request(
+        id=eng.next_id(),
+        prompt_len=len(ids),
+        hashes=block_hashes(ids, 256),
+        target_len=target,
+        max_tokens=target,
+        out_key=key,
+        drawer=AcceptanceDrawer(PROF.cum_accept(GAMMA), "quasi", key),
+        received_ns=int(clock() * 1e9),
+    )
 
 
 def run_until(eng: Engine, cond, limit: int = 100_000) -> None:
@@ -66,8 +88,9 @@ def counter(eng: Engine, name: str) -> float:
 
 
 def truth(**kw) -> dict:
-    args = dict(gamma=GAMMA, fp8_head=False, max_num_seqs=24, max_num_batched_tokens=8192,
-                lpt_threshold=0)
+    args = dict(
+        gamma=GAMMA, fp8_head=False, max_num_seqs=24, max_num_batched_tokens=8192, lpt_threshold=0
+    )
     args.update(kw)
     return profmod.derived(PROF, **args)
 
@@ -86,9 +109,13 @@ def test_single_stream_rate_and_spec_counters_are_exact():
     assert r.finish_reason == "length" and r.generated == 400
     assert counter(eng, "vllm:generation_tokens_total") == 1 + drafts + accepted
     assert counter(eng, "vllm:spec_decode_num_draft_tokens_total") == GAMMA * drafts
-    per_pos = [eng.m.registry.get_sample_value(
-        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-        {"model_name": "m", "engine": "0", "position": str(k)}) for k in range(GAMMA)]
+    per_pos = [
+        eng.m.registry.get_sample_value(
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+            {"model_name": "m", "engine": "0", "position": str(k)},
+        )
+        for k in range(GAMMA)
+    ]
     assert sum(per_pos) == accepted
     assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))
     tok_s = (r.generated - 1) / (clock() - t_first)
@@ -105,9 +132,13 @@ def test_acceptance_marginals_follow_profile():
     drafts = counter(eng, "vllm:spec_decode_num_drafts_total")
     assert drafts > 2000
     for k, expect in enumerate(PROF.cum_accept(GAMMA)):
-        got = eng.m.registry.get_sample_value(
-            "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-            {"model_name": "m", "engine": "0", "position": str(k)}) / drafts
+        got = (
+            eng.m.registry.get_sample_value(
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                {"model_name": "m", "engine": "0", "position": str(k)},
+            )
+            / drafts
+        )
         assert got == pytest.approx(expect, abs=0.01)
 
 
@@ -126,8 +157,10 @@ def decode_rate_beside_prefill(threshold: int) -> float:
 
 def test_long_prefill_threshold_unstalls_decode():
     off, on = decode_rate_beside_prefill(0), decode_rate_beside_prefill(4096)
-    ideal = truth(lpt_threshold=4096)["decode_tok_s_beside_prefill"] / \
-        truth(lpt_threshold=0)["decode_tok_s_beside_prefill"]
+    ideal = (
+        truth(lpt_threshold=4096)["decode_tok_s_beside_prefill"]
+        / truth(lpt_threshold=0)["decode_tok_s_beside_prefill"]
+    )
     assert on / off == pytest.approx(ideal, rel=0.08)
     assert on / off > 1.4  # the seed's +53%
 

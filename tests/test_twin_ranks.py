@@ -7,13 +7,28 @@ import time
 
 import pytest
 import requests
-from test_twin_support import Twin, free_port, wait_http
+
+from tests.support.twin import Twin, free_port, wait_http
 
 
 def pair_args(master_port: int, rank: int, http_port: int | None = None) -> list[str]:
-    args = ["dsv4", "-tp", "2", "--distributed-executor-backend", "mp", "--nnodes", "2",
-            "--node-rank", str(rank), "--master-addr", "127.0.0.1",
-            "--master-port", str(master_port), "--twin-profile", "rehearsal"]
+    args = [
+        "dsv4",
+        "-tp",
+        "2",
+        "--distributed-executor-backend",
+        "mp",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(master_port),
+        "--twin-profile",
+        "rehearsal",
+    ]
     if rank == 1:
         args.append("--headless")
     else:
@@ -83,8 +98,19 @@ def test_fault_crash_in_rank1_phase_takes_pair_down(tmp_path, procs):
 
 
 def test_single_process_faults_and_bad_specs(tmp_path, procs):
-    t = Twin(["m", "--port", str(free_port()), "--twin-profile", "rehearsal",
-              "--twin-fault", "slow-boot:3;crash:graphs"], tmp_path, "one")
+    t = Twin(
+        [
+            "m",
+            "--port",
+            str(free_port()),
+            "--twin-profile",
+            "rehearsal",
+            "--twin-fault",
+            "slow-boot:3;crash:graphs",
+        ],
+        tmp_path,
+        "one",
+    )
     procs.append(t)
     assert t.wait_exit(15) == 1
     log = t.log()
@@ -97,14 +123,26 @@ def test_single_process_faults_and_bad_specs(tmp_path, procs):
 
 def test_step_past_execute_timeout_kills_the_server(tmp_path, procs):
     port = free_port()
-    t = Twin(["m", "-tp", "2", "--port", str(port), "--host", "127.0.0.1",
-              "--twin-profile", "rehearsal"], tmp_path, "timeout",
-             env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1", "TWIN_FAULT": "stall:1:30"})
+    t = Twin(
+        [
+            "m",
+            "-tp",
+            "2",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--twin-profile",
+            "rehearsal",
+        ],
+        tmp_path,
+        "timeout",
+        env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1", "TWIN_FAULT": "stall:1:30"},
+    )
     procs.append(t)
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/health", timeout=15)
-    r = requests.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 5},
-                      timeout=20)
+    r = requests.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 5}, timeout=20)
     assert r.status_code == 500 and "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1" in r.text
     assert t.wait_exit(5) == 1
     assert "EngineCore died" in t.log()
@@ -113,7 +151,7 @@ def test_step_past_execute_timeout_kills_the_server(tmp_path, procs):
 def test_handshake_rejects_a_worker_with_another_model():
     import threading
 
-    from twin.ranks import RendezvousError, join_rendezvous, serve_rendezvous
+    from sim.twin.ranks import RendezvousError, join_rendezvous, serve_rendezvous
 
     port, errors = free_port(), {}
 

@@ -4,42 +4,91 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from twin import faults, profile
-from twin.cli import UsageError, parse_serve_args
-from twin.prefix_cache import PrefixCache, block_hashes
-from twin.prompting import PromptEncoder, render_chat
-from twin.sampling import AcceptanceDrawer, natural_length, word
+
+from sim.twin import faults, profile
+from sim.twin.cli import UsageError, parse_serve_args
+from sim.twin.prefix_cache import PrefixCache, block_hashes
+from sim.twin.prompting import PromptEncoder, render_chat
+from sim.twin.sampling import AcceptanceDrawer, natural_length, word
 
 RECIPE_FLAGS = [
-    "deepseek-ai/DeepSeek-V4-Flash", "--host", "0.0.0.0", "--port", "8000",
-    "--served-model-name", "dsv4", "--tensor-parallel-size", "2",
-    "--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "1",
-    "--master-addr", "10.0.0.1", "--master-port", "29501", "--headless",
-    "--max-num-seqs", "24", "--max-num-batched-tokens", "8192",
-    "--long-prefill-token-threshold", "4096", "--max-model-len", "262144",
-    "--gpu-memory-utilization", "0.85", "--kv-cache-dtype", "fp8",
-    "--speculative-config", '{"method":"dspark","num_speculative_tokens":5}',
-    "--tokenizer-mode", "deepseek_v4", "--reasoning-parser", "deepseek_v4",
-    "--tool-call-parser", "deepseek_v4", "--enable-auto-tool-choice",
-    "--enable-prefix-caching", "--trust-remote-code",
+    "deepseek-ai/DeepSeek-V4-Flash",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+    "--served-model-name",
+    "dsv4",
+    "--tensor-parallel-size",
+    "2",
+    "--distributed-executor-backend",
+    "mp",
+    "--nnodes",
+    "2",
+    "--node-rank",
+    "1",
+    "--master-addr",
+    "10.0.0.1",
+    "--master-port",
+    "29501",
+    "--headless",
+    "--max-num-seqs",
+    "24",
+    "--max-num-batched-tokens",
+    "8192",
+    "--long-prefill-token-threshold",
+    "4096",
+    "--max-model-len",
+    "262144",
+    "--gpu-memory-utilization",
+    "0.85",
+    "--kv-cache-dtype",
+    "fp8",
+    "--speculative-config",
+    '{"method":"dspark","num_speculative_tokens":5}',
+    "--tokenizer-mode",
+    "deepseek_v4",
+    "--reasoning-parser",
+    "deepseek_v4",
+    "--tool-call-parser",
+    "deepseek_v4",
+    "--enable-auto-tool-choice",
+    "--enable-prefix-caching",
+    "--trust-remote-code",
 ]
 
 
 def test_recipe_flags_parse_and_unknown_flags_are_kept_aside():
     a = parse_serve_args([*RECIPE_FLAGS, "--frobnicate", "3", "--new-thing=x"])
-    assert (a.model, a.node_rank, a.headless, a.master_port) == \
-        ("deepseek-ai/DeepSeek-V4-Flash", 1, True, 29501)
-    assert (a.max_num_seqs, a.long_prefill_token_threshold, a.num_speculative_tokens) == \
-        (24, 4096, 5)
+    assert (a.model, a.node_rank, a.headless, a.master_port) == (
+        "deepseek-ai/DeepSeek-V4-Flash",
+        1,
+        True,
+        29501,
+    )
+    assert (a.max_num_seqs, a.long_prefill_token_threshold, a.num_speculative_tokens) == (
+        24,
+        4096,
+        5,
+    )
     assert a.unknown == ["--frobnicate", "3", "--new-thing=x"]
 
 
 def test_config_file_sits_between_cli_and_defaults(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "model": "from-file", "max-num-seqs": 16, "port": 9001, "enable-prefix-caching": False,
-        "speculative-config": {"method": "dspark", "num_speculative_tokens": 3},
-        "tensor_parallel_size": 2, "mystery": True}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": "from-file",
+                "max-num-seqs": 16,
+                "port": 9001,
+                "enable-prefix-caching": False,
+                "speculative-config": {"method": "dspark", "num_speculative_tokens": 3},
+                "tensor_parallel_size": 2,
+                "mystery": True,
+            }
+        )
+    )
     a = parse_serve_args(["--config", str(cfg), "--max-num-seqs", "24"])
     assert a.model == "from-file" and a.max_num_seqs == 24 and a.port == 9001
     assert a.enable_prefix_caching is False and a.num_speculative_tokens == 3
@@ -47,11 +96,14 @@ def test_config_file_sits_between_cli_and_defaults(tmp_path):
     assert parse_serve_args(["m"]).max_num_seqs is None  # default when neither sets it
 
 
-@pytest.mark.parametrize("argv, text", [
-    ([], "no model"),
-    (["m", "--nnodes", "3"], "one pair"),
-    (["m", "--nnodes", "2", "--node-rank", "2"], "out of range"),
-])
+@pytest.mark.parametrize(
+    "argv, text",
+    [
+        ([], "no model"),
+        (["m", "--nnodes", "3"], "one pair"),
+        (["m", "--nnodes", "2", "--node-rank", "2"], "out of range"),
+    ],
+)
 def test_bad_command_lines_say_what_to_fix(argv, text):
     with pytest.raises(UsageError, match=text):
         parse_serve_args(argv)
@@ -81,21 +133,24 @@ def test_fault_grammar_per_rank():
 
 def test_default_profile_reproduces_the_seed_figures():
     p = profile.load(None)  # spark-pair.yaml
-    d = profile.derived(p, gamma=5, fp8_head=False, max_num_seqs=24,
-                        max_num_batched_tokens=8192, lpt_threshold=4096)
+    d = profile.derived(
+        p, gamma=5, fp8_head=False, max_num_seqs=24, max_num_batched_tokens=8192, lpt_threshold=4096
+    )
     assert 67.0 <= d["decode_step_ms"] <= 69.0 and d["steps_per_s"] == pytest.approx(14.5, 0.02)
     assert 45 <= d["single_stream_decode_tok_s"] <= 65
     assert d["aggregate_decode_tok_s_by_batch"]["16"] == pytest.approx(108, rel=0.01)
     assert d["aggregate_decode_tok_s_by_batch"]["24"] == pytest.approx(131, rel=0.01)
     off = profile.derived(p, 5, False, 24, 8192, 0)
-    assert d["decode_tok_s_beside_prefill"] / off["decode_tok_s_beside_prefill"] == \
-        pytest.approx(1.53, abs=0.03)
+    assert d["decode_tok_s_beside_prefill"] / off["decode_tok_s_beside_prefill"] == pytest.approx(
+        1.53, abs=0.03
+    )
     fp8 = profile.derived(p, 5, True, 24, 8192, 4096)
     gain = fp8["single_stream_decode_tok_s"] / d["single_stream_decode_tok_s"] - 1
     assert 0.03 <= gain <= 0.05
     tok = d["aggregate_decode_tok_s_by_batch"]
-    assert [tok[k] for k in ("1", "2", "4", "8", "16", "24")] == \
-        sorted(tok[k] for k in ("1", "2", "4", "8", "16", "24"))
+    assert [tok[k] for k in ("1", "2", "4", "8", "16", "24")] == sorted(
+        tok[k] for k in ("1", "2", "4", "8", "16", "24")
+    )
     boot = p.section("boot")["cold"]
     assert 540 <= sum(boot.values()) <= 660  # "first boot takes ~10 min"
     assert 6 <= p.section("boot")["jit_stall_s"] <= 10
@@ -133,8 +188,12 @@ def test_prefix_cache_block_chain():
 
 
 def test_chat_render_and_real_tokenizer(monkeypatch):
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "2+2?"},
+    ]
     text = render_chat(msgs)
     assert text.startswith("<｜begin▁of▁sentence｜>") and text.endswith("<｜Assistant｜><think>")
     assert render_chat(msgs, thinking=False).endswith("</think>")
@@ -152,7 +211,7 @@ def test_chat_render_and_real_tokenizer(monkeypatch):
 
 
 def test_tilelang_marker_makes_the_next_boot_warm(tmp_path, monkeypatch):
-    from twin import serve
+    from sim.twin import serve
 
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl"))
     prof = profile.load("rehearsal")

@@ -21,9 +21,9 @@ from typing import Any
 
 import requests
 
-from benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, SCHEMA_VERSION
-from benchlib.guard import GuardConfig, GuardedPoint, GuardError, InFlightTracker, run_guarded
-from benchlib.stream import StreamResult, clock_offset_cached, open_connection, stream_request
+from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, SCHEMA_VERSION
+from bench.benchlib.guard import GuardConfig, GuardedPoint, GuardError, InFlightTracker, run_guarded
+from bench.benchlib.stream import StreamResult, clock_offset_cached, open_connection, stream_request
 
 CHAT_PATH = "/v1/chat/completions"
 

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 import requests
 
-from benchlib import promm
+from bench.benchlib import promm
 
 T = TypeVar("T")
 

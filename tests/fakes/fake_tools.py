@@ -81,17 +81,22 @@ def docker(argv: list[str]) -> None:
             if image not in h.get("images", {}):
                 die(f"Unable to find image '{image}' locally", 125)
             if find(h, opts["name"]):
-                die(f"Conflict. The container name \"/{opts['name']}\" is already in use", 125)
+                die(f'Conflict. The container name "/{opts["name"]}" is already in use', 125)
             behaviour = h.get("run", "running")
             cid = uuid.uuid4().hex * 2
-            h["containers"].append({
-                "ID": cid, "Name": opts["name"], "Labels": opts["label"],
-                "State": "running" if behaviour == "running" else "exited",
-                "ExitCode": 0 if behaviour == "running" else 1,
-                "Logs": ["SPARK-TWIN SIMULATOR", "Loading weights"] + (
-                    [] if behaviour == "running" else ["RuntimeError: rank crashed (fake)"]),
-                "Cmd": rest[i + 1:], "Env": opts["env"],
-            })
+            h["containers"].append(
+                {
+                    "ID": cid,
+                    "Name": opts["name"],
+                    "Labels": opts["label"],
+                    "State": "running" if behaviour == "running" else "exited",
+                    "ExitCode": 0 if behaviour == "running" else 1,
+                    "Logs": ["SPARK-TWIN SIMULATOR", "Loading weights"]
+                    + ([] if behaviour == "running" else ["RuntimeError: rank crashed (fake)"]),
+                    "Cmd": rest[i + 1 :],
+                    "Env": opts["env"],
+                }
+            )
             print(cid)
         elif cmd == "ps":
             filters = [rest[j + 1] for j, a in enumerate(rest) if a == "--filter"]
@@ -103,17 +108,36 @@ def docker(argv: list[str]) -> None:
                     if k not in c["Labels"] or (eq and c["Labels"][k] != v):
                         ok = False
                 if ok:
-                    print(json.dumps({"ID": c["ID"], "Names": c["Name"], "State": c["State"],
-                                      "Labels": ",".join(f"{k}={v}"
-                                                         for k, v in c["Labels"].items())}))
+                    print(
+                        json.dumps(
+                            {
+                                "ID": c["ID"],
+                                "Names": c["Name"],
+                                "State": c["State"],
+                                "Labels": ",".join(f"{k}={v}" for k, v in c["Labels"].items()),
+                            }
+                        )
+                    )
         elif cmd == "inspect":
             c = find(h, rest[-1])
             if c is None:
                 print("[]")
                 die(f"Error: No such object: {rest[-1]}")
-            print(json.dumps([{"Id": c["ID"], "State": {
-                "Running": c["State"] == "running", "Status": c["State"],
-                "ExitCode": c["ExitCode"]}, "Config": {"Labels": c["Labels"]}}]))
+            print(
+                json.dumps(
+                    [
+                        {
+                            "Id": c["ID"],
+                            "State": {
+                                "Running": c["State"] == "running",
+                                "Status": c["State"],
+                                "ExitCode": c["ExitCode"],
+                            },
+                            "Config": {"Labels": c["Labels"]},
+                        }
+                    ]
+                )
+            )
         elif cmd == "image":
             ref = rest[-1]
             if ref not in h.get("images", {}):
@@ -125,7 +149,7 @@ def docker(argv: list[str]) -> None:
                 die(f"Error: No such container: {rest[-1]}")
             lines = c.get("Logs", [])
             if "--tail" in rest:
-                lines = lines[-int(rest[rest.index("--tail") + 1]):]
+                lines = lines[-int(rest[rest.index("--tail") + 1]) :]
             print("\n".join(lines))
         elif cmd == "rm":
             ids = [a for a in rest if not a.startswith("-")]

@@ -30,8 +30,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.dumps({"data": [{"id": "/models/dsv4", "owned_by": "vllm"}]}).encode()
             ctype = "application/json"
         elif self.path == "/metrics":
-            body = b"vllm:num_requests_running{model_name=\"m\"} 2.0\n" \
-                   b"vllm:num_requests_waiting{model_name=\"m\"} 1.0\n"
+            body = (
+                b'vllm:num_requests_running{model_name="m"} 2.0\n'
+                b'vllm:num_requests_waiting{model_name="m"} 1.0\n'
+            )
             ctype = "text/plain"
         else:
             self.send_response(404)
@@ -72,19 +74,33 @@ class Env:
         (model / "config.json").write_text('{"model_type": "deepseek_v4"}')
         (model / "tokenizer.json").write_text("{}")
         self.values = {
-            "PAIR_ID": "pair-a", "SPARK1": "127.0.0.1", "SPARK2": "127.0.0.2",
-            "MASTER_PORT": "29501", "PORT": str(port), "SSH_USER": "bird",
-            "SSH_KNOWN_HOSTS_FILE": str(tmp / "known_hosts"), "IMAGE": IMAGE,
-            "MODEL_PATH": str(model), "OVERLAY_DIR": str(tmp / "overlays"),
-            "TILELANG_CACHE_DIR": str(tmp / "tilelang"), "NCCL_SOCKET_IFNAME": "lo",
-            "GLOO_SOCKET_IFNAME": "lo", "NCCL_IB_HCA": "", "HF_TOKEN": SECRET,
+            "PAIR_ID": "pair-a",
+            "SPARK1": "127.0.0.1",
+            "SPARK2": "127.0.0.2",
+            "MASTER_PORT": "29501",
+            "PORT": str(port),
+            "SSH_USER": "bird",
+            "SSH_KNOWN_HOSTS_FILE": str(tmp / "known_hosts"),
+            "IMAGE": IMAGE,
+            "MODEL_PATH": str(model),
+            "OVERLAY_DIR": str(tmp / "overlays"),
+            "TILELANG_CACHE_DIR": str(tmp / "tilelang"),
+            "NCCL_SOCKET_IFNAME": "lo",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "NCCL_IB_HCA": "",
+            "HF_TOKEN": SECRET,
         }
         self.env_file = tmp / "pair.env"
         self.write_env()
         host = {"addrs": [], "listen": [], "images": {IMAGE: IMAGE_ID}, "containers": []}
-        self.state = {"hosts": {"h1": dict(host, addrs=["127.0.0.1"], containers=[]),
-                                "h2": dict(host, addrs=["127.0.0.2"], containers=[])},
-                      "ssh": {"127.0.0.2": "h2"}, "ssh_fail": ""}
+        self.state = {
+            "hosts": {
+                "h1": dict(host, addrs=["127.0.0.1"], containers=[]),
+                "h2": dict(host, addrs=["127.0.0.2"], containers=[]),
+            },
+            "ssh": {"127.0.0.2": "h2"},
+            "ssh_fail": "",
+        }
         self.save()
 
     def write_env(self) -> None:
@@ -109,23 +125,40 @@ class Env:
         return [c for c in self.calls() if c["argv"][:1] == ["rm"]]
 
     def add_container(self, host: str, name: str, pair: str, rank: int, state="running"):
-        self.state["hosts"][host]["containers"].append({
-            "ID": f"{name}-id", "Name": name, "State": state, "ExitCode": 0,
-            "Labels": {"dsv4.pair": pair, "dsv4.rank": str(rank),
-                       "dsv4.role": "head" if rank == 0 else "worker"},
-            "Logs": ["Application startup complete."]})
+        self.state["hosts"][host]["containers"].append(
+            {
+                "ID": f"{name}-id",
+                "Name": name,
+                "State": state,
+                "ExitCode": 0,
+                "Labels": {
+                    "dsv4.pair": pair,
+                    "dsv4.rank": str(rank),
+                    "dsv4.role": "head" if rank == 0 else "worker",
+                },
+                "Logs": ["Application startup complete."],
+            }
+        )
         self.save()
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        env = dict(os.environ, PATH=f"{FAKES}:{os.environ['PATH']}",
-                   FAKE_STATE=str(self.state_path), FAKE_LOG=str(self.log_path),
-                   FAKE_HOST="h1", FAKE_PY=sys.executable, PAIRCTL_PYTHON=sys.executable,
-                   PAIRCTL_POLL_S="0.2", XDG_RUNTIME_DIR=str(self.tmp))
+        env = dict(
+            os.environ,
+            PATH=f"{FAKES}:{os.environ['PATH']}",
+            FAKE_STATE=str(self.state_path),
+            FAKE_LOG=str(self.log_path),
+            FAKE_HOST="h1",
+            FAKE_PY=sys.executable,
+            PAIRCTL_PYTHON=sys.executable,
+            PAIRCTL_POLL_S="0.2",
+            XDG_RUNTIME_DIR=str(self.tmp),
+        )
         argv = [str(LAUNCHER)]
         if "--env-file" not in args:
             argv += ["--env-file", str(self.env_file)]
         argv += args
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
-                           check=False)
+        p = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
         assert SECRET not in p.stdout + p.stderr, "secret leaked into launcher output"
         return p

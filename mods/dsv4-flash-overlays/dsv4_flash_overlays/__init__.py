@@ -56,8 +56,11 @@ def register() -> None:
         _route_logs_to_vllm()
         if os.environ.get(KILL_SWITCH, "") == "1":
             if not _APPLIED:
-                logger.info("dsv4-flash-overlays: %s=1, no overlay applied (pid %d)",
-                            KILL_SWITCH, os.getpid())
+                logger.info(
+                    "dsv4-flash-overlays: %s=1, no overlay applied (pid %d)",
+                    KILL_SWITCH,
+                    os.getpid(),
+                )
             for overlay in OVERLAYS:
                 _APPLIED.setdefault(overlay.name, False)
             return
@@ -76,7 +79,9 @@ def register() -> None:
             except Exception as exc:  # never break a vLLM boot because of an overlay
                 logger.warning(
                     "dsv4-flash-overlays: %s could not be applied (%s: %s); vLLM left untouched",
-                    overlay.name, type(exc).__name__, exc,
+                    overlay.name,
+                    type(exc).__name__,
+                    exc,
                 )
                 ok = False
             _APPLIED[overlay.name] = ok

@@ -57,11 +57,26 @@ _first_call_lock = threading.Lock()
 # Keyword arguments the cached path understands; anything else goes to the original.
 _CALL_KWARGS = frozenset(
     {
-        "add_special_tokens", "padding", "truncation", "max_length", "stride", "verbose",
-        "return_tensors", "return_attention_mask", "return_token_type_ids",
-        "return_offsets_mapping", "return_overflowing_tokens", "return_special_tokens_mask",
-        "return_length", "split_special_tokens", "is_split_into_words", "padding_side",
-        "text_pair", "text_target", "text_pair_target", "pad_to_multiple_of",
+        "add_special_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "stride",
+        "verbose",
+        "return_tensors",
+        "return_attention_mask",
+        "return_token_type_ids",
+        "return_offsets_mapping",
+        "return_overflowing_tokens",
+        "return_special_tokens_mask",
+        "return_length",
+        "split_special_tokens",
+        "is_split_into_words",
+        "padding_side",
+        "text_pair",
+        "text_target",
+        "text_pair_target",
+        "pad_to_multiple_of",
     }
 )
 
@@ -110,7 +125,10 @@ def apply() -> bool:
     if drift is not None:
         logger.warning(
             "%s: vLLM %s drifted from what this overlay was written for (%s); "
-            "not installed, vLLM left untouched", FLAG, version, drift,
+            "not installed, vLLM left untouched",
+            FLAG,
+            version,
+            drift,
         )
         return False
     if not version.startswith(TESTED_VLLM):
@@ -128,7 +146,9 @@ def apply() -> bool:
     cls.from_pretrained = classmethod(from_pretrained)
     logger.info(
         "%s: installed on vllm.tokenizers.deepseek_v4.DeepseekV4Tokenizer (vLLM %s, pid %d)",
-        FLAG, version, os.getpid(),
+        FLAG,
+        version,
+        os.getpid(),
     )
     return True
 
@@ -174,8 +194,9 @@ def _log_first_call() -> None:
     with _first_call_lock:
         if not _first_call_logged:
             _first_call_logged = True
-            logger.info("%s: first real call served from the cache path (pid %d)",
-                        FLAG, os.getpid())
+            logger.info(
+                "%s: first real call served from the cache path (pid %d)", FLAG, os.getpid()
+            )
 
 
 class _Plan:
@@ -191,19 +212,31 @@ class _Plan:
         self.type_ids = False
 
 
-def _plan(tok: Any, enc: IncrementalEncoder, text: Any, args: tuple, kw: dict,
-          for_call: bool) -> _Plan | None:
+def _plan(
+    tok: Any, enc: IncrementalEncoder, text: Any, args: tuple, kw: dict, for_call: bool
+) -> _Plan | None:
     """A plan when the cached path gives exactly the original result, else None."""
     if args or not isinstance(text, str) or not enc.enabled:
         return None
     if not _CALL_KWARGS.issuperset(kw):
         return None
-    for name in ("text_pair", "text_target", "text_pair_target", "return_tensors",
-                 "padding_side", "pad_to_multiple_of"):
+    for name in (
+        "text_pair",
+        "text_target",
+        "text_pair_target",
+        "return_tensors",
+        "padding_side",
+        "pad_to_multiple_of",
+    ):
         if kw.get(name) is not None:
             return None
-    for name in ("return_offsets_mapping", "return_overflowing_tokens",
-                 "return_special_tokens_mask", "return_length", "is_split_into_words"):
+    for name in (
+        "return_offsets_mapping",
+        "return_overflowing_tokens",
+        "return_special_tokens_mask",
+        "return_length",
+        "is_split_into_words",
+    ):
         if kw.get(name):
             return None
     if kw.get("stride", 0) != 0:
@@ -248,7 +281,7 @@ def _ids(enc: IncrementalEncoder, text: str, plan: _Plan) -> list[int]:
     ids = enc.encode(text)
     m = plan.truncate_to
     if m is not None and len(ids) > m:
-        ids = ids[len(ids) - m:] if plan.left else ids[:m]
+        ids = ids[len(ids) - m :] if plan.left else ids[:m]
     return ids
 
 

@@ -160,8 +160,7 @@ def prepare(model: Any) -> bool:
         return state is not False
     reason = head_reason(model)
     if reason is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        logger.warning(
-            "fp8 draft head: not built before CUDA-graph capture; this graph keeps bf16")
+        logger.warning("fp8 draft head: not built before CUDA-graph capture; this graph keeps bf16")
         return False
     if reason is not None:
         logger.warning("fp8 draft head: staying bf16 (pid %d): %s", os.getpid(), reason)
@@ -174,7 +173,10 @@ def prepare(model: Any) -> bool:
     model.__dict__[HEAD_ATTR] = head
     logger.info(
         "fp8 draft head: built e4m3 copy of lm_head shard %s on %s, +%.1f MB (pid %d)",
-        tuple(weight.shape), weight.device, head.extra_bytes / 1e6, os.getpid(),
+        tuple(weight.shape),
+        weight.device,
+        head.extra_bytes / 1e6,
+        os.getpid(),
     )
     return True
 
@@ -187,8 +189,9 @@ def _compute_draft_logits(self: Any, hidden_states: torch.Tensor) -> torch.Tenso
         return _originals["DSparkDeepseekV4ForCausalLM.compute_draft_logits"](self, hidden_states)
     if not _first_call_logged:
         _first_call_logged = True
-        logger.info("fp8 draft head: first call, %d rows (pid %d)",
-                    hidden_states.shape[0], os.getpid())
+        logger.info(
+            "fp8 draft head: first call, %d rows (pid %d)", hidden_states.shape[0], os.getpid()
+        )
     head = self.__dict__[HEAD_ATTR]
     return self.logits_processor(_Fp8LmHead(self.lm_head, head), self.model.norm(hidden_states))
 
@@ -199,8 +202,11 @@ def _load_draft_model(self: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         prepare(model)
     except Exception as exc:  # never break a boot: the draft then builds lazily or stays bf16
-        logger.warning("fp8 draft head: eager build failed (%s: %s); will retry on first call",
-                       type(exc).__name__, exc)
+        logger.warning(
+            "fp8 draft head: eager build failed (%s: %s); will retry on first call",
+            type(exc).__name__,
+            exc,
+        )
         model.__dict__.pop(HEAD_ATTR, None)
     return model
 
@@ -222,7 +228,8 @@ def apply() -> bool:
             logger.warning("fp8 draft head: not applied in pid %d: %s", os.getpid(), reason)
             return False
         _originals["DSparkDeepseekV4ForCausalLM.compute_draft_logits"] = (
-            DSparkDeepseekV4ForCausalLM.compute_draft_logits)
+            DSparkDeepseekV4ForCausalLM.compute_draft_logits
+        )
         _originals["DSparkSpeculator.load_draft_model"] = DSparkSpeculator.load_draft_model
         DSparkDeepseekV4ForCausalLM.compute_draft_logits = _compute_draft_logits
         DSparkSpeculator.load_draft_model = _load_draft_model
@@ -240,6 +247,7 @@ def remove() -> None:
         if not getattr(DSparkDeepseekV4ForCausalLM, PATCH_MARK, False):
             return
         DSparkDeepseekV4ForCausalLM.compute_draft_logits = _originals.pop(
-            "DSparkDeepseekV4ForCausalLM.compute_draft_logits")
+            "DSparkDeepseekV4ForCausalLM.compute_draft_logits"
+        )
         DSparkSpeculator.load_draft_model = _originals.pop("DSparkSpeculator.load_draft_model")
         delattr(DSparkDeepseekV4ForCausalLM, PATCH_MARK)

@@ -62,19 +62,37 @@ KILL_SWITCH = "DSV4_OVERLAYS_DISABLE"
 
 FLAGS: tuple[Flag, ...] = (
     Flag(KILL_SWITCH, "0", "1 = apply no overlay at all (kill switch)", _is_01),
-    Flag("VLLM_INCREMENTAL_ENCODE_CACHE", "0",
-         "1 = incremental tokenizer cache on the DSV4 tokenizer", _is_01),
-    Flag("VLLM_INCREMENTAL_ENCODE_CACHE_MB", "256",
-         "byte budget of the tokenizer cache in MiB (LRU eviction; 0 = no caching)",
-         _is_nonneg_float),
-    Flag("VLLM_INCREMENTAL_ENCODE_VERIFY_RATE", "0.01",
-         "fraction of cached encodes re-checked against a full encode; a mismatch turns "
-         "the cache off for the process", _is_rate),
-    Flag("VLLM_INCREMENTAL_ENCODE_LOG_INTERVAL_S", "60",
-         "seconds between counter log lines (hits, misses, bytes, fallbacks); 0 = never",
-         _is_nonneg_float),
-    Flag("VLLM_DSPARK_FP8_DRAFT_HEAD", "0",
-         "1 = DSpark draft logits from an fp8 copy of the local lm_head shard", _is_01),
+    Flag(
+        "VLLM_INCREMENTAL_ENCODE_CACHE",
+        "0",
+        "1 = incremental tokenizer cache on the DSV4 tokenizer",
+        _is_01,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_ENCODE_CACHE_MB",
+        "256",
+        "byte budget of the tokenizer cache in MiB (LRU eviction; 0 = no caching)",
+        _is_nonneg_float,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_ENCODE_VERIFY_RATE",
+        "0.01",
+        "fraction of cached encodes re-checked against a full encode; a mismatch turns "
+        "the cache off for the process",
+        _is_rate,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_ENCODE_LOG_INTERVAL_S",
+        "60",
+        "seconds between counter log lines (hits, misses, bytes, fallbacks); 0 = never",
+        _is_nonneg_float,
+    ),
+    Flag(
+        "VLLM_DSPARK_FP8_DRAFT_HEAD",
+        "0",
+        "1 = DSpark draft logits from an fp8 copy of the local lm_head shard",
+        _is_01,
+    ),
 )
 
 OVERLAYS: tuple[Overlay, ...] = (

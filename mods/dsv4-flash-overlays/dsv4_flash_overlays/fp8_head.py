@@ -27,7 +27,8 @@ byte is read from HBM exactly once. The product is computed transposed (W-tile @
 the wide weight block is the MMA's M dimension and the few tokens its N dimension.
 With <= 2 warps per program (the tuned choice up to M = 48 on the H200) Triton uses mma.sync,
 which gets the e4m3 tile from shared memory in 8-byte loads; 4 warps select Hopper's
-warpgroup MMA, whose register operand is fed 2 bytes per load (see docs/fp8-head-notes.md).
+warpgroup MMA, whose register operand is fed 2 bytes per load (the repository's
+experimental/fp8-head-lab-notes.md has the measurements).
 A second kernel (``_fp8_head_kernel_ab``, layout 1) makes the activations the register
 operand instead; it won nowhere it mattered and stays out of the shipped table.
 
@@ -90,8 +91,8 @@ def quantize_rowwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             raise ValueError("weight has non-finite values; refusing to quantize")
         amax = wf.abs().amax(dim=1)
         s = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-        q[start : start + wf.shape[0]] = (wf / s[:, None]).clamp_(-E4M3_MAX, E4M3_MAX).to(
-            torch.float8_e4m3fn
+        q[start : start + wf.shape[0]] = (
+            (wf / s[:, None]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
         )
         scale[start : start + wf.shape[0]] = s
     return q, scale
@@ -309,9 +310,7 @@ if HAVE_TRITON:
             s = s * 256.0
         n_mask = offs_n[:, None] < N
         y1 = (acc1 * s[:, None]).to(y_ptr.dtype.element_ty)
-        tl.store(
-            y_ptr + offs_m1[None, :] * stride_ym + offs_n[:, None], y1, mask=n_mask & a1_mask
-        )
+        tl.store(y_ptr + offs_m1[None, :] * stride_ym + offs_n[:, None], y1, mask=n_mask & a1_mask)
         if BM2 > 0:
             y2 = (acc2 * s[:, None]).to(y_ptr.dtype.element_ty)
             tl.store(
@@ -431,10 +430,21 @@ def fp8_head_matmul(
         rows = min(MAX_M_PER_LAUNCH, m - start)
         if cfg.layout == 1:
             _fp8_head_kernel_ab[grid](
-                a[start:], q, scale, out[start:], rows, n, k,
-                a.stride(0), q.stride(0), out.stride(0),
-                BN=cfg.bn, BK=cfg.bk, BM=max(64, m_tiles(rows, True)[0]),
-                CONVERT=min(cfg.convert, 1), num_warps=cfg.num_warps,
+                a[start:],
+                q,
+                scale,
+                out[start:],
+                rows,
+                n,
+                k,
+                a.stride(0),
+                q.stride(0),
+                out.stride(0),
+                BN=cfg.bn,
+                BK=cfg.bk,
+                BM=max(64, m_tiles(rows, True)[0]),
+                CONVERT=min(cfg.convert, 1),
+                num_warps=cfg.num_warps,
                 num_stages=cfg.num_stages,
             )
             continue
@@ -504,8 +514,9 @@ def pick(table: dict[int, KernelConfig | str], m: int) -> KernelConfig | str:
 # On a device without tuned entries: fp8 only where halving the bytes wins on any GPU
 # (small M, bandwidth-bound), with a modest shared-memory footprint (~48 KB: fits SM 8.9 and
 # GB10's ~99 KB); cuBLAS bf16 above, so an untuned device is never slower than before.
-UNTUNED_SMALL_M = KernelConfig(bn=64, bk=128, num_warps=2, num_stages=3, convert=CONVERT_F16,
-                               pre_a=1)
+UNTUNED_SMALL_M = KernelConfig(
+    bn=64, bk=128, num_warps=2, num_stages=3, convert=CONVERT_F16, pre_a=1
+)
 UNTUNED_TABLE: dict[int, KernelConfig | str] = {32: UNTUNED_SMALL_M, MAX_M_PER_LAUNCH: BF16}
 
 
@@ -527,8 +538,12 @@ class Fp8Head:
                 logger.warning(
                     "fp8 draft head: NO TUNED CONFIG for %s N=%d K=%d in %s; using the "
                     "untuned default (fp8 %s for M <= 32, bf16 above; run "
-                    "scripts/bench_fp8_head.py --tune on this device)",
-                    name, n, k, CONFIG_PATH.name, UNTUNED_SMALL_M,
+                    "bench/kernels/bench_fp8_head.py --tune on this device)",
+                    name,
+                    n,
+                    k,
+                    CONFIG_PATH.name,
+                    UNTUNED_SMALL_M,
                 )
                 table = dict(UNTUNED_TABLE)
         self.table = table
@@ -552,7 +567,11 @@ class Fp8Head:
             except Exception as exc:  # e.g. OutOfResources on an untuned GPU: never crash
                 logger.warning(
                     "fp8 draft head: kernel failed at M=%d with %s (%s: %s); bf16 for this M "
-                    "from now on", m, choice, type(exc).__name__, exc,
+                    "from now on",
+                    m,
+                    choice,
+                    type(exc).__name__,
+                    exc,
                 )
                 self.failed.add(m)
                 out = torch.nn.functional.linear(a2, self.weight)

@@ -178,8 +178,12 @@ def _component_spec(tokenizer: Tokenizer) -> dict[str, Any]:
         "pre_tokenizer": state(tokenizer.pre_tokenizer),
         "post_processor": state(tokenizer.post_processor),
         "added_tokens": [
-            {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
-             "single_word": t.single_word}
+            {
+                "content": t.content,
+                "lstrip": t.lstrip,
+                "rstrip": t.rstrip,
+                "single_word": t.single_word,
+            }
             for t in tokenizer.get_added_tokens_decoder().values()
         ],
     }
@@ -207,8 +211,10 @@ def analyse_tokenizer(tokenizer: Tokenizer) -> Analysis:
         if step.get("type") != "Split":
             return Analysis(False, f"pre-tokenizer step {step.get('type')} not analysed")
         pattern = (step.get("pattern") or {}).get("Regex")
-        if step.get("behavior") != "Isolated" or step.get("invert") or (
-            pattern not in KNOWN_SPLIT_PATTERNS
+        if (
+            step.get("behavior") != "Isolated"
+            or step.get("invert")
+            or (pattern not in KNOWN_SPLIT_PATTERNS)
         ):
             return Analysis(False, f"Split pattern {pattern!r} not analysed")
 
@@ -391,8 +397,10 @@ class IncrementalEncoder:
         self.stats = Stats()
         self._last_log = time.monotonic()
         self._enabled = self.analysis.supported and self.budget_bytes > 0
-        self.disabled_reason = "" if self._enabled else (
-            self.analysis.reason if not self.analysis.supported else "budget is 0"
+        self.disabled_reason = (
+            ""
+            if self._enabled
+            else (self.analysis.reason if not self.analysis.supported else "budget is 0")
         )
         self._cut_re = _cut_regex(self.analysis)
         if not self._enabled:
@@ -476,7 +484,12 @@ class IncrementalEncoder:
         logger.error(
             "incremental-encode(%s): self-check MISMATCH (chars=%d, full=%d ids, cached=%d ids,"
             " first difference at %s); turning the cache off for this process (pid %d)",
-            self.name, len(text), len(full), len(ids), first, os.getpid(),
+            self.name,
+            len(text),
+            len(full),
+            len(ids),
+            first,
+            os.getpid(),
         )
         self.disable("self-check mismatch")
         return full
@@ -602,8 +615,11 @@ class IncrementalEncoder:
         # part of it (or another conversation sharing a system prompt) does not.
         old_len = len(entry.text) if entry is not None else 0
         superseded = (
-            entry if entry is not None and base_pos >= old_len - SUPERSEDE_SLACK_CHARS
-            and 4 * base_pos >= 3 * old_len else None
+            entry
+            if entry is not None
+            and base_pos >= old_len - SUPERSEDE_SLACK_CHARS
+            and 4 * base_pos >= 3 * old_len
+            else None
         )
         self._insert(new_entry, superseded)
         return _join(chunks)
@@ -665,9 +681,21 @@ class IncrementalEncoder:
             "incremental-encode(%s): calls=%d hits=%d misses=%d passthrough=%d fallbacks=%d"
             " reused_tokens=%d encoded_chars=%d entries=%d bytes=%d/%d evictions=%d"
             " verified=%d mismatches=%d enabled=%s (pid %d)",
-            self.name, s["calls"], s["hits"], s["misses"], s["passthrough"], s["fallbacks"],
-            s["reused_tokens"], s["encoded_chars"], s["entries"], s["bytes"],
-            s["budget_bytes"], s["evictions"], s["verified"], s["mismatches"], s["enabled"],
+            self.name,
+            s["calls"],
+            s["hits"],
+            s["misses"],
+            s["passthrough"],
+            s["fallbacks"],
+            s["reused_tokens"],
+            s["encoded_chars"],
+            s["entries"],
+            s["bytes"],
+            s["budget_bytes"],
+            s["evictions"],
+            s["verified"],
+            s["mismatches"],
+            s["enabled"],
             os.getpid(),
         )
 

@@ -1,0 +1,205 @@
+"""Pair configuration from a ``.env`` file (python-dotenv semantics), validated up front.
+
+Every value is checked before anything touches a node, so a typo in the env file is an
+exit-2 error naming the variable instead of a half-started pair. The seed's incident (a
+launcher copied to pair B still pointing at pair A's worker) starts with a bad env file,
+so validation is strict and the pair's identity (``PAIR_ID``) is mandatory.
+"""
+
+from __future__ import annotations
+
+import io
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dotenv import dotenv_values
+from dotenv.parser import parse_stream
+
+
+class ConfigError(Exception):
+    """A usage/configuration problem: the launcher exits 2 with this message."""
+
+
+@dataclass(frozen=True)
+class Var:
+    """One documented env variable: its default (None = required) and a validator name."""
+
+    name: str
+    default: str | None
+    kind: str
+    doc: str
+    secret: bool = False
+
+
+# The single list of variables; .env.example documents the same names (a test checks it).
+VARS: tuple[Var, ...] = (
+    Var("PAIR_ID", None, "pair_id", "name of this pair; labels every container it owns"),
+    Var("SPARK1", None, "host", "rank-0 node address (the node the launcher runs on)"),
+    Var("SPARK2", None, "host", "rank-1 node address (reached over ssh)"),
+    Var("MASTER_ADDR", "", "host_or_empty", "torch.distributed master address; empty = SPARK1"),
+    Var("MASTER_PORT", "29501", "port", "torch.distributed master port on rank 0"),
+    Var("PORT", "", "port_or_empty", "OpenAI endpoint port on rank 0; empty = recipe's (8000)"),
+    Var("SSH_USER", "", "word_or_empty", "ssh user for SPARK2; empty = ssh default"),
+    Var("SSH_PORT", "", "port_or_empty", "ssh port for SPARK2; empty = ssh default"),
+    Var("SSH_IDENTITY_FILE", "", "path_or_empty", "ssh identity file; empty = ssh default"),
+    Var("SSH_KNOWN_HOSTS_FILE", "", "path_or_empty", "known_hosts file; empty = ssh default"),
+    Var(
+        "IMAGE",
+        "",
+        "image_or_empty",
+        "container image; empty = the recipe's container.image (same ID needed on both nodes)",
+    ),
+    Var("MODEL_PATH", None, "abspath", "model directory, same path on both nodes"),
+    Var("OVERLAY_DIR", "/home/bird/vllm-overlays", "abspath", "overlay copy on both nodes"),
+    Var(
+        "TILELANG_CACHE_DIR",
+        "/home/bird/.cache/tilelang",
+        "abspath",
+        "persistent TileLang JIT cache on both nodes",
+    ),
+    Var("NCCL_SOCKET_IFNAME", None, "iflist", "NCCL bootstrap/socket interface(s)"),
+    Var("GLOO_SOCKET_IFNAME", None, "iflist", "Gloo interface (torch.distributed CPU side)"),
+    Var("NCCL_IB_HCA", "", "hca_or_empty", "2-rail HCA list, one port per card; empty = NCCL auto"),
+    Var(
+        "NCCL_IB_GID_INDEX",
+        "",
+        "gid_or_empty",
+        "pin NCCL's RoCE GID index (0-255); empty = NCCL picks RoCEv2 itself (preferred)",
+    ),
+    Var("HF_TOKEN", "", "any", "optional Hugging Face token (never printed)", secret=True),
+)
+VAR_NAMES = tuple(v.name for v in VARS)
+SECRET_NAMES = frozenset(v.name for v in VARS if v.secret)
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+_PAIR_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
+_WORD_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
+_IF_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*$")
+_HCA_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?::\d+)?(?:,[A-Za-z0-9._-]+(?::\d+)?)*$")
+
+
+def _check(kind: str, value: str) -> str | None:
+    """Return why ``value`` is malformed for ``kind``, or None when it is fine."""
+    if kind == "any":
+        return None
+    if kind.endswith("_or_empty"):
+        if value == "":
+            return None
+        kind = kind.removesuffix("_or_empty")
+    if value == "":
+        return "is empty"
+    if kind == "pair_id":
+        ok = bool(_PAIR_RE.match(value))
+        return None if ok else "must be 1-32 chars of a-z, 0-9 and '-' (e.g. pair-a)"
+    if kind == "host":
+        try:
+            ipaddress.ip_address(value)
+            return None
+        except ValueError:
+            pass
+        return None if _HOST_RE.match(value) else "is not an IP address or hostname"
+    if kind == "port":
+        if not value.isdigit() or not 1 <= int(value) <= 65535:
+            return "must be a port number 1-65535"
+        return None
+    if kind == "word":
+        return None if _WORD_RE.match(value) else "must be a plain user name"
+    if kind in ("abspath", "path"):
+        if kind == "abspath" and not value.startswith("/"):
+            return "must be an absolute path"
+        return None if "\n" not in value and "," not in value else "is not a single path"
+    if kind == "image":
+        return None if _IMAGE_RE.match(value) else "is not an image reference (repo/name:tag)"
+    if kind == "iflist":
+        return None if _IF_RE.match(value) else "must be interface names, comma-separated"
+    if kind == "gid":
+        if not value.isdigit() or not 0 <= int(value) <= 255:
+            return "must be a GID index 0-255 (or empty to let NCCL choose)"
+        return None
+    if kind == "hca":
+        return None if _HCA_RE.match(value) else "must look like dev[:port],dev[:port]"
+    raise AssertionError(f"unknown kind {kind}")
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    """Validated pair settings; ``values`` holds every variable, defaults applied."""
+
+    values: dict[str, str]
+    env_file: str
+    unknown: tuple[str, ...] = field(default=())
+
+    def __getattr__(self, name: str) -> str:
+        values = object.__getattribute__(self, "values")
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    @property
+    def master_addr(self) -> str:
+        """MASTER_ADDR, defaulting to SPARK1 (the head runs on rank 0)."""
+        return self.values["MASTER_ADDR"] or self.values["SPARK1"]
+
+    def ssh_target(self) -> str:
+        """``[user@]SPARK2`` for ssh."""
+        user = self.values["SSH_USER"]
+        return f"{user}@{self.values['SPARK2']}" if user else self.values["SPARK2"]
+
+
+def parse_env(values: dict[str, str | None], env_file: str = "<dict>") -> PairConfig:
+    """Validate raw dotenv values; raise ConfigError naming the first bad variable."""
+    out: dict[str, str] = {}
+    for var in VARS:
+        raw = values.get(var.name)
+        if raw is None:
+            if var.name in values:  # "KEY" with no '=' — dotenv gives None
+                raise ConfigError(f"{env_file}: {var.name} has no value; write {var.name}=...")
+            if var.default is None:
+                raise ConfigError(
+                    f"{env_file}: {var.name} is missing; set it ({var.doc}) — see .env.example"
+                )
+            raw = var.default
+        raw = raw.strip()
+        if raw == "" and var.default is None:
+            raise ConfigError(f"{env_file}: {var.name} is empty; set it ({var.doc})")
+        why = _check(var.kind, raw)
+        if why:
+            shown = "***" if var.secret else repr(raw)
+            raise ConfigError(f"{env_file}: {var.name}={shown} {why}")
+        out[var.name] = raw
+    unknown = tuple(sorted(k for k in values if k not in VAR_NAMES))
+    return PairConfig(values=out, env_file=env_file, unknown=unknown)
+
+
+def load_env_file(path: str | Path) -> PairConfig:
+    """Read an env file with python-dotenv (no interpolation surprises) and validate it."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(
+            f"env file {p} not found; copy .env.example to .env and set your pair's addresses "
+            f"(or pass --env-file FILE)"
+        )
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"env file {p}: {exc}") from exc
+    # python-dotenv only warns about lines it cannot parse and skips them; a skipped line
+    # may be the SPARK2 the operator meant to set, so every unparsable line is an error.
+    # Its text is not echoed: it may hold a secret (e.g. "HF_TOKEN hf_...").
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.error:
+            raise ConfigError(
+                f"{p}:{binding.original.line}: malformed line; expected "
+                "KEY=VALUE (see .env.example)"
+            )
+    raw = dict(dotenv_values(p, interpolate=False))
+    # ssh files relative to the env file (not to wherever the launcher was started); ~ too.
+    for key in ("SSH_IDENTITY_FILE", "SSH_KNOWN_HOSTS_FILE"):
+        val = (raw.get(key) or "").strip()
+        if val:
+            path = Path(val).expanduser()
+            raw[key] = str(path if path.is_absolute() else (p.parent / path).resolve())
+    return parse_env(raw, env_file=str(p))

@@ -1,0 +1,154 @@
+"""The docker CLI subset the launcher uses (docs/INTERFACES.md), on either node.
+
+Every selection of containers is by this pair's label, and is re-checked client-side on the
+labels docker returns: even a runtime that ignored ``--filter`` could not make ``down``
+touch another pair's container.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pairctl.nodes import Node, Result
+from pairctl.plan import LABEL_PAIR
+
+PS_FORMAT = "{{json .}}"
+
+
+@dataclass(frozen=True)
+class Container:
+    """One ``docker ps`` row."""
+
+    id: str
+    name: str
+    state: str
+    labels: dict[str, str]
+
+    @property
+    def pair(self) -> str | None:
+        return self.labels.get(LABEL_PAIR)
+
+    @property
+    def running(self) -> bool:
+        return self.state.lower() == "running"
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``"k=v,k=v"`` (docker ps .Labels) → dict; a dict is passed through."""
+    if isinstance(text, dict):
+        return {str(k): str(v) for k, v in text.items()}
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        if "=" in part:
+            k, _, v = part.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+def parse_ps(text: str) -> list[Container]:
+    """Parse ``docker ps --format '{{json .}}'`` output (one object per line)."""
+    out: list[Container] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        names = row.get("Names", "")
+        if isinstance(names, list):
+            names = ",".join(names)
+        out.append(
+            Container(
+                id=str(row.get("ID", "")),
+                name=str(names).lstrip("/"),
+                state=str(row.get("State", "")),
+                labels=parse_labels(row.get("Labels", "")),
+            )
+        )
+    return out
+
+
+def ps_argv(label_filter: str) -> list[str]:
+    return [
+        "docker",
+        "ps",
+        "-a",
+        "--no-trunc",
+        "--filter",
+        f"label={label_filter}",
+        "--format",
+        PS_FORMAT,
+    ]
+
+
+def pair_containers(node: Node, pair_id: str) -> tuple[list[Container], Result]:
+    """This pair's containers on the node (filtered by docker and again here)."""
+    res = node.run(ps_argv(f"{LABEL_PAIR}={pair_id}"), timeout=30)
+    if res.rc != 0:
+        return [], res
+    return [c for c in parse_ps(res.out) if c.pair == pair_id], res
+
+
+def dsv4_containers(node: Node) -> tuple[list[Container], Result]:
+    """Every container with a dsv4.pair label, any pair (for the foreign-pair check)."""
+    res = node.run(ps_argv(LABEL_PAIR), timeout=30)
+    if res.rc != 0:
+        return [], res
+    return [c for c in parse_ps(res.out) if c.pair is not None], res
+
+
+def remove_pair(node: Node, pair_id: str) -> tuple[list[str], str | None]:
+    """``docker rm -f`` this pair's containers on the node. Returns (names, error)."""
+    mine, res = pair_containers(node, pair_id)
+    if res.rc != 0:
+        return [], f"{node.label}: docker ps failed: {(res.err or res.out).strip()[:300]}"
+    if not mine:
+        return [], None
+    rm = node.run(["docker", "rm", "-f", *[c.id or c.name for c in mine]], timeout=120)
+    if rm.rc != 0:
+        return [], f"{node.label}: docker rm failed: {(rm.err or rm.out).strip()[:300]}"
+    return [c.name for c in mine], None
+
+
+@dataclass(frozen=True)
+class State:
+    """What ``docker inspect`` says about a container."""
+
+    exists: bool
+    running: bool
+    status: str
+    exit_code: int | None
+    finished_at: str = ""
+
+
+def inspect(node: Node, name: str) -> State | None:
+    """State of a container; None when docker itself (or ssh) could not answer."""
+    res = node.run(["docker", "inspect", name], timeout=30)
+    if res.rc != 0:
+        low = (res.err + res.out).lower()
+        if "no such" in low or "not found" in low:
+            return State(False, False, "missing", None)
+        return None
+    try:
+        data = json.loads(res.out)
+        st = data[0]["State"]
+    except (json.JSONDecodeError, LookupError, TypeError):
+        return None
+    code = st.get("ExitCode")
+    return State(
+        True,
+        bool(st.get("Running")),
+        str(st.get("Status", "")),
+        int(code) if isinstance(code, int) else None,
+        str(st.get("FinishedAt") or ""),
+    )
+
+
+def logs_tail(node: Node, name: str, lines: int = 40) -> str:
+    """Last ``lines`` of a container's log (stdout+stderr merged), or the error."""
+    res = node.run(["docker", "logs", "--tail", str(lines), name], timeout=30)
+    text = res.out + res.err
+    return text if text.strip() else f"(no log output; rc={res.rc})"

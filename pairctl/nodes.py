@@ -1,0 +1,132 @@
+"""Running commands on the two nodes: rank 0 locally, rank 1 over ssh.
+
+ssh always runs with ``BatchMode=yes`` and ``StrictHostKeyChecking=yes``: an unknown or
+changed host key is a hard failure, never a prompt or a silent accept. (The seed's incident
+was stopped only by a host-key failure; we keep that guard on by construction.)
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+
+from pairctl.config import PairConfig
+
+SSH_CONNECT_TIMEOUT_S = 10
+
+
+def ssh_argv(cfg: PairConfig, remote_cmd: str | None = None) -> list[str]:
+    """ssh argv for SPARK2 with host-key checking on; empty env values mean ssh defaults."""
+    argv = [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}",
+        "-o",
+        "ServerAliveInterval=15",
+    ]
+    if cfg.SSH_KNOWN_HOSTS_FILE:
+        argv += ["-o", f"UserKnownHostsFile={cfg.SSH_KNOWN_HOSTS_FILE}"]
+    if cfg.SSH_IDENTITY_FILE:
+        argv += ["-i", cfg.SSH_IDENTITY_FILE, "-o", "IdentitiesOnly=yes"]
+    if cfg.SSH_PORT:
+        argv += ["-p", cfg.SSH_PORT]
+    if cfg.SSH_USER:
+        argv += ["-l", cfg.SSH_USER]
+    argv.append(cfg.SPARK2)
+    if remote_cmd is not None:
+        argv += ["--", remote_cmd]
+    return argv
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished command."""
+
+    rc: int
+    out: str
+    err: str
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the pair. ``remote`` nodes are reached with ssh_argv."""
+
+    rank: int
+    addr: str
+    cfg: PairConfig
+
+    @property
+    def remote(self) -> bool:
+        return self.rank == 1
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} ({self.addr})"
+
+    def wrap(self, argv: list[str], secret_names: tuple[str, ...] = ()) -> list[str]:
+        """argv to run locally for a command meant for this node.
+
+        Remote secrets are read from stdin, one line each, into the environment of the
+        remote command, so their values never appear on any command line.
+        """
+        if not self.remote:
+            return list(argv)
+        cmd = shlex.join(argv)
+        if secret_names:
+            reads = "".join(f"IFS= read -r {n}; " for n in secret_names)
+            cmd = f"{reads}export {' '.join(secret_names)}; exec {cmd}"
+        return ssh_argv(self.cfg, cmd)
+
+    def run(
+        self,
+        argv: list[str],
+        timeout: float = 60,
+        stdin: str | bytes | None = None,
+        secrets: tuple[tuple[str, str], ...] = (),
+    ) -> Result:
+        """Run argv on the node and capture output; rc 255 with ssh = ssh itself failed.
+
+        ``secrets`` (name, value) reach the command's environment: locally via the process
+        environment, remotely via stdin (so not together with ``stdin``).
+        """
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        env = None
+        names = tuple(n for n, _ in secrets)
+        if secrets and self.remote:
+            if data is not None:
+                raise ValueError("secrets and stdin cannot both go to a remote command")
+            data = "".join(f"{v}\n" for _, v in secrets).encode()
+        elif secrets:
+            env = dict(os.environ, **dict(secrets))
+        try:
+            p = subprocess.run(
+                self.wrap(argv, names if self.remote else ()),
+                input=data,
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+                env=env,
+                stdin=subprocess.DEVNULL if data is None else None,
+            )
+        except subprocess.TimeoutExpired:
+            return Result(124, "", f"timed out after {timeout:.0f}s: {argv[0]}")
+        except FileNotFoundError as exc:
+            return Result(127, "", str(exc))
+        return Result(
+            p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+        )
+
+    def run_script(self, script: str, timeout: float = 60) -> Result:
+        """Run a POSIX sh script (read from stdin) on the node."""
+        return self.run(["sh", "-s"], timeout=timeout, stdin=script)
+
+
+def nodes(cfg: PairConfig) -> tuple[Node, Node]:
+    """(rank 0 = SPARK1 local, rank 1 = SPARK2 over ssh)."""
+    return Node(0, cfg.SPARK1, cfg), Node(1, cfg.SPARK2, cfg)

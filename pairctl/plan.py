@@ -1,0 +1,244 @@
+"""What ``up`` runs on each node: the exact ``docker run`` argv per rank.
+
+Kept pure (config + recipe in, argv out) so ``plan`` prints precisely what ``up`` executes
+and tests can pin every flag. Containers carry the pair labels from docs/INTERFACES.md;
+cleanup selects on them, which is what makes the seed's cross-pair incident impossible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from dataclasses import dataclass, replace
+
+from pairctl.config import SECRET_NAMES, ConfigError, PairConfig
+from pairctl.nodes import ssh_argv
+from pairctl.recipe import Mount, Recipe, serve_argv, substitute
+
+OVERLAY_MOUNT = "/opt/dsv4-flash-overlays"
+LABEL_PAIR = "dsv4.pair"
+LABEL_RANK = "dsv4.rank"
+LABEL_ROLE = "dsv4.role"
+LABEL_PLAN = "dsv4.plan"
+FORBIDDEN_ENV = "VLLM_DSV4_B12X_COMPRESSED_MLA"
+_SECRET_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY)", re.I)
+
+
+def container_name(pair_id: str, rank: int) -> str:
+    """``dsv4-<PAIR_ID>-rank<R>`` (docs/INTERFACES.md)."""
+    return f"dsv4-{pair_id}-rank{rank}"
+
+
+def is_secret(key: str) -> bool:
+    """Env keys whose values must never be printed."""
+    return key in SECRET_NAMES or bool(_SECRET_RE.search(key))
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's container: where it runs and the full docker argv (without 'docker')."""
+
+    rank: int
+    role: str
+    node: str
+    name: str
+    image: str
+    env: dict[str, str]
+    mounts: tuple[Mount, ...]
+    vllm_argv: tuple[str, ...]
+    docker_argv: tuple[str, ...]
+    # Secret env values travel in the docker client's environment (``-e NAME`` in argv),
+    # never on a command line where ps, ssh logs or shell history could see them.
+    secret_env: tuple[tuple[str, str], ...] = ()
+
+
+def with_recipe_defaults(cfg: PairConfig, recipe: Recipe) -> PairConfig:
+    """Fill env values the recipe provides defaults for (PORT: env > recipe > 8000)."""
+    if cfg.PORT:
+        return cfg
+    values = dict(cfg.values, PORT=str(recipe.serve.get("port", 8000)))
+    return replace(cfg, values=values)
+
+
+def resolve_image(cfg: PairConfig, recipe: Recipe) -> str:
+    """IMAGE from .env wins over the recipe's container.image."""
+    image = cfg.IMAGE or recipe.image
+    if not image:
+        raise ConfigError("no image: set IMAGE in the env file or container.image in the recipe")
+    return image
+
+
+def _placeholders(cfg: PairConfig, rank: int) -> dict[str, str]:
+    values = dict(cfg.values)
+    values["MASTER_ADDR"] = cfg.master_addr
+    values["NODE_IP"] = cfg.SPARK1 if rank == 0 else cfg.SPARK2
+    values["RANK"] = str(rank)
+    return values
+
+
+def vllm_args(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str]) -> list[str]:
+    """``vllm serve MODEL <recipe args> <per-rank args> <passthrough>``."""
+    serve = dict(recipe.serve)
+    serve["port"] = int(with_recipe_defaults(cfg, recipe).PORT)  # env PORT > recipe port
+    argv = ["vllm", "serve", cfg.MODEL_PATH]
+    argv += serve_argv(serve, _placeholders(cfg, rank))
+    argv += [
+        "--node-rank",
+        str(rank),
+        "--master-addr",
+        cfg.master_addr,
+        "--master-port",
+        cfg.MASTER_PORT,
+    ]
+    if rank == 1:
+        argv.append("--headless")
+    argv += passthrough
+    return argv
+
+
+def container_env(cfg: PairConfig, recipe: Recipe, rank: int, overlay: bool) -> dict[str, str]:
+    """Recipe env with placeholders filled; empty values are dropped (e.g. NCCL_IB_HCA='')."""
+    values = _placeholders(cfg, rank)
+    env: dict[str, str] = {}
+    for k, v in recipe.env.items():
+        val = substitute(v, values, f"recipe env {k}")
+        if val != "":
+            env[k] = val
+    if overlay:
+        env["PYTHONPATH"] = OVERLAY_MOUNT
+    if cfg.HF_TOKEN:
+        env["HF_TOKEN"] = cfg.HF_TOKEN
+    return env
+
+
+def plan_hash(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:
+    """Short fingerprint of what would run; stored as a label to spot config drift."""
+    h = hashlib.sha256()
+    for rank in (0, 1):
+        h.update("\0".join(vllm_args(cfg, recipe, rank, passthrough)).encode())
+        env = container_env(cfg, recipe, rank, overlay=True)
+        h.update("\0".join(f"{k}={v}" for k, v in sorted(env.items())).encode())
+    h.update(resolve_image(cfg, recipe).encode())
+    return h.hexdigest()[:12]
+
+
+def build_rank(
+    cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str], overlay: bool = True
+) -> RankPlan:
+    """The docker run argv for one rank; ``overlay`` False drops the overlay mount."""
+    if rank not in (0, 1):
+        raise ConfigError(f"rank must be 0 or 1, not {rank}")
+    role = "head" if rank == 0 else "worker"
+    name = container_name(cfg.PAIR_ID, rank)
+    image = resolve_image(cfg, recipe)
+    values = _placeholders(cfg, rank)
+    mounts = [
+        Mount(cfg.MODEL_PATH, cfg.MODEL_PATH, ro=True),
+        Mount(cfg.TILELANG_CACHE_DIR, cfg.TILELANG_CACHE_DIR),
+    ]
+    if overlay:
+        mounts.append(Mount(cfg.OVERLAY_DIR, OVERLAY_MOUNT, ro=True))
+    for m in recipe.mounts:
+        mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
+    env = container_env(cfg, recipe, rank, overlay)
+    vargs = vllm_args(cfg, recipe, rank, passthrough)
+    argv: list[str] = [
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--label",
+        f"{LABEL_PAIR}={cfg.PAIR_ID}",
+        "--label",
+        f"{LABEL_RANK}={rank}",
+        "--label",
+        f"{LABEL_ROLE}={role}",
+        "--label",
+        f"{LABEL_PLAN}={plan_hash(cfg, recipe, passthrough)}",
+        "--network",
+        "host",
+        "--gpus",
+        "all",
+        "--ipc",
+        "host",
+    ]
+    if recipe.shm_size:
+        argv += ["--shm-size", recipe.shm_size]
+    for u in recipe.ulimits:
+        argv += ["--ulimit", u]
+    for m in mounts:
+        argv += ["-v", m.arg()]
+    secrets: list[tuple[str, str]] = []
+    for k, v in env.items():
+        if is_secret(k):
+            if "\n" in v:
+                raise ConfigError(f"{k} must be a single line")
+            argv += ["-e", k]
+            secrets.append((k, v))
+        else:
+            argv += ["-e", f"{k}={v}"]
+    argv.append(image)
+    argv += vargs
+    return RankPlan(
+        rank=rank,
+        role=role,
+        node=cfg.SPARK1 if rank == 0 else cfg.SPARK2,
+        name=name,
+        image=image,
+        env=env,
+        mounts=tuple(mounts),
+        vllm_argv=tuple(vargs),
+        docker_argv=tuple(argv),
+        secret_env=tuple(secrets),
+    )
+
+
+def mask_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """Copy of argv with secret ``-e K=V`` values replaced by ``***`` (defence in depth:
+    build_rank already passes secrets as bare ``-e K``)."""
+    out: list[str] = []
+    prev = ""
+    for a in argv:
+        if prev in ("-e", "--env") and "=" in a:
+            k, _, _v = a.partition("=")
+            if is_secret(k):
+                a = f"{k}=***"
+        out.append(a)
+        prev = a
+    return out
+
+
+def render_plan(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:
+    """Human-readable plan: per rank, the docker line, env, mounts and vLLM args (masked)."""
+    lines = [
+        f"# pair {cfg.PAIR_ID}: recipe {recipe.name} ({recipe.path}), "
+        f"env {cfg.env_file}, plan {plan_hash(cfg, recipe, passthrough)}",
+        f"# endpoint: http://{cfg.SPARK1}:{cfg.PORT}/v1 "
+        f"(master {cfg.master_addr}:{cfg.MASTER_PORT})",
+        "# order: remove this pair's stale containers on both nodes (label "
+        f"{LABEL_PAIR}={cfg.PAIR_ID}), start rank 1, start rank 0, wait for health",
+        f"# if OVERLAY_DIR ({cfg.OVERLAY_DIR}) is missing on a node, that node boots "
+        "without the overlay mount and PYTHONPATH (warning)",
+    ]
+    for rank in (1, 0):
+        rp = build_rank(cfg, recipe, rank, passthrough)
+        where = "local (SPARK1)" if rank == 0 else f"ssh {cfg.ssh_target()} (SPARK2)"
+        lines.append("")
+        lines.append(f"## rank {rank} ({rp.role}) on {rp.node} via {where}: container {rp.name}")
+        if rank == 1:
+            lines.append(
+                "# over: "
+                + shlex.join(ssh_argv(cfg))
+                + " -- <the docker line>"
+                + (" (secret values on stdin)" if rp.secret_env else "")
+            )
+        lines.append("docker " + shlex.join(mask_argv(rp.docker_argv)))
+        lines.append("# env:")
+        for k, v in rp.env.items():
+            lines.append(f"#   {k}={'***' if is_secret(k) else v}")
+        lines.append("# mounts:")
+        for m in rp.mounts:
+            lines.append(f"#   {m.arg()}")
+        lines.append("# vllm: " + shlex.join(rp.vllm_argv))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,6 @@
+"""Bandwidth model of DSpark decode on a DGX Spark pair (the seed's "Performance model").
+
+Modules: `paging` (distinct experts touched when verifying M tokens, closed forms and a
+Monte-Carlo), `budget` (per-verify-step time budget, steps/s, tok/s, aggregate ceiling),
+`report` (table and JSON). The CLI is `perfmodel/__main__.py`.
+"""

@@ -1,0 +1,169 @@
+"""Performance model of DSpark decode of DeepSeek-V4-Flash on a DGX Spark pair.
+
+Why decode runs at ~14.5 verify steps/s, what tok/s an acceptance profile buys, what the
+aggregate ceiling is vs --max-num-seqs, and why wider (tree) speculation does not pay.
+Every formula is in docs/performance-model.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+
+from perfmodel import budget as B
+from perfmodel import report
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers: {text}") from e
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text}") from e
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError("values must be >= 1")
+    return vals
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: python -m perfmodel --accept 0.85 --bw-gbs 273 --json",
+    )
+    p.add_argument(
+        "--bw-gbs",
+        type=float,
+        default=235.0,
+        help="LPDDR5X bandwidth per GB10 in GB/s (seed: ~235; spec peak 273)",
+    )
+    p.add_argument(
+        "--moe-eff",
+        type=float,
+        default=B.SEED.moe_eff,
+        help="achieved fraction of bandwidth in the MoE kernels (seed: 0.87). "
+        "Changes the MoE time only with --routing uniform; in calibrated mode "
+        "the seed's 30 ms is kept and this changes the fitted locality rho",
+    )
+    p.add_argument("--link-gbps", type=float, default=200.0, help="RoCE rail speed, Gb/s")
+    p.add_argument("--rails", type=int, default=2, help="RoCE rails in use (one port per card)")
+    p.add_argument(
+        "--gamma",
+        type=int,
+        default=5,
+        help="draft tokens per step (DSpark block size; the checkpoint has 5)",
+    )
+    p.add_argument(
+        "--accept",
+        type=_floats,
+        default=[B.REF_ALPHA],
+        help="acceptance: one alpha for every position, or gamma comma-separated "
+        "values (default 0.8, an assumption mid-way in the seed's tok/s band)",
+    )
+    p.add_argument(
+        "--accept-kind",
+        choices=("conditional", "rate"),
+        default="conditional",
+        help="conditional: P(k accepted | 1..k-1 accepted); rate: P(first k "
+        "accepted), i.e. vLLM's accepted_tokens_per_pos / num_drafts",
+    )
+    p.add_argument(
+        "--tree-width",
+        type=int,
+        default=2,
+        help="width of the tree compared against the chain (verifies width*(gamma+1) tokens)",
+    )
+    p.add_argument(
+        "--m",
+        type=_ints,
+        default=[1, 2, 6, 12, 24, 48, 144],
+        dest="paging_m",
+        help="verified-token counts M for the expert-paging table",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=24, help="vLLM --max-num-seqs")
+    p.add_argument(
+        "--per-seq-ms",
+        type=float,
+        default=None,
+        help="cost per extra sequence in a batch (default: calibrated so that the "
+        "seed's 131 tok/s at 24 seqs holds)",
+    )
+    p.add_argument(
+        "--routing",
+        choices=B.ROUTING_MODES,
+        default="calibrated",
+        help="expert-union model: calibrated (locality fitted to the seed's MoE "
+        "time), uniform (independent top-6, pure bytes), seed (249/256 formula)",
+    )
+    p.add_argument(
+        "--draft-head",
+        choices=("fp8", "bf16"),
+        default="fp8",
+        help="draft lm_head dtype (VLLM_DSPARK_FP8_DRAFT_HEAD=1 is fp8)",
+    )
+    p.add_argument(
+        "--mc-trials",
+        type=int,
+        default=2000,
+        help="Monte-Carlo trials per M (0 = skip the simulation)",
+    )
+    p.add_argument("--mc-seed", type=int, default=0, help="Monte-Carlo RNG seed")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    a = p.parse_args(argv)
+    if a.gamma < 1 or a.tree_width < 1 or a.max_num_seqs < 1 or a.bw_gbs <= 0:
+        p.error("gamma, tree width, max-num-seqs must be >= 1 and bandwidth > 0")
+    if not 0 < a.moe_eff <= 1:
+        p.error("--moe-eff must be in (0, 1]")
+    if a.mc_trials == 1 or a.mc_trials < 0:
+        p.error("--mc-trials must be 0 or >= 2")
+    if len(a.accept) not in (1, a.gamma):
+        p.error(f"--accept needs 1 or gamma={a.gamma} values, got {len(a.accept)}")
+    return a
+
+
+def acceptance(a: argparse.Namespace) -> B.Acceptance:
+    vals = a.accept * a.gamma if len(a.accept) == 1 else a.accept
+    if a.accept_kind == "rate":
+        if len(a.accept) == 1:
+            vals = [a.accept[0] ** (k + 1) for k in range(a.gamma)]
+        return B.Acceptance.from_rates(vals)
+    return B.Acceptance(tuple(vals))
+
+
+def inputs(a: argparse.Namespace) -> B.Inputs:
+    return B.Inputs(
+        model=replace(B.ModelConfig(), gamma=a.gamma),
+        hw=B.Hardware(bw_gbs=a.bw_gbs, link_gbps=a.link_gbps, rails=a.rails),
+        seed=replace(B.SEED, moe_eff=a.moe_eff),
+        draft_head_fp8=a.draft_head == "fp8",
+        routing=a.routing,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        acc = acceptance(a)
+    except ValueError as e:
+        print(f"perf_model: {e}", file=sys.stderr)
+        return 2
+    doc = report.build(
+        inputs(a),
+        acc,
+        max_num_seqs=a.max_num_seqs,
+        paging_ms=a.paging_m,
+        mc_trials=a.mc_trials,
+        mc_seed=a.mc_seed,
+        tree_width=a.tree_width,
+        per_seq_ms=a.per_seq_ms,
+    )
+    print(json.dumps(doc, indent=2) if a.json else report.render(doc))
+    return 0

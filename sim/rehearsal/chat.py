@@ -1,0 +1,75 @@
+"""One streamed chat request against the pair's endpoint, as a client would send it.
+
+Used by `make rehearse` (prints the reply as it streams) and by the end-to-end tests
+(assert the endpoint really answers, not just that /health is green).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import requests
+
+
+@dataclass
+class ChatResult:
+    """What came back: the text, the server's labels, and the usage block."""
+
+    model: str
+    content: str = ""
+    reasoning: str = ""
+    chunks: int = 0
+    usage: dict[str, int] = field(default_factory=dict)
+    simulator: bool = False
+
+
+def first_model(base_url: str, timeout: float = 10) -> str:
+    resp = requests.get(f"{base_url}/v1/models", timeout=timeout)
+    resp.raise_for_status()
+    return resp.json()["data"][0]["id"]
+
+
+def stream_chat(
+    base_url: str,
+    prompt: str,
+    max_tokens: int = 48,
+    on_text: Callable[[str], None] = lambda _t: None,
+    timeout: float = 60,
+) -> ChatResult:
+    """POST /v1/chat/completions with stream + include_usage; returns the assembled reply."""
+    model = first_model(base_url, timeout)
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    result = ChatResult(model=model)
+    with requests.post(
+        f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=timeout
+    ) as resp:
+        resp.raise_for_status()
+        result.simulator = resp.headers.get("X-Spark-Twin") == "simulator"
+        for raw in resp.iter_lines(decode_unicode=True):
+            if not raw or not raw.startswith("data:"):
+                continue
+            data = raw[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                result.usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                delta = choice.get("delta") or {}
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                text = delta.get("content") or ""
+                if reasoning or text:
+                    result.chunks += 1
+                result.reasoning += reasoning
+                result.content += text
+                if text:
+                    on_text(text)
+    return result

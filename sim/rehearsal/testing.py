@@ -1,0 +1,83 @@
+"""pytest support: a session-scoped rehearsal pair for the netns tests.
+
+Each test module makes its own fixture with its own prefix (`pair_fixture("dsv4t")`),
+so modules never share names and a manual `make rehearse` (prefix `dsv4r`) can run at
+the same time; if someone else's test run holds the prefix, the next free `prefixN` is
+used. Building a pair takes ~1.5 s; the simulator boot is the slow part.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sim.rehearsal import hosts, pairenv
+
+
+def pair_fixture(prefix: str, with_env: bool = True) -> Callable[..., Any]:
+    """A session-scoped fixture yielding a built `hosts.Pair` (with `.env_file` if asked)."""
+
+    @pytest.fixture(scope="session")
+    def _pair() -> Iterator[hosts.Pair]:
+        pair = hosts.build_free_pair(prefix)
+        try:
+            if with_env:
+                pair.env_file = pairenv.prepare(pair)
+            yield pair
+        finally:
+            hosts.teardown(pair)
+
+    return _pair
+
+
+def host_process_cmdlines(host: hosts.Host) -> list[str]:
+    """Command lines of every process in the host's netns except its sshd listener."""
+    sshd = host.sshd_pid()
+    out = []
+    for pid in host.pids():
+        if pid == sshd:
+            continue
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        out.append(f"{pid}: " + raw.replace(b"\0", b" ").decode(errors="replace").strip())
+    return out
+
+
+def run_launcher(
+    pair: hosts.Pair,
+    repo: Path,
+    *args: str,
+    env_file: Path | None = None,
+    timeout: float = 240,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run launch/dspark_launch.sh on host 1, as an operator does on the rank-0 Spark."""
+    env_path = env_file or pair.env_file
+    argv = [str(repo / "launch" / "dspark_launch.sh"), *args, "--env-file", str(env_path)]
+    env = dict(extra_env or {})
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # The launcher's documented test knob: poll health every 0.5 s instead of 2 s.
+    env.setdefault("PAIRCTL_POLL_S", "0.5")
+    return pair.h1.run(argv, env=env, timeout=timeout, cwd=str(repo / "launch"))
+
+
+_GET = (
+    "import sys, urllib.request\n"
+    "print(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())"
+)
+
+
+def http_get_on(host: hosts.Host, url: str) -> subprocess.CompletedProcess:
+    """GET `url` from inside `host` (its network); rc 0 and the body on success."""
+    return host.run(["python3", "-c", _GET, url], timeout=30)
+
+
+def is_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"

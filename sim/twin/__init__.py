@@ -1,0 +1,16 @@
+"""Spark twin: an offline simulator of a DeepSeek-V4-Flash + DSpark TP=2 pair.
+
+It is a *simulator*: it runs no model. It speaks the endpoints our launcher, benchmarks and
+quality gate use, and times everything with a performance model driven by a profile file
+(sim/profiles/). See docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LABEL = "SPARK-TWIN SIMULATOR"
+OWNED_BY = "spark-twin-simulator"
+HEADER = ("X-Spark-Twin", "simulator")
+PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+DEFAULT_PROFILE = PROFILES_DIR / "spark-pair.yaml"

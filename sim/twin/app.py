@@ -1,0 +1,178 @@
+"""Rank 0's API server: wire profile + args into engine, metrics and HTTP, then serve."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from sim.twin import LABEL
+from sim.twin import faults as faultmod
+from sim.twin import profile as profmod
+from sim.twin.api import TwinServer
+from sim.twin.cli import ServeArgs
+from sim.twin.engine import Engine, EngineConfig
+from sim.twin.metrics import Metrics
+from sim.twin.prefix_cache import PrefixCache
+from sim.twin.prompting import PromptEncoder
+from sim.twin.requests_in import Builder
+
+log = logging.getLogger("twin")
+
+
+def fp8_head_enabled() -> bool:
+    """The overlay flag as the plugin reads it: exactly "1", unless the kill switch is on."""
+    return (
+        os.environ.get("VLLM_DSPARK_FP8_DRAFT_HEAD", "") == "1"
+        and os.environ.get("DSV4_OVERLAYS_DISABLE", "") != "1"
+    )
+
+
+def step_timeout(tp: int) -> float | None:
+    """VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (default 300), enforced only with TP > 1."""
+    if tp <= 1:
+        return None
+    raw = os.environ.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "300")
+    try:
+        return float(raw)
+    except ValueError:
+        log.warning("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=%r is not a number; using 300", raw)
+        return 300.0
+
+
+def engine_config(
+    args: ServeArgs, prof: profmod.Profile, faults: faultmod.Faults, warm: bool
+) -> EngineConfig:
+    sched, kv = prof.section("scheduler"), prof.section("kv_cache")
+    return EngineConfig(
+        gamma=args.num_speculative_tokens,
+        max_num_seqs=args.max_num_seqs or int(sched.get("max_num_seqs", 256)),
+        max_num_batched_tokens=args.max_num_batched_tokens
+        or int(sched.get("max_num_batched_tokens", 8192)),
+        lpt_threshold=max(int(args.long_prefill_token_threshold or 0), 0),
+        max_model_len=args.max_model_len or int(sched.get("max_model_len", 1048576)),
+        fp8_head=fp8_head_enabled(),
+        kv_capacity_tokens=int(kv.get("capacity_tokens", 1_200_000)),
+        step_timeout_s=step_timeout(args.tensor_parallel_size),
+        jit_stall_s=0.0 if warm else float(prof.section("boot").get("jit_stall_s", 0.0)),
+        stall_steps=dict(faults.stalls),
+    )
+
+
+def truth(
+    args: ServeArgs,
+    prof: profmod.Profile,
+    cfg: EngineConfig,
+    seed: int,
+    warm: bool,
+    encoder_cached: bool,
+) -> dict[str, Any]:
+    derived = profmod.derived(
+        prof,
+        cfg.gamma,
+        cfg.fp8_head,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.lpt_threshold,
+    )
+    derived.update(
+        {
+            "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "long_prefill_token_threshold": cfg.lpt_threshold,
+            "max_model_len": cfg.max_model_len,
+            "step_timeout_s": cfg.step_timeout_s,
+            "jit_stall_s": cfg.jit_stall_s,
+            "warm_boot": warm,
+            "incremental_encode_cache": encoder_cached,
+            "seed": seed,
+            "kv_capacity_tokens": cfg.kv_capacity_tokens,
+        }
+    )
+    serve = {k: v for k, v in args.as_dict().items()}
+    return {
+        "simulator": LABEL,
+        "profile": {k: v for k, v in prof.raw.items()},
+        "derived": derived,
+        "serve_args": serve,
+        "unknown_flags": args.unknown,
+    }
+
+
+def start_server(
+    args: ServeArgs,
+    prof: profmod.Profile,
+    faults: faultmod.Faults,
+    warm: bool,
+    encoder: PromptEncoder | None = None,
+) -> int:
+    from sim.twin.serve import die, fault_at, write_marker
+
+    seed = args.twin_seed if args.twin_seed is not None else args.seed
+    cfg = engine_config(args, prof, faults, warm)
+    names = list(args.served_model_name or [args.model])
+    kv = prof.section("kv_cache")
+    prefix = PrefixCache(
+        int(kv.get("block_size", 256)),
+        int(kv.get("prefix_cache_blocks", 4688)),
+        enabled=bool(args.enable_prefix_caching),
+    )
+    metrics = Metrics(names[0], cfg.gamma)
+
+    def on_death(why: str) -> None:
+        # Like vLLM's API server: in-flight requests get their error, /health turns 503,
+        # then the process exits non-zero (and the peer rank follows via the heartbeat).
+        threading.Timer(1.0, die, args=(f"EngineDeadError: {why}; shutting down",)).start()
+
+    engine = Engine(
+        prof, cfg, metrics, prefix, on_death=on_death, on_first_step=None if warm else write_marker
+    )
+    encoder = encoder or PromptEncoder()
+    builder = Builder(
+        engine,
+        encoder,
+        prof,
+        seed,
+        cfg.gamma,
+        cfg.max_model_len,
+        prefix.block_size,
+        answers_enabled=not faults.no_answers,
+    )
+    try:
+        server = TwinServer(
+            (args.host, args.port),
+            engine,
+            builder,
+            metrics,
+            names,
+            truth(args, prof, cfg, seed, warm, encoder.cached),
+        )
+    except OSError as exc:
+        log.error(
+            "cannot listen on %s:%d (%s); is the port free?", args.host, args.port, exc.strerror
+        )
+        return 1
+    engine.start()
+    time.sleep(float(prof.section("boot").get("api_server_s", 0.0)) * faults.slow_boot)
+    log.info("Starting vLLM API server 0 on http://%s:%d", args.host, args.port)
+    for n, at, dur in faults.foreign:
+        threading.Timer(at, _inject, args=(engine, builder, n, dur)).start()
+    signal.signal(signal.SIGTERM, lambda *_: die("received SIGTERM, shutting down", 0))
+    fault_at(faults, "serving")
+    log.info("Application startup complete.")
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        log.info("interrupted, shutting down")
+    finally:
+        engine.stop()
+    return 0
+
+
+def _inject(engine: Engine, builder: Builder, n: int, secs: float) -> None:
+    log.warning("Foreign traffic (fault switch): %d phantom requests for %.1f s", n, secs)
+    for i in range(n):
+        engine.submit(builder.foreign(secs, i))

@@ -1,0 +1,184 @@
+"""Two-rank rendezvous over real TCP, and the heartbeat that makes the ranks die together.
+
+Rank 0 listens on --master-addr:--master-port (vLLM's TCP store role) and waits; rank 1
+connects, retrying until it joins (or join_timeout_s passes, like vLLM's DistStoreError).
+After the handshake both sides send a heartbeat line every interval; a closed socket, a
+reset, or silence longer than heartbeat_timeout_s means the peer is gone, and the survivor
+exits non-zero, as a vLLM rank does when its TP peer dies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("twin")
+
+
+class RendezvousError(RuntimeError):
+    """Joining failed (timeout, rejected handshake, bind error)."""
+
+
+class Link:
+    """A connected pair of ranks: JSON lines, heartbeats, peer-death callback."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        peer_rank: int,
+        interval: float,
+        timeout: float,
+        on_peer_death: Callable[[str], None],
+    ) -> None:
+        self.sock, self.peer_rank = sock, peer_rank
+        self.interval, self.timeout = interval, timeout
+        self.on_peer_death = on_peer_death
+        self._wlock = threading.Lock()
+        self._rfile = sock.makefile("r", encoding="utf-8")
+        self._events: dict[str, threading.Event] = {}
+        self._closing = False
+        sock.settimeout(timeout)
+
+    def send(self, msg: dict) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        with self._wlock:
+            self.sock.sendall(data)
+
+    def recv(self) -> dict:
+        line = self._rfile.readline()
+        if not line:
+            raise ConnectionError("connection closed")
+        return json.loads(line)
+
+    def event(self, name: str) -> threading.Event:
+        return self._events.setdefault(name, threading.Event())
+
+    def start(self) -> None:
+        threading.Thread(target=self._beat, name="hb-send", daemon=True).start()
+        threading.Thread(target=self._listen, name="hb-recv", daemon=True).start()
+
+    def close(self) -> None:
+        self._closing = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _beat(self) -> None:
+        while not self._closing:
+            try:
+                self.send({"type": "hb", "t": time.time()})
+            except OSError as exc:
+                self._dead(f"send failed: {exc}")
+                return
+            time.sleep(self.interval)
+
+    def _listen(self) -> None:
+        while not self._closing:
+            try:
+                msg = self.recv()
+            except (OSError, ValueError) as exc:
+                if isinstance(exc, TimeoutError):
+                    why = f"no heartbeat for {self.timeout:.1f} s"
+                else:
+                    why = str(exc) or type(exc).__name__
+                self._dead(why)
+                return
+            kind = msg.get("type")
+            if kind != "hb":
+                self.event(str(kind)).set()
+
+    def _dead(self, why: str) -> None:
+        if not self._closing:
+            self._closing = True
+            self.on_peer_death(f"rank {self.peer_rank} is gone ({why})")
+
+
+def serve_rendezvous(
+    addr: str, port: int, model: str, join_timeout: float, log_every: float = 5.0
+) -> tuple[socket.socket, dict]:
+    """Rank 0: listen and block until rank 1 has connected and said hello."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        srv.bind((addr, port))
+    except OSError as exc:
+        raise RendezvousError(
+            f"cannot listen on master {addr}:{port} ({exc.strerror}); is "
+            f"--master-addr this node's address and the port free?"
+        ) from exc
+    srv.listen(4)
+    srv.settimeout(1.0)
+    t0 = last = time.monotonic()
+    log.info("Waiting for rank 1 to join at %s:%d", addr, port)
+    try:
+        while True:
+            now = time.monotonic()
+            if join_timeout > 0 and now - t0 > join_timeout:
+                raise RendezvousError(
+                    f"DistStoreError: rank 1 did not join {addr}:{port} within "
+                    f"{join_timeout:.0f} s; start the worker (--node-rank 1 "
+                    "--headless) with the same --master-addr/--master-port"
+                )
+            if now - last >= log_every:
+                log.info("Waiting for rank 1 to join at %s:%d (%.0f s)", addr, port, now - t0)
+                last = now
+            try:
+                conn, peer = srv.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5.0)
+            try:
+                hello = json.loads(conn.makefile("r").readline() or "{}")
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            if hello.get("type") != "hello" or hello.get("rank") != 1:
+                conn.close()
+                continue
+            if hello.get("model") != model:
+                why = f"model mismatch: rank 0 serves {model!r}, rank 1 has {hello.get('model')!r}"
+                conn.sendall((json.dumps({"type": "reject", "why": why}) + "\n").encode())
+                conn.close()
+                raise RendezvousError(why + "; both ranks need the same model path and args")
+            conn.sendall((json.dumps({"type": "welcome"}) + "\n").encode())
+            log.info("Rank 1 joined from %s:%d", peer[0], peer[1])
+            return conn, hello
+    finally:
+        srv.close()
+
+
+def join_rendezvous(
+    addr: str, port: int, model: str, join_timeout: float, log_every: float = 5.0
+) -> socket.socket:
+    """Rank 1: connect to rank 0, retrying until it answers (or join_timeout passes)."""
+    t0 = last = time.monotonic()
+    attempt = 0
+    log.info("Connecting to rank 0 at %s:%d", addr, port)
+    while True:
+        attempt += 1
+        try:
+            sock = socket.create_connection((addr, port), timeout=2.0)
+            sock.sendall((json.dumps({"type": "hello", "rank": 1, "model": model}) + "\n").encode())
+            reply = json.loads(sock.makefile("r").readline() or "{}")
+            if reply.get("type") == "welcome":
+                log.info("Joined rank 0 at %s:%d (attempt %d)", addr, port, attempt)
+                return sock
+            sock.close()
+            raise RendezvousError(f"rank 0 rejected this worker: {reply.get('why', reply)}")
+        except (OSError, ValueError) as exc:
+            now = time.monotonic()
+            if join_timeout > 0 and now - t0 > join_timeout:
+                raise RendezvousError(
+                    f"DistStoreError: could not reach rank 0 at {addr}:{port} "
+                    f"within {join_timeout:.0f} s ({exc}); is the head up "
+                    "and the master port reachable?"
+                ) from exc
+            if now - last >= log_every:
+                log.info("Still waiting for rank 0 at %s:%d (%s)", addr, port, exc)
+                last = now
+            time.sleep(0.5)

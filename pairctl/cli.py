@@ -17,6 +17,7 @@ from pairctl import lifecycle as lc
 from pairctl import preflight as pf
 from pairctl.config import ConfigError, PairConfig, load_env_file
 from pairctl.nodes import nodes
+from pairctl.overlays import shipped_files, sync
 from pairctl.plan import (
     build_rank,
     container_name,
@@ -25,7 +26,7 @@ from pairctl.plan import (
     resolve_image,
     with_recipe_defaults,
 )
-from pairctl.probe import collect
+from pairctl.probe import gather
 from pairctl.recipe import Recipe, check_passthrough, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,27 +53,6 @@ def _load(args: argparse.Namespace) -> tuple[PairConfig, Recipe, list[str]]:
     return cfg, recipe, passthrough
 
 
-def gather(cfg: PairConfig, recipe: Recipe) -> dict:
-    """Evidence from both nodes plus local name resolution."""
-    image = resolve_image(cfg, recipe)
-    n0, n1 = nodes(cfg)
-    resolved = {
-        k: pf.resolve(v)
-        for k, v in (
-            ("SPARK1", cfg.SPARK1),
-            ("SPARK2", cfg.SPARK2),
-            ("MASTER_ADDR", cfg.master_addr),
-        )
-    }
-    public = {k: ("***" if is_secret(k) and v else v) for k, v in cfg.values.items()}
-    return {
-        "config": public,
-        "resolved": resolved,
-        "image": image,
-        "nodes": {"0": collect(n0, cfg, image), "1": collect(n1, cfg, image)},
-    }
-
-
 def cmd_validate(args: argparse.Namespace) -> int:
     _load(args)
     return EXIT_OK
@@ -93,9 +73,13 @@ def cmd_argv(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    if args.catalogue_md:
+        sys.stdout.write(pf.catalogue_markdown())
+        return EXIT_OK
     cfg, recipe, extra = _load(args)
+    want = shipped_files(OVERLAY_SRC)
     evidence = gather(cfg, recipe)
-    checks = pf.decide(cfg, recipe, extra, evidence, pf.local_overlay_files(OVERLAY_SRC))
+    checks = pf.decide(cfg, recipe, extra, evidence, want)
     sys.stdout.write(pf.render(checks))
     if args.json:
         Path(args.json).write_text(json.dumps(pf.as_json(checks, evidence), indent=2) + "\n")
@@ -164,8 +148,6 @@ def cmd_endpoint(args: argparse.Namespace) -> int:
 
 
 def cmd_sync_overlays(args: argparse.Namespace) -> int:
-    from pairctl.overlays import sync
-
     cfg, _, _ = _load(args)
     return sync(cfg, Path(args.src))
 
@@ -207,7 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rank", type=int, choices=(0, 1), required=True)
     sp.add_argument("--no-overlay", action="store_true")
     sp = add("preflight", cmd_preflight, "read-only checks")
-    sp.add_argument("--json", default=None)
+    sp.add_argument("--json", default=None, help="write verdicts + evidence to this file")
+    sp.add_argument(
+        "--catalogue-md",
+        action="store_true",
+        help="print the checks as launch/README.md's markdown table, check nothing",
+    )
     add("healthy", cmd_healthy, "exit 0 if the pair is already healthy")
     add("cleanup", cmd_cleanup, "remove this pair's containers on both nodes")
     sp = add("start", cmd_start, "start one rank")

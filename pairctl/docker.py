@@ -92,14 +92,6 @@ def pair_containers(node: Node, pair_id: str) -> tuple[list[Container], Result]:
     return [c for c in parse_ps(res.out) if c.pair == pair_id], res
 
 
-def dsv4_containers(node: Node) -> tuple[list[Container], Result]:
-    """Every container with a dsv4.pair label, any pair (for the foreign-pair check)."""
-    res = node.run(ps_argv(LABEL_PAIR), timeout=30)
-    if res.rc != 0:
-        return [], res
-    return [c for c in parse_ps(res.out) if c.pair is not None], res
-
-
 def remove_pair(node: Node, pair_id: str) -> tuple[list[str], str | None]:
     """``docker rm -f`` this pair's containers on the node. Returns (names, error)."""
     mine, res = pair_containers(node, pair_id)

@@ -1,30 +1,70 @@
-"""Overlay distribution: copy mods/dsv4-flash-overlays/ to OVERLAY_DIR on both nodes.
+"""Overlay distribution: copy what the overlay plugin ships to OVERLAY_DIR on both nodes.
+
+What ships is listed once, in the plugin's own folder: the ``ship`` globs of the
+``[tool.dsv4-flash-overlays]`` table in mods/dsv4-flash-overlays/pyproject.toml. ``sync``
+copies exactly those files and preflight's PF-OVERLAYS compares exactly those, so a bench
+result or an egg-info left in the folder neither travels nor makes preflight WARN. The list
+is data, not code: pairctl runs on the rank-0 host, where the plugin is not installed (it
+is mounted into the containers), and reads it with tomllib without importing the plugin.
 
 The copy is staged next to the target, checked file by file (sha256) on arrival, and only
-then swapped in, so a node never runs a half-copied overlay. The same exclusion rule as
-preflight's PF-OVERLAYS comparison applies (no __pycache__, *.pyc, *.egg-info, build/).
+then swapped in, so a node never runs a half-copied overlay.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import shlex
 import tarfile
+import tomllib
 from pathlib import Path
 
-from pairctl.config import PairConfig
+from pairctl.config import ConfigError, PairConfig
 from pairctl.nodes import Node, nodes
-from pairctl.preflight import local_overlay_files, overlay_excluded
+
+MANIFEST_FILE = "pyproject.toml"
+MANIFEST_TABLE = "dsv4-flash-overlays"
 
 
-def build_tar(src: Path) -> bytes:
-    """An uncompressed tar of the overlay package (excluded files left out)."""
+class ManifestError(ConfigError):
+    """The overlay folder's ship list is missing, malformed or names a file that is not there."""
+
+
+def ship_list(src: Path) -> list[str]:
+    """Relative paths of the files the overlay folder ``src`` ships, sorted."""
+    manifest = src / MANIFEST_FILE
+    fix = f"list what ships as [tool.{MANIFEST_TABLE}] ship = [globs] in {manifest}"
+    try:
+        data = tomllib.loads(manifest.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ManifestError(f"{manifest}: {exc}; {fix}") from exc
+    globs = data.get("tool", {}).get(MANIFEST_TABLE, {}).get("ship")
+    if not isinstance(globs, list) or not globs or not all(isinstance(g, str) for g in globs):
+        raise ManifestError(f"{manifest}: no ship list; {fix}")
+    files: set[str] = set()
+    for pattern in globs:
+        hits = [p for p in src.glob(pattern) if p.is_file()]
+        if not hits:
+            raise ManifestError(
+                f"{manifest}: ship entry {pattern!r} matches no file in {src}; "
+                "restore the file or fix the entry"
+            )
+        files.update(p.relative_to(src).as_posix() for p in hits)
+    return sorted(files)
+
+
+def shipped_files(src: Path) -> dict[str, str]:
+    """sha256 of every file ``src`` ships, keyed by relative path (what sync verifies)."""
+    return {rel: hashlib.sha256((src / rel).read_bytes()).hexdigest() for rel in ship_list(src)}
+
+
+def build_tar(src: Path, files: list[str]) -> bytes:
+    """An uncompressed tar of ``files`` (relative to ``src``)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for p in sorted(src.rglob("*")):
-            rel = p.relative_to(src)
-            if p.is_file() and not overlay_excluded(rel):
-                tar.add(p, arcname=str(rel), recursive=False)
+        for rel in files:
+            tar.add(src / rel, arcname=rel, recursive=False)
     return buf.getvalue()
 
 
@@ -62,7 +102,7 @@ def verify(want: dict[str, str], have: dict[str, str]) -> list[str]:
     return probs
 
 
-def sync_node(node: Node, src: Path, dest: str, payload: bytes, want: dict[str, str]) -> str:
+def sync_node(node: Node, dest: str, payload: bytes, want: dict[str, str]) -> str:
     """Copy + verify + swap on one node; returns '' on success or the problem."""
     res = node.run(["sh", "-c", remote_script(dest)], timeout=120, stdin=payload)
     if res.rc != 0:
@@ -81,11 +121,15 @@ def sync(cfg: PairConfig, src: Path) -> int:
     if not (src / "dsv4_flash_overlays").is_dir():
         print(f"sync: {src} does not look like the overlay package", flush=True)
         return 1
-    want = local_overlay_files(src)
-    payload = build_tar(src)
+    try:
+        want = shipped_files(src)
+    except ManifestError as exc:
+        print(f"sync: {exc}", flush=True)
+        return 1
+    payload = build_tar(src, sorted(want))
     rc = 0
     for node in nodes(cfg):
-        problem = sync_node(node, src, cfg.OVERLAY_DIR, payload, want)
+        problem = sync_node(node, cfg.OVERLAY_DIR, payload, want)
         if problem:
             print(f"sync: {node.label}: {cfg.OVERLAY_DIR}: {problem}", flush=True)
             rc = 1

@@ -1,20 +1,23 @@
-"""Evidence collection for preflight: one POSIX sh script per node, parsed into a dict.
+"""Evidence collection for preflight: one POSIX sh script per node, parsed into dataclasses.
 
-The script only reads (plus ``mkdir -p`` of the TileLang cache dir, which the issue asks
-preflight to create). Its output is plain sections so recorded evidence can be replayed in
-unit tests of the decisions in ``pairctl.preflight``.
+The script only reads (plus ``mkdir -p`` of the TileLang cache dir, which preflight
+creates when missing). Its output is plain sections, parsed into ``pairctl.evidence``
+records, so recorded evidence replays in unit tests of the decisions in
+``pairctl.preflight``.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
-from typing import Any
+import socket
+from dataclasses import replace
 
 from pairctl.config import PairConfig
 from pairctl.docker import parse_ps
-from pairctl.nodes import Node
-from pairctl.plan import LABEL_PAIR
+from pairctl.evidence import Evidence, NodeEvidence
+from pairctl.nodes import Node, nodes
+from pairctl.plan import LABEL_PAIR, is_secret, resolve_image
+from pairctl.recipe import Recipe
 from pairctl.roce import PROBE_SECTION as _ROCE_SECTION
 from pairctl.roce import parse_gids
 
@@ -41,6 +44,7 @@ done
 sec tilelang
 if mkdir -p "$TL" 2>/dev/null && [ -w "$TL" ]; then echo ok; else echo fail; fi
 sec overlays
+# every file: PF-OVERLAYS then compares only what the plugin ships (pairctl/overlays.py)
 if [ -d "$OV" ]; then
   echo "dir=yes"
   (cd "$OV" && find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
@@ -99,55 +103,80 @@ def _digests(lines: list[str]) -> dict[str, str]:
     return out
 
 
-def parse_probe(text: str) -> dict[str, Any]:
-    """Parse the probe's stdout into evidence (JSON-serialisable)."""
-    sec = split_sections(text)
-    ev: dict[str, Any] = {"complete": "end" in sec}
-    ev["hostname"] = (sec.get("hostname") or [""])[0]
-    ev["addrs"] = sorted({a.split("/")[0] for a in sec.get("addrs", [])})
-    ev["netdevs"] = sorted(sec.get("netdevs", []))
-    ib: dict[str, str] = {}
-    for line in sec.get("ibdevs", []):
-        name, _, dev = line.partition(" ")
-        ib[name] = dev
-    ev["ibdevs"] = ib
-    _, listen = _rc(sec.get("listen", []))
+def _ports(addrs: list[str]) -> list[int]:
+    """``ss`` local addresses (``0.0.0.0:22``, ``[::]:8000``) → sorted listening ports."""
     ports = set()
-    for addr in listen:
+    for addr in addrs:
         tail = addr.rsplit(":", 1)[-1]
         if tail.isdigit():
             ports.add(int(tail))
-    ev["listen_ports"] = sorted(ports)
-    rc, ps_lines = _rc(sec.get("docker_ps", []))
-    ev["docker_ps_rc"] = rc
-    ev["containers"] = [
-        {"id": c.id, "name": c.name, "state": c.state, "labels": c.labels}
-        for c in parse_ps("\n".join(ps_lines))
-    ]
-    ev["docker_ps_error"] = "" if rc == 0 else " ".join(ps_lines)[:300]
-    rc, img = _rc(sec.get("image", []))
-    ev["image_id"] = img[0] if rc == 0 and img else None
-    ev["image_error"] = "" if rc == 0 else " ".join(img)[:300]
+    return sorted(ports)
+
+
+def parse_probe(text: str) -> NodeEvidence:
+    """Parse the probe's stdout into one node's evidence (transport fields left default)."""
+    sec = split_sections(text)
+    ib = {}
+    for line in sec.get("ibdevs", []):
+        name, _, dev = line.partition(" ")
+        ib[name] = dev
+    _, listen = _rc(sec.get("listen", []))
+    ps_rc, ps_lines = _rc(sec.get("docker_ps", []))
+    img_rc, img = _rc(sec.get("image", []))
     model = sec.get("model", [])
-    ev["model_dir"] = "dir=yes" in model
-    ev["model_files"] = _digests(model)
-    ev["tilelang_ok"] = (sec.get("tilelang") or [""])[0] == "ok"
     ov = sec.get("overlays", [])
-    ev["overlay_dir"] = "dir=yes" in ov
-    ev["overlay_files"] = _digests(ov)
-    ev["roce_gids"] = parse_gids(sec.get("roce_gids", []))
-    return ev
+    return NodeEvidence(
+        complete="end" in sec,
+        hostname=(sec.get("hostname") or [""])[0],
+        addrs=sorted({a.split("/")[0] for a in sec.get("addrs", [])}),
+        netdevs=sorted(sec.get("netdevs", [])),
+        ibdevs=ib,
+        listen_ports=_ports(listen),
+        docker_ps_rc=ps_rc,
+        containers=parse_ps("\n".join(ps_lines)),
+        docker_ps_error="" if ps_rc == 0 else " ".join(ps_lines)[:300],
+        image_id=img[0] if img_rc == 0 and img else None,
+        image_error="" if img_rc == 0 else " ".join(img)[:300],
+        model_dir="dir=yes" in model,
+        model_files=_digests(model),
+        tilelang_ok=(sec.get("tilelang") or [""])[0] == "ok",
+        overlay_dir="dir=yes" in ov,
+        overlay_files=_digests(ov),
+        roce_gids=parse_gids(sec.get("roce_gids", [])),
+    )
 
 
-def collect(node: Node, cfg: PairConfig, image: str) -> dict[str, Any]:
+def collect(node: Node, cfg: PairConfig, image: str) -> NodeEvidence:
     """Run the probe on a node; evidence plus how the transport went."""
     res = node.run_script(probe_script(cfg, image), timeout=60)
     ev = parse_probe(res.out)
-    ev["rc"] = res.rc
-    ev["stderr"] = res.err.strip()[-600:]
-    ev["reachable"] = ev["complete"] or (res.rc not in (255, 124, 127) and bool(res.out))
-    return ev
+    return replace(
+        ev,
+        rc=res.rc,
+        stderr=res.err.strip()[-600:],
+        reachable=ev.complete or (res.rc not in (255, 124, 127) and bool(res.out)),
+    )
 
 
-def dumps(evidence: dict[str, Any]) -> str:
-    return json.dumps(evidence, indent=2, sort_keys=True)
+def resolve(host: str) -> str | None:
+    """First IPv4/IPv6 address for a host name or literal; None if it does not resolve."""
+    try:
+        return socket.getaddrinfo(host, None)[0][4][0]
+    except (socket.gaierror, OSError, IndexError):
+        return None
+
+
+def gather(cfg: PairConfig, recipe: Recipe) -> Evidence:
+    """Evidence from both nodes plus local name resolution (secrets masked in ``config``)."""
+    image = resolve_image(cfg, recipe)
+    n0, n1 = nodes(cfg)
+    return Evidence(
+        config={k: ("***" if is_secret(k) and v else v) for k, v in cfg.values.items()},
+        resolved={
+            "SPARK1": resolve(cfg.SPARK1),
+            "SPARK2": resolve(cfg.SPARK2),
+            "MASTER_ADDR": resolve(cfg.master_addr),
+        },
+        image=image,
+        nodes={"0": collect(n0, cfg, image), "1": collect(n1, cfg, image)},
+    )

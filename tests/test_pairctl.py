@@ -2,35 +2,47 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from pairctl.config import VAR_NAMES, ConfigError, load_env_file, parse_env
+from pairctl.evidence import Evidence, NodeEvidence
 from pairctl.lifecycle import phase_of
 from pairctl.nodes import ssh_argv
 from pairctl.plan import mask_argv
 from pairctl.preflight import (
-    CATALOGUE,
+    CHECKS,
     FAIL,
     PASS,
     SKIP,
     WARN,
-    check_distinct,
-    check_foreign,
-    check_hca,
-    check_ifaces,
-    check_image,
-    check_model,
-    check_no_compressed_mla,
-    check_no_ray,
-    check_overlays,
-    check_port,
-    check_self,
-    check_ssh,
+    as_json,
+    catalogue_markdown,
     decide,
 )
+from pairctl.preflight.check import Inputs, Need, UndeclaredEvidence
+from pairctl.preflight.checks_host import (
+    PF_MASTER_PORT_FREE,
+    PF_PORT_FREE,
+    check_ifaces,
+    check_port,
+)
+from pairctl.preflight.checks_identity import (
+    PF_SSH,
+    check_distinct,
+    check_foreign,
+    check_self,
+    check_ssh,
+)
+from pairctl.preflight.checks_launch import check_no_compressed_mla, check_no_ray
+from pairctl.preflight.checks_match import check_image, check_model, check_overlays
+from pairctl.preflight.checks_rdma import check_hca
 from pairctl.probe import parse_probe
 from pairctl.recipe import load_recipe
 
@@ -84,7 +96,8 @@ cccc  ./dsv4_flash_overlays/__init__.py
 """
 
 
-def ev(**kw) -> dict:
+def ev(**kw) -> NodeEvidence:
+    """A healthy node's evidence (as recorded in --json), with ``kw`` changed."""
     base = {
         "reachable": True,
         "addrs": ["10.0.0.1"],
@@ -101,18 +114,44 @@ def ev(**kw) -> dict:
         "overlay_files": {"a.py": "x"},
     }
     base.update(kw)
-    return base
+    return NodeEvidence.from_dict(base)
+
+
+UNREACHED = NodeEvidence.from_dict({"reachable": False, "rc": 255, "stderr": "x"})
+RESOLVED = {"SPARK1": "10.0.0.1", "SPARK2": "10.0.0.2", "MASTER_ADDR": "10.0.0.1"}
 
 
 def test_parse_probe_recorded() -> None:
     e = parse_probe(PROBE)
-    assert e["complete"] and e["addrs"] == ["10.0.0.2", "127.0.0.1"]
-    assert e["listen_ports"] == [22, 8000]
-    assert e["containers"][0]["labels"]["dsv4.pair"] == "pair-b"
-    assert e["image_id"] == "sha256:1111"
-    assert e["model_files"] == {"config.json": "aaaa", "tokenizer.json": "bbbb"}
-    assert e["overlay_files"] == {"dsv4_flash_overlays/__init__.py": "cccc"}
-    assert e["ibdevs"]["rocep1s0f1"].endswith("0000:01:00.1")
+    assert e.complete and e.addrs == ["10.0.0.2", "127.0.0.1"]
+    assert e.listen_ports == [22, 8000]
+    assert e.containers[0].labels["dsv4.pair"] == "pair-b" and e.containers[0].running
+    assert e.image_id == "sha256:1111"
+    assert e.model_files == {"config.json": "aaaa", "tokenizer.json": "bbbb"}
+    assert e.overlay_files == {"dsv4_flash_overlays/__init__.py": "cccc"}
+    assert e.ibdevs["rocep1s0f1"].endswith("0000:01:00.1")
+    assert not e.reachable and e.rc is None  # transport fields are collect()'s to fill
+
+
+def test_evidence_json_round_trip_keeps_the_recorded_shape() -> None:
+    """--json's evidence is asdict(Evidence); reading it back gives the same dataclasses."""
+    n1 = parse_probe(PROBE)
+    evidence = Evidence(
+        config={"PAIR_ID": "pair-a"}, resolved=RESOLVED, image="i", nodes={"0": ev(), "1": n1}
+    )
+    data = json.loads(json.dumps(as_json([], evidence)))
+    assert data["schema_version"] == 1 and data["ok"] is True and data["checks"] == []
+    assert set(data["evidence"]) == {"config", "resolved", "image", "nodes"}
+    node = data["evidence"]["nodes"]["1"]
+    assert node["containers"][0] == {
+        "id": "abc",
+        "name": "dsv4-pair-b-rank1",
+        "state": "running",
+        "labels": {"dsv4.pair": "pair-b", "dsv4.rank": "1"},
+    }
+    assert Evidence.from_dict(data["evidence"]) == evidence
+    with pytest.raises(ValueError, match="image_idd"):
+        NodeEvidence.from_dict({"image_idd": "sha256:1"})
 
 
 def test_env_example_documents_every_variable() -> None:
@@ -234,23 +273,54 @@ def test_phase_from_logs() -> None:
     assert phase_of("Waiting for rank 1 to join at 10.0.0.1:29501") == "waiting for rank 1"
 
 
-def test_readme_documents_every_check_and_exit_code() -> None:
+def test_readme_documents_every_exit_code() -> None:
     text = (REPO / "launch" / "README.md").read_text()
-    for cid in CATALOGUE:
-        assert f"| {cid} |" in text, cid
     for code in range(2, 7):
         assert f"| {code} |" in text
 
 
+def _readme_table(text: str) -> str:
+    """The preflight table in launch/README.md: the block of rows starting at its header."""
+    start = text.index("| ID | checks |")
+    end = text.find("\n\n", start)
+    return text[start : end + 1]
+
+
+def test_readme_table_is_the_registry() -> None:
+    """launch/README.md shows exactly what `preflight --catalogue-md` prints from CHECKS."""
+    readme = _readme_table((REPO / "launch" / "README.md").read_text())
+    table = catalogue_markdown()
+    assert readme == table, "regenerate: python -m pairctl preflight --catalogue-md"
+    rows = [r for r in table.splitlines() if r.startswith("| PF-")]
+    assert [r.split(" | ")[0].removeprefix("| ") for r in rows] == [c.id for c in CHECKS]
+    for row, spec in zip(rows, CHECKS, strict=True):
+        assert spec.remedy.replace("|", "\\|").replace("*", "\\*") in row
+    out = subprocess.run(
+        [sys.executable, "-m", "pairctl", "preflight", "--catalogue-md"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out == table
+
+
+def test_registry_specs_are_complete() -> None:
+    """One object per check: id, what it checks, its remedy, its evidence, its decision."""
+    for spec in CHECKS:
+        assert re.fullmatch(r"PF-[A-Z0-9-]+", spec.id) and spec.title and spec.remedy
+        assert spec.needs and callable(spec.decide)
+    assert PF_PORT_FREE in CHECKS and PF_MASTER_PORT_FREE in CHECKS
+
+
 def test_check_ssh_remedies() -> None:
     assert check_ssh(ev()).status == PASS
-    c = check_ssh({"reachable": False, "rc": 255, "stderr": "Host key verification failed."})
+    c = check_ssh(NodeEvidence(rc=255, stderr="Host key verification failed."))
     assert c.status == FAIL and "host key" in c.detail and "known_hosts" in c.remedy
     assert "never disable" in c.remedy
 
 
 def test_check_self_and_distinct() -> None:
-    r = {"SPARK1": "10.0.0.1", "SPARK2": "10.0.0.2", "MASTER_ADDR": "10.0.0.1"}
+    r = RESOLVED
     assert check_self(r, ev()).status == PASS
     assert check_self(r, ev(addrs=["10.0.9.9"])).status == FAIL
     assert check_self(dict(r, MASTER_ADDR="10.0.0.7"), ev()).status == FAIL
@@ -261,6 +331,7 @@ def test_check_self_and_distinct() -> None:
     assert check_distinct(dict(r, SPARK2="10.0.0.1"), ev()).status == FAIL
     # ssh "to SPARK2" landed on a machine that owns SPARK1's address: same host
     assert check_distinct(r, ev(addrs=["10.0.0.1", "10.0.0.2"])).status == FAIL
+    assert check_distinct(r, None).status == PASS  # rank 1 unreached: addresses alone
 
 
 def test_check_foreign_pair_names_it() -> None:
@@ -271,6 +342,8 @@ def test_check_foreign_pair_names_it() -> None:
     assert check_foreign("pair-a", ev(containers=[mine]), ev()).status == PASS
     stopped = dict(other, state="exited")
     assert check_foreign("pair-a", ev(), ev(containers=[stopped])).status == WARN
+    c = check_foreign("pair-a", ev(docker_ps_rc=1, docker_ps_error="daemon down"), ev())
+    assert c.status == FAIL and "rank 0: docker ps failed: daemon down" in c.detail
 
 
 def test_check_image_and_model() -> None:
@@ -284,16 +357,19 @@ def test_check_image_and_model() -> None:
 
 
 def test_check_ports() -> None:
-    assert check_port("PF-PORT-FREE", 8000, "pair-a", ev()).status == PASS
-    assert check_port("PF-PORT-FREE", 8000, "pair-a", ev(listen_ports=[8000])).status == FAIL
+    assert check_port(PF_PORT_FREE, 8000, "pair-a", ev()).status == PASS
+    c = check_port(PF_PORT_FREE, 8000, "pair-a", ev(listen_ports=[8000]))
+    assert c.status == FAIL and c.id == "PF-PORT-FREE"
     own = ev(
         listen_ports=[8000],
         containers=[
             {"name": "dsv4-pair-a-rank0", "state": "running", "labels": {"dsv4.pair": "pair-a"}}
         ],
     )
-    assert check_port("PF-PORT-FREE", 8000, "pair-a", own).status == WARN
-    assert check_port("PF-PORT-FREE", 8000, "pair-b", own).status == FAIL
+    assert check_port(PF_PORT_FREE, 8000, "pair-a", own).status == WARN
+    assert check_port(PF_PORT_FREE, 8000, "pair-b", own).status == FAIL
+    c = check_port(PF_MASTER_PORT_FREE, 8000, "pair-b", own)
+    assert c.id == "PF-MASTER-PORT-FREE" and "MASTER_PORT" in c.remedy
 
 
 def test_check_ifaces() -> None:
@@ -305,7 +381,7 @@ def test_check_ifaces() -> None:
 
 
 def test_check_hca_two_rail() -> None:
-    ib = parse_probe(PROBE)["ibdevs"]
+    ib = parse_probe(PROBE).ibdevs
     assert check_hca("rocep1s0f1,roceP2p1s0f1", [ev(ibdevs=ib)]).status == PASS
     four = check_hca("rocep1s0f0,rocep1s0f1,roceP2p1s0f1", [ev(ibdevs=ib)])
     assert four.status == FAIL and "one card" in four.detail and "110" in four.remedy
@@ -332,28 +408,71 @@ def test_check_no_compressed_mla_and_no_ray() -> None:
     assert check_no_ray([], {}).status == FAIL
 
 
-def test_check_overlays_warn_only() -> None:
-    want = {"a.py": "x"}
-    assert check_overlays("/o", want, ev(), ev()).status == PASS
-    assert check_overlays("/o", want, ev(), ev(overlay_dir=False)).status == WARN
-    assert check_overlays("/o", want, ev(overlay_files={"a.py": "y"}), ev()).status == WARN
+def test_check_overlays_compares_only_what_ships() -> None:
+    want = {"a.py": "x", "b.json": "j"}
+    have = {"a.py": "x", "b.json": "j"}
+    assert check_overlays("/o", want, ev(overlay_files=have), ev(overlay_files=have)).status == PASS
+    # a file the node has beyond the ship list (an old result, a stray egg-info) is no reason
+    stray = dict(have, **{"results/run1.json": "r", "x.egg-info/PKG-INFO": "e"})
+    assert (
+        check_overlays("/o", want, ev(overlay_files=stray), ev(overlay_files=have)).status == PASS
+    )
+    c = check_overlays("/o", want, ev(overlay_files=have), ev(overlay_dir=False))
+    assert c.status == WARN and "rank 1: /o missing" in c.detail
+    c = check_overlays(
+        "/o", want, ev(overlay_files={"a.py": "y", "b.json": "j"}), ev(overlay_files=have)
+    )
+    assert c.status == WARN and "rank 0: differs from repo: a.py" in c.detail
+    c = check_overlays("/o", want, ev(overlay_files=have), ev(overlay_files={"a.py": "x"}))
+    assert c.status == WARN and "rank 1: missing b.json" in c.detail and "sync-overlays" in c.remedy
 
 
-def test_decide_skips_rank1_checks_when_unreachable() -> None:
+def _decide(n1: NodeEvidence, n0: NodeEvidence | None = None, **env: str) -> dict[str, str]:
+    cfg = parse_env(dict(ENV, **env))
+    recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
+    evidence = Evidence(resolved=RESOLVED, nodes={"0": n0 or ev(), "1": n1})
+    checks = decide(cfg, recipe, [], evidence, {"a.py": "x"})
+    assert [c.id for c in checks] == [s.id for s in CHECKS]  # report order = registry order
+    return {c.id: c.status for c in checks}
+
+
+def test_decide_skips_exactly_the_checks_that_need_rank1() -> None:
+    v4 = "0000:0000:0000:0000:0000:ffff:0a00:0001"
+    rdma = ev(
+        ibdevs={"rocep1s0f1": "", "roceP2p1s0f1": ""},
+        roce_gids=[
+            {"dev": d, "port": 1, "index": 3, "gid": v4, "type": "RoCE v2"}
+            for d in ("rocep1s0f1", "roceP2p1s0f1")
+        ],
+    )
+    by = _decide(UNREACHED, n0=rdma)
+    needs_rank1 = {s.id for s in CHECKS if Need.RANK1 in s.needs}
+    assert {cid for cid, st in by.items() if st == SKIP} == needs_rank1
+    assert {"PF-IMAGE-MATCH", "PF-OVERLAYS", "PF-FOREIGN-PAIR"} <= needs_rank1
+    assert by["PF-SSH"] == FAIL and by["PF-SELF-IS-SPARK1"] == PASS
+    # rank 0's own RDMA setup is still judged while rank 1 is away
+    assert by["PF-HCA-2RAIL"] == PASS and by["PF-ROCE-GID"] == PASS
+    assert by["PF-DISTINCT-NODES"] == PASS
+    by = _decide(ev(addrs=["10.0.0.2"]))
+    assert FAIL not in by.values(), by
+    # the only SKIP left: no RDMA devices on either recorded node
+    assert [cid for cid, st in by.items() if st == SKIP] == ["PF-ROCE-GID"]
+
+
+@pytest.mark.parametrize("n1", [UNREACHED, ev(addrs=["10.0.0.2"])], ids=["unreached", "reached"])
+def test_every_decision_reads_only_declared_evidence(n1: NodeEvidence) -> None:
+    """decide() runs each check through a View: reading undeclared evidence raises."""
+    _decide(n1)  # no UndeclaredEvidence from any check, reachable or not
+    _decide(n1, NCCL_IB_GID_INDEX="3")
+
+
+def test_undeclared_evidence_raises() -> None:
     cfg = parse_env(ENV)
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    evidence = {
-        "resolved": {"SPARK1": "10.0.0.1", "SPARK2": "10.0.0.2", "MASTER_ADDR": "10.0.0.1"},
-        "nodes": {"0": ev(), "1": {"reachable": False, "rc": 255, "stderr": "x"}},
-    }
-    checks = decide(cfg, recipe, [], evidence, {"a.py": "x"})
-    by = {c.id: c.status for c in checks}
-    assert set(by) == set(CATALOGUE)
-    assert by["PF-SSH"] == FAIL and by["PF-IMAGE-MATCH"] == SKIP
-    assert by["PF-SELF-IS-SPARK1"] == PASS
-    evidence["nodes"]["1"] = ev(addrs=["10.0.0.2"])
-    by = {c.id: c.status for c in decide(cfg, recipe, [], evidence, {"a.py": "x"})}
-    assert FAIL not in by.values(), by
+    greedy = replace(PF_SSH, decide=lambda v: check_ssh(v.rank1))
+    inputs = Inputs(cfg, recipe, (), Evidence(resolved=RESOLVED, nodes={"0": ev(), "1": ev()}), {})
+    with pytest.raises(UndeclaredEvidence, match="PF-SSH reads RANK1"):
+        greedy.run(inputs)
 
 
 def test_first_dead_rank_leads_the_report() -> None:

@@ -2,27 +2,51 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from pairctl.overlays import parse_sums, verify
-from pairctl.preflight import local_overlay_files
+import pytest
+
+from pairctl.evidence import NodeEvidence
+from pairctl.overlays import ManifestError, parse_sums, ship_list, shipped_files, verify
+from pairctl.preflight import PASS
+from pairctl.preflight.checks_match import check_overlays
 from tests.fakes.fakepair import FAKES, REPO, SECRET, Env, free_port
 
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"
+PLUGIN = REPO / "mods" / "dsv4-flash-overlays"
+SHIPS = [
+    "README.md",
+    "dsv4_flash_overlays-0.1.dist-info/entry_points.txt",
+    "dsv4_flash_overlays/__init__.py",
+    "dsv4_flash_overlays/flags.py",
+    "dsv4_flash_overlays/fp8_configs.json",
+    "pyproject.toml",
+]
 
 
 def _src(tmp: Path) -> Path:
+    """An overlay folder with the plugin's real ship list, and litter that must stay home."""
     src = tmp / "src"
     pkg = src / "dsv4_flash_overlays"
     (pkg / "__pycache__").mkdir(parents=True)
+    (src / "pyproject.toml").write_bytes((PLUGIN / "pyproject.toml").read_bytes())
+    (src / "README.md").write_text("# overlays\n")
     (pkg / "__init__.py").write_text("# overlay\n")
     (pkg / "flags.py").write_bytes(b"X = '\xc3\xa9'\n\x00\xff binary-ish\n")
+    (pkg / "fp8_configs.json").write_text("{}\n")
     (pkg / "__pycache__" / "flags.cpython-311.pyc").write_bytes(b"junk")
     (src / "dsv4_flash_overlays-0.1.dist-info").mkdir()
     (src / "dsv4_flash_overlays-0.1.dist-info" / "entry_points.txt").write_text("[x]\n")
+    # strays: a bench result in the package and at the top, an editable install's egg-info
+    (pkg / "fp8_head_run12.json").write_text('{"tok_s": 1}\n')
+    (src / "results").mkdir()
+    (src / "results" / "run1.json").write_text("{}\n")
+    (src / "dsv4_flash_overlays.egg-info").mkdir()
+    (src / "dsv4_flash_overlays.egg-info" / "PKG-INFO").write_text("Name: x\n")
     return src
 
 
@@ -62,7 +86,9 @@ def test_sync_copies_verifies_and_replaces(tmp_path: Path) -> None:
     ).read_bytes()
     assert not (dest / "stale.py").exists(), "old copy must be replaced, not merged"
     assert not (dest / "dsv4_flash_overlays" / "__pycache__").exists()
-    assert local_overlay_files(dest) == local_overlay_files(src)
+    shipped = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert shipped == SHIPS, "exactly the ship list arrives: no result, egg-info or pyc"
+    assert shipped_files(dest) == shipped_files(src)
     ssh = pair.calls("ssh")
     assert ssh and all("StrictHostKeyChecking=yes" in c["argv"] for c in ssh)
 
@@ -73,6 +99,75 @@ def test_sync_unreachable_node_fails(tmp_path: Path) -> None:
     pair.save()
     p = _run(pair, "--src", str(_src(tmp_path)))
     assert p.returncode == 1 and "rank 1" in p.stdout
+
+
+def test_ship_list_is_the_plugins_and_skips_strays(tmp_path: Path) -> None:
+    assert ship_list(_src(tmp_path)) == SHIPS
+
+
+def test_the_plugin_ships_every_tracked_file_and_nothing_else() -> None:
+    """The real folder: its ship list covers each file git tracks there, and only those."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "."], cwd=PLUGIN, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert tracked, "mods/dsv4-flash-overlays is not a git checkout here"
+    assert ship_list(PLUGIN) == sorted(tracked)
+    assert "dsv4_flash_overlays/fp8_configs.json" in tracked
+
+
+def test_ship_list_errors_name_the_fix(tmp_path: Path) -> None:
+    src = _src(tmp_path)
+    (src / "dsv4_flash_overlays" / "fp8_configs.json").unlink()
+    with pytest.raises(ManifestError, match="fp8_configs.json.*matches no file"):
+        ship_list(src)
+    (src / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    with pytest.raises(ManifestError, match=r"tool\.dsv4-flash-overlays\] ship"):
+        ship_list(src)
+
+
+def test_sync_refuses_a_folder_without_a_ship_list(tmp_path: Path) -> None:
+    pair = Env(tmp_path, free_port())
+    src = _src(tmp_path)
+    (src / "pyproject.toml").unlink()
+    p = _run(pair, "--src", str(src))
+    assert p.returncode == 1 and "pyproject.toml" in p.stdout, p.stdout + p.stderr
+    assert not Path(pair.values["OVERLAY_DIR"]).exists()
+
+
+def _overlays_verdict(pair: Env) -> dict:
+    out = pair.tmp / "pf.json"
+    p = pair.run("preflight", "--json", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    return {c["id"]: c for c in json.loads(out.read_text())["checks"]}["PF-OVERLAYS"]
+
+
+def test_preflight_compares_only_shipped_files_on_the_nodes(tmp_path: Path) -> None:
+    """After sync, PF-OVERLAYS passes; a stray on a node is ignored, a changed shipped file not."""
+    pair = Env(tmp_path, free_port())
+    p = pair.run("sync-overlays")  # the plugin folder of this checkout
+    assert p.returncode == 0, p.stdout + p.stderr
+    dest = Path(pair.values["OVERLAY_DIR"])
+    (dest / "results").mkdir()
+    (dest / "results" / "fp8_head_run11.json").write_text("{}\n")
+    (dest / "dsv4_flash_overlays" / "notes.txt").write_text("left on the node\n")
+    c = _overlays_verdict(pair)
+    assert c["status"] == "PASS", c
+    assert c["detail"] == f"{len(ship_list(PLUGIN))} files match on both"
+    (dest / "README.md").write_text("edited on the node\n")
+    c = _overlays_verdict(pair)
+    assert c["status"] == "WARN" and "differs from repo: README.md" in c["detail"], c
+    (dest / "README.md").unlink()
+    c = _overlays_verdict(pair)
+    assert c["status"] == "WARN" and "missing README.md" in c["detail"], c
+
+
+def test_a_stray_in_the_source_folder_is_not_expected_on_the_nodes(tmp_path: Path) -> None:
+    """PF-OVERLAYS' expectation is the ship list: a local result file adds nothing to it."""
+    src = _src(tmp_path)
+    want = shipped_files(src)
+    node = NodeEvidence(overlay_dir=True, overlay_files=dict(want), reachable=True)
+    assert check_overlays("/o", want, node, node).status == PASS
+    assert not any("run" in k or "egg-info" in k or "results" in k for k in want)
 
 
 def test_verify_detects_corruption() -> None:

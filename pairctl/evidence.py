@@ -1,0 +1,97 @@
+"""Typed preflight evidence: what the probe saw on each node, and how it reached it.
+
+``pairctl.probe`` builds these from the nodes and ``pairctl.preflight`` decides on them
+only, so every verdict replays on recorded evidence. ``dataclasses.asdict(Evidence)`` is the
+``evidence`` object of ``preflight --json`` (schema_version 1); ``Evidence.from_dict``
+reads one back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from pairctl.docker import Container
+from pairctl.roce import Gid
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    """One node's probe output, then the transport result (ssh for rank 1).
+
+    Defaults describe a node that was never reached, so a recorded file or a test states
+    only what it saw.
+    """
+
+    complete: bool = False  # the probe ran to its end marker
+    hostname: str = ""
+    addrs: list[str] = field(default_factory=list)
+    netdevs: list[str] = field(default_factory=list)
+    ibdevs: dict[str, str] = field(default_factory=dict)  # RDMA device -> sysfs device path
+    listen_ports: list[int] = field(default_factory=list)
+    docker_ps_rc: int | None = None
+    containers: list[Container] = field(default_factory=list)  # every dsv4.pair-labelled one
+    docker_ps_error: str = ""
+    image_id: str | None = None
+    image_error: str = ""
+    model_dir: bool = False
+    model_files: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    tilelang_ok: bool = False
+    overlay_dir: bool = False
+    overlay_files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
+    roce_gids: list[Gid] = field(default_factory=list)
+    rc: int | None = None
+    stderr: str = ""
+    reachable: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeEvidence:
+        """Recorded evidence (the ``--json`` shape) back into the dataclass; unknown keys fail."""
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown node evidence field(s): {', '.join(unknown)}")
+        kw = dict(data)
+        kw["containers"] = [
+            c
+            if isinstance(c, Container)
+            else Container(
+                id=str(c.get("id", "")),
+                name=str(c.get("name", "")),
+                state=str(c.get("state", "")),
+                labels=dict(c.get("labels", {})),
+            )
+            for c in kw.get("containers", [])
+        ]
+        kw["roce_gids"] = [g if isinstance(g, Gid) else Gid(**g) for g in kw.get("roce_gids", [])]
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything preflight looked at: both nodes plus name resolution on this machine."""
+
+    config: dict[str, str] = field(default_factory=dict)  # env values, secrets masked
+    resolved: dict[str, str | None] = field(default_factory=dict)  # SPARK1/SPARK2/MASTER_ADDR
+    image: str = ""
+    nodes: dict[str, NodeEvidence] = field(  # keys "0", "1" (JSON object keys)
+        default_factory=lambda: {"0": NodeEvidence(), "1": NodeEvidence()}
+    )
+
+    @property
+    def rank0(self) -> NodeEvidence:
+        return self.nodes["0"]
+
+    @property
+    def rank1(self) -> NodeEvidence:
+        return self.nodes["1"]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Evidence:
+        """The ``evidence`` object of a ``preflight --json`` file back into the dataclass."""
+        return cls(
+            config=dict(data.get("config", {})),
+            resolved=dict(data.get("resolved", {})),
+            image=str(data.get("image", "")),
+            nodes={r: NodeEvidence.from_dict(n) for r, n in data["nodes"].items()},
+        )

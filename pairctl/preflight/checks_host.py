@@ -1,0 +1,101 @@
+"""Is each node ready to host its rank? Free ports, the socket interfaces, the JIT cache."""
+
+from __future__ import annotations
+
+from pairctl.config import PairConfig
+from pairctl.evidence import NodeEvidence
+from pairctl.plan import LABEL_PAIR
+from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
+
+PF_PORT_FREE = CheckSpec(
+    "PF-PORT-FREE",
+    title="PORT is free on SPARK1, or held while this pair's own container runs "
+    "(WARN: up replaces it)",
+    remedy="stop the process holding the port (ss -ltnp 'sport = :PORT') or set PORT",
+    needs=(Need.CONFIG, Need.RANK0),
+    decide=lambda v: check_port(PF_PORT_FREE, int(v.cfg.PORT), v.cfg.PAIR_ID, v.rank0),
+)
+
+PF_MASTER_PORT_FREE = CheckSpec(
+    "PF-MASTER-PORT-FREE",
+    title="MASTER_PORT is free on SPARK1, or held while this pair's own container runs "
+    "(WARN: up replaces it)",
+    remedy="stop the process holding it (ss -ltnp 'sport = :MASTER_PORT') or set MASTER_PORT",
+    needs=(Need.CONFIG, Need.RANK0),
+    decide=lambda v: check_port(
+        PF_MASTER_PORT_FREE, int(v.cfg.MASTER_PORT), v.cfg.PAIR_ID, v.rank0
+    ),
+)
+
+
+def _own_running(pair_id: str, ev: NodeEvidence) -> list[str]:
+    return [c.name for c in ev.containers if c.labels.get(LABEL_PAIR) == pair_id and c.running]
+
+
+def check_port(spec: CheckSpec, port: int, pair_id: str, n0: NodeEvidence) -> Check:
+    """One port on SPARK1; ``spec`` says which of the two port checks this is."""
+    if port not in set(n0.listen_ports):
+        return spec.verdict(PASS, f"port {port} free on SPARK1")
+    own = _own_running(pair_id, n0)
+    if own:
+        return spec.verdict(
+            WARN,
+            f"port {port} held, and this pair's {', '.join(own)} runs on SPARK1: up replaces it",
+        )
+    return spec.verdict(
+        FAIL, f"port {port} on SPARK1 is held by a process that is not this pair's container"
+    )
+
+
+PF_NCCL_IFACE = CheckSpec(
+    "PF-NCCL-IFACE",
+    title="NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME exist on each node (NCCL's prefix "
+    "rules: = exact, a ^ exclusion list is not checked)",
+    remedy="set them to the RoCE link's netdev (ip -br link) on both nodes",
+    needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
+    decide=lambda v: check_ifaces(v.cfg, v.rank0, v.rank1),
+)
+
+
+def iface_present(spec: str, netdevs: list[str]) -> list[str]:
+    """Interfaces of an NCCL-style list missing from ``netdevs`` ('^' excludes; '=' exact)."""
+    if spec.startswith("^"):
+        return []
+    exact = spec.startswith("=")
+    names = [n for n in spec.lstrip("=").split(",") if n]
+    missing = []
+    for n in names:
+        ok = n in netdevs if exact else any(d.startswith(n) for d in netdevs)
+        if not ok:
+            missing.append(n)
+    return missing
+
+
+def check_ifaces(cfg: PairConfig, n0: NodeEvidence, n1: NodeEvidence) -> Check:
+    probs = []
+    for rank, ev in ((0, n0), (1, n1)):
+        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            miss = iface_present(cfg.values[var], ev.netdevs)
+            if miss:
+                probs.append(f"rank {rank}: {var} {','.join(miss)} not found")
+    if probs:
+        return PF_NCCL_IFACE.verdict(FAIL, "; ".join(probs))
+    return PF_NCCL_IFACE.verdict(
+        PASS, f"{cfg.NCCL_SOCKET_IFNAME}/{cfg.GLOO_SOCKET_IFNAME} present on both"
+    )
+
+
+PF_TILELANG_CACHE = CheckSpec(
+    "PF-TILELANG-CACHE",
+    title="TILELANG_CACHE_DIR exists (the probe creates it) and is writable on both nodes",
+    remedy="mkdir -p TILELANG_CACHE_DIR and fix its owner on that node",
+    needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
+    decide=lambda v: check_tilelang(v.cfg.TILELANG_CACHE_DIR, v.rank0, v.rank1),
+)
+
+
+def check_tilelang(path: str, n0: NodeEvidence, n1: NodeEvidence) -> Check:
+    bad = [f"rank {r}" for r, ev in ((0, n0), (1, n1)) if not ev.tilelang_ok]
+    if bad:
+        return PF_TILELANG_CACHE.verdict(FAIL, f"{path} not writable on {', '.join(bad)}")
+    return PF_TILELANG_CACHE.verdict(PASS, f"{path} ready on both")

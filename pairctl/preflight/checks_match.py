@@ -1,0 +1,97 @@
+"""Do both nodes carry the same bits? Image, model files and the shipped overlays.
+
+TP=2 needs both ranks to load identical weights with identical code: a differing image or
+tokenizer boots, then fails later and further from the cause.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+from pairctl.evidence import NodeEvidence
+from pairctl.plan import resolve_image
+from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
+from pairctl.probe import MODEL_FILES
+
+PF_IMAGE_MATCH = CheckSpec(
+    "PF-IMAGE-MATCH",
+    title="the same image ID exists on both nodes",
+    remedy="docker pull IMAGE on both nodes, or docker save IMAGE | ssh SPARK2 docker load",
+    needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
+    decide=lambda v: check_image(resolve_image(v.cfg, v.recipe), v.rank0, v.rank1),
+)
+
+
+def check_image(image: str, n0: NodeEvidence, n1: NodeEvidence) -> Check:
+    ids = {0: n0.image_id, 1: n1.image_id}
+    missing = [f"rank {r}" for r, i in ids.items() if not i]
+    if missing:
+        return PF_IMAGE_MATCH.verdict(FAIL, f"{image} not found on {', '.join(missing)}")
+    if ids[0] != ids[1]:
+        return PF_IMAGE_MATCH.verdict(FAIL, f"{image}: rank 0 {ids[0]} != rank 1 {ids[1]}")
+    return PF_IMAGE_MATCH.verdict(PASS, f"{image} = {ids[0]} on both")
+
+
+PF_MODEL_MATCH = CheckSpec(
+    "PF-MODEL-MATCH",
+    title=f"MODEL_PATH exists on both nodes with identical {', '.join(MODEL_FILES)} "
+    "(sha256; config.json required)",
+    remedy="copy the model to the same path on both nodes (rsync -a), then re-run",
+    needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
+    decide=lambda v: check_model(v.cfg.MODEL_PATH, v.rank0, v.rank1),
+)
+
+
+def model_fingerprint(files: Mapping[str, str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(f"{name}={files[name]}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def check_model(path: str, n0: NodeEvidence, n1: NodeEvidence) -> Check:
+    probs = []
+    for rank, ev in ((0, n0), (1, n1)):
+        if not ev.model_dir:
+            probs.append(f"rank {rank}: {path} missing")
+        elif "config.json" not in ev.model_files:
+            probs.append(f"rank {rank}: {path}/config.json missing")
+    if probs:
+        return PF_MODEL_MATCH.verdict(FAIL, "; ".join(probs))
+    f0, f1 = n0.model_files, n1.model_files
+    if f0 != f1:
+        diff = sorted(k for k in set(f0) | set(f1) if f0.get(k) != f1.get(k))
+        return PF_MODEL_MATCH.verdict(FAIL, f"files differ between nodes: {', '.join(diff)}")
+    return PF_MODEL_MATCH.verdict(
+        PASS, f"{len(f0)} files, fingerprint {model_fingerprint(f0)} on both"
+    )
+
+
+PF_OVERLAYS = CheckSpec(
+    "PF-OVERLAYS",
+    title="OVERLAY_DIR on both nodes has every file mods/dsv4-flash-overlays ships, "
+    "sha256-identical; other files there are ignored (WARN only)",
+    remedy="run launch/dspark_launch.sh sync-overlays --env-file FILE",
+    needs=(Need.CONFIG, Need.OVERLAY_SRC, Need.RANK0, Need.RANK1),
+    decide=lambda v: check_overlays(v.cfg.OVERLAY_DIR, v.overlay_want, v.rank0, v.rank1),
+)
+
+
+def check_overlays(path: str, want: Mapping[str, str], n0: NodeEvidence, n1: NodeEvidence) -> Check:
+    """``want``: shipped file -> sha256 from the repo. Files a node has beyond it don't count."""
+    probs = []
+    for rank, ev in ((0, n0), (1, n1)):
+        if not ev.overlay_dir:
+            probs.append(f"rank {rank}: {path} missing (boots without overlays)")
+            continue
+        have = ev.overlay_files
+        miss = sorted(set(want) - set(have))
+        diff = sorted(k for k in set(want) & set(have) if want[k] != have[k])
+        if miss:
+            probs.append(f"rank {rank}: missing {', '.join(miss[:5])}")
+        if diff:
+            probs.append(f"rank {rank}: differs from repo: {', '.join(diff[:5])}")
+    if probs:
+        return PF_OVERLAYS.verdict(WARN, "; ".join(probs))
+    return PF_OVERLAYS.verdict(PASS, f"{len(want)} files match on both")

@@ -1,0 +1,83 @@
+"""The registry: every preflight check, in report order, and the table the README shows.
+
+``CHECKS`` is the single source of truth: ``decide`` runs it, and launch/README.md's table
+is ``python -m pairctl preflight --catalogue-md`` (tests/test_pairctl.py fails when the
+README and the registry disagree).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pairctl.config import PairConfig
+from pairctl.evidence import Evidence
+from pairctl.plan import with_recipe_defaults
+from pairctl.preflight.check import Check, CheckSpec, Inputs
+from pairctl.preflight.checks_host import (
+    PF_MASTER_PORT_FREE,
+    PF_NCCL_IFACE,
+    PF_PORT_FREE,
+    PF_TILELANG_CACHE,
+)
+from pairctl.preflight.checks_identity import (
+    PF_DISTINCT_NODES,
+    PF_FOREIGN_PAIR,
+    PF_SELF_IS_SPARK1,
+    PF_SSH,
+)
+from pairctl.preflight.checks_launch import PF_NO_COMPRESSED_MLA, PF_NO_RAY
+from pairctl.preflight.checks_match import PF_IMAGE_MATCH, PF_MODEL_MATCH, PF_OVERLAYS
+from pairctl.preflight.checks_rdma import PF_HCA_2RAIL, PF_ROCE_GID
+from pairctl.recipe import Recipe
+
+CHECKS: tuple[CheckSpec, ...] = (
+    PF_SSH,
+    PF_SELF_IS_SPARK1,
+    PF_DISTINCT_NODES,
+    PF_FOREIGN_PAIR,
+    PF_IMAGE_MATCH,
+    PF_MODEL_MATCH,
+    PF_PORT_FREE,
+    PF_MASTER_PORT_FREE,
+    PF_NCCL_IFACE,
+    PF_TILELANG_CACHE,
+    PF_HCA_2RAIL,
+    PF_ROCE_GID,
+    PF_NO_COMPRESSED_MLA,
+    PF_NO_RAY,
+    PF_OVERLAYS,
+)
+BY_ID: dict[str, CheckSpec] = {c.id: c for c in CHECKS}
+if len(BY_ID) != len(CHECKS):
+    raise AssertionError("two preflight checks share an id")
+
+
+def decide(
+    cfg: PairConfig,
+    recipe: Recipe,
+    passthrough: list[str],
+    evidence: Evidence,
+    overlay_want: Mapping[str, str],
+) -> list[Check]:
+    """Every verdict, in ``CHECKS`` order; rank-1 checks SKIP when rank 1 did not answer."""
+    inputs = Inputs(
+        with_recipe_defaults(cfg, recipe), recipe, tuple(passthrough), evidence, overlay_want
+    )
+    return [spec.run(inputs) for spec in CHECKS]
+
+
+def _cell(text: str) -> str:
+    """Plain text into a markdown table cell (a bare | or * would break the row or italicise)."""
+    return text.replace("|", r"\|").replace("*", r"\*")
+
+
+def catalogue_markdown() -> str:
+    """launch/README.md's preflight table, generated from ``CHECKS``."""
+    rows = [
+        "| ID | checks | evidence | FAIL/WARN remedy |",
+        "|---|---|---|---|",
+    ]
+    for c in CHECKS:
+        needs = ", ".join(n.value for n in c.needs)
+        rows.append(f"| {c.id} | {_cell(c.title)} | {_cell(needs)} | {_cell(c.remedy)} |")
+    return "\n".join(rows) + "\n"

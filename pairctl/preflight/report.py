@@ -1,0 +1,36 @@
+"""Preflight's two outputs: the terminal report and the ``--json`` document."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from pairctl.evidence import Evidence
+from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check
+
+SCHEMA_VERSION = 1
+
+
+def failed(checks: list[Check]) -> bool:
+    return any(c.status == FAIL for c in checks)
+
+
+def render(checks: list[Check]) -> str:
+    lines = []
+    for c in checks:
+        lines.append(f"{c.status:4}  {c.id:22} {c.detail}")
+        if c.remedy:
+            lines.append(f"      {'':22} fix: {c.remedy}")
+    n = {s: sum(c.status == s for c in checks) for s in (PASS, WARN, FAIL, SKIP)}
+    lines.append(f"preflight: {n[PASS]} pass, {n[WARN]} warn, {n[FAIL]} fail, {n[SKIP]} skip")
+    return "\n".join(lines) + "\n"
+
+
+def as_json(checks: list[Check], evidence: Evidence) -> dict[str, Any]:
+    """``{"schema_version": 1, "ok", "checks": [...], "evidence": {...}}`` (secrets masked)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "ok": not failed(checks),
+        "checks": [asdict(c) for c in checks],
+        "evidence": asdict(evidence),
+    }

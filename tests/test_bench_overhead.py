@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from bench.benchlib.cli import Bench, base_parser
+from bench.benchlib.cli import base_parser
+from bench.benchlib.runner import Bench
 
 SO_TIMESTAMPING = 37
 FLAGS = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 11)  # TX_SW | RX_SW | SOFTWARE | OPT_TSONLY

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Concurrency sweep: per-request decode tok/s and aggregate tok/s per concurrency level.
 
 Each wave starts C identical streams at once (one thread each, blocking in recv). The rates come

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Context ladder: prefill tok/s, TTFT, decode tok/s and DSpark acceptance per prompt depth.
 
 For each depth one streamed request per run carries a prompt of that many tokens (real-looking

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Decode under prefill: a stream's decode tok/s alone, then while another request prefills.
 
 Phase "solo": one decoding stream alone (guarded: the server must show only it).

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Multi-turn TTFT: a growing conversation that re-sends the whole history every turn.
 
 This is what chat clients do, and the metric the incremental tokenizer cache moves: with a plain

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Quality gate: 5 greedy prompts with exact-answer checks; exit non-zero on any failure.
 
 Covers arithmetic, a fact, code output, counting and strict JSON (prompts and answers live in

@@ -85,9 +85,8 @@ def run(b: Bench, first_n: int, turn_n: int) -> Conversations:
             n_words = int((first_n if turn == 0 else turn_n) / 1.3)
             body = prompts.prose(n_words, seed=args.seed * 1000 + r * 100 + turn)
             tag = prompts.nonce(rng) if turn == 0 else ""
-            gp = ask(
-                b, history, f"{tag}{body}\n\nWhat stands out in these notes?", f"run{r} turn{turn}"
-            )
+            question = f"{tag}{body}\n\nWhat stands out in these notes?"
+            gp = ask(b, history, question, f"run{r} turn{turn}")
             m = None
             if gp.result is not None:
                 res, q = gp.result

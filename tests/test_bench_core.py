@@ -22,9 +22,10 @@ from bench.benchlib.guard import (
     InFlightTracker,
     run_guarded,
 )
+from bench.benchlib.response import StreamResult
 from bench.benchlib.results import Results, Tally, clean_metrics, summarize_points
 from bench.benchlib.stats import percentile, request_metrics, summarize, window_rate
-from bench.benchlib.stream import StreamResult, stream_request
+from bench.benchlib.stream import stream_request
 from tests.fakes.mock_openai import MockConfig, MockServer
 
 CHAT = "/v1/chat/completions"

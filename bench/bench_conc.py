@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Concurrency sweep: per-request decode tok/s and aggregate tok/s per concurrency level.
 
 Each wave starts C identical streams at once (one thread each, blocking in recv). The rates come
@@ -11,19 +10,35 @@ Above the server's --max-num-seqs the extra streams wait; they start after the w
 so `active` (streams decoding in the window) saturates at max-num-seqs and aggregate_tok_s at the
 server's ceiling.
 
-Example: python3 bench/bench_conc.py --url http://HOST:8000 --concurrency 1,2,4,8,16,24,32
+Example: python -m bench.bench_conc --url http://HOST:8000 --concurrency 1,2,4,8,16,24,32
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
+from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import cli, prompts
+from bench.benchlib import cli, prompts, report
 from bench.benchlib.guard import InFlightTracker
+from bench.benchlib.response import StreamResult
+from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
+from bench.benchlib.runner import Bench
 from bench.benchlib.stats import NS_PER_S, median, request_metrics, summarize, window_rate
-from bench.benchlib.stream import StreamResult
+
+KEYS = ("per_req_decode_tok_s", "aggregate_tok_s", "aggregate_wave_tok_s", "active")
+HEADERS = [
+    "conc",
+    "active",
+    "ttft_ms",
+    "per_req_decode_tok_s",
+    "aggregate_tok_s",
+    "aggregate_wave_tok_s",
+    "retries",
+    "status",
+]
 
 
 def steady_window(results: list[StreamResult]) -> dict[str, Any]:
@@ -83,111 +98,114 @@ def wave_metrics(results: list[StreamResult]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = cli.base_parser(__doc__.split("\n\n")[0])
+def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,2,4,8,16,24,32", help="levels to sweep")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens decoded per stream")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length per stream")
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
+    p = cli.base_parser(__doc__.split("\n\n")[0])
+    add_cli_args(p)
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     if not levels or min(levels) < 1 or args.runs < 1:
         p.error("--concurrency needs positive integers, --runs >= 1")
+    return args, levels
 
-    b = cli.Bench("bench_conc", args)
-    b.prepare()
+
+def run(b: Bench, levels: list[int]) -> dict[int, list[Point]]:
+    """Per run, one guarded wave of C streams per level. Returns the points per level."""
+    args = b.args
     rng = random.Random(args.seed)
     text = prompts.prose(max(1, int(args.prompt_tokens / 1.3)), args.seed)
 
+    def wave(tr: InFlightTracker, c: int) -> list[StreamResult]:
+        # Fresh nonces per attempt, so a retry never rides the previous one's cache.
+        payloads = [
+            b.chat_payload(prompts.messages_for(text, prompts.nonce(rng)), args.max_tokens)
+            for _ in range(c)
+        ]
+        return b.stream_wave(payloads, tr)
+
     bar = b.progress(len(levels) * args.runs, "bench_conc")
-    by_level: dict[int, list[dict[str, Any]]] = {c: [] for c in levels}
-    for run in range(args.runs):
+    by_level: dict[int, list[Point]] = {c: [] for c in levels}
+    for r in range(args.runs):
         for c in levels:
-
-            def wave(tr: InFlightTracker, c: int = c) -> list[StreamResult]:
-                # Fresh nonces per attempt, so a retry never rides the previous one's cache.
-                payloads = [
-                    b.chat_payload(prompts.messages_for(text, prompts.nonce(rng)), args.max_tokens)
-                    for _ in range(c)
-                ]
-                return b.stream_wave(payloads, tr)
-
-            gp = b.guarded(f"c={c}", wave)
+            gp = b.guarded(f"c={c}", lambda tr, c=c: wave(tr, c))
             m = wave_metrics(gp.result) if gp.result is not None else None
             if m is not None and gp.deltas is not None:
                 m["mean_accept_len"] = gp.deltas["mean_accept_len"]
-            by_level[c].append(b.add_point(f"c={c} run{run}", gp, m, concurrency=c, run=run))
+            by_level[c].append(b.results.add(f"c={c} run{r}", gp, m, concurrency=c, run=r))
             bar.update()
     bar.close()
+    return by_level
 
-    keys = ("per_req_decode_tok_s", "aggregate_tok_s", "aggregate_wave_tok_s", "active")
-    summary: dict[str, Any] = {}
-    rows = []
-    for c in levels:
-        ok = [pt["metrics"] for pt in by_level[c] if pt["status"] == "ok"]
-        s: dict[str, Any] = {k: summarize(m[k] for m in ok) for k in keys}
-        s["ttft_ms"] = summarize(m["ttft_ms"]["median"] for m in ok)
-        s["runs_ok"] = len(ok)
-        s["retries"] = sum(pt["retries"] for pt in by_level[c])
-        s["status"] = "ok" if len(ok) == args.runs else by_level[c][-1]["status"]
-        summary[str(c)] = s
-        rows.append(
-            [
-                c,
-                s["active"]["median"],
-                s["ttft_ms"]["median"],
-                s["per_req_decode_tok_s"]["median"],
-                s["aggregate_tok_s"]["median"],
-                s["aggregate_wave_tok_s"]["median"],
-                s["retries"],
-                s["status"],
-            ]
-        )
-    print(
-        cli.table(
-            rows,
-            [
-                "conc",
-                "active",
-                "ttft_ms",
-                "per_req_decode_tok_s",
-                "aggregate_tok_s",
-                "aggregate_wave_tok_s",
-                "retries",
-                "status",
-            ],
-        )
-    )
-    agg = [summary[str(c)]["aggregate_tok_s"]["median"] for c in levels]
-    best = max((a for a in agg if a is not None), default=None)
-    summary["aggregate_ceiling_tok_s"] = best
-    print(f"aggregate ceiling: {cli.fmt(best)} tok/s (steady window; median of {args.runs} run(s))")
+
+@dataclass
+class ConcSummary:
+    """One row per level (medians over runs, tally) and the best steady-window aggregate."""
+
+    levels: dict[int, PointSummary]
+    aggregate_ceiling_tok_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {str(c): s.to_json() for c, s in self.levels.items()}
+        return out | {"aggregate_ceiling_tok_s": self.aggregate_ceiling_tok_s}
+
+    def series(self, key: str) -> list[float | None]:
+        return [s.median(key) for s in self.levels.values()]
+
+
+def summarize_sweep(by_level: dict[int, list[Point]]) -> ConcSummary:
+    rows: dict[int, PointSummary] = {}
+    for c, pts in by_level.items():
+        s = summarize_points(pts, KEYS)
+        # A wave's TTFT is already a distribution over its streams: summarise their medians.
+        s.stats["ttft_ms"] = summarize(m["ttft_ms"]["median"] for m in clean_metrics(pts))
+        rows[c] = s
+    agg = [s.median("aggregate_tok_s") for s in rows.values()]
+    return ConcSummary(rows, max((a for a in agg if a is not None), default=None))
+
+
+def print_report(summary: ConcSummary, runs: int) -> None:
+    rows = [
+        [
+            c,
+            s.median("active"),
+            s.median("ttft_ms"),
+            s.median("per_req_decode_tok_s"),
+            s.median("aggregate_tok_s"),
+            s.median("aggregate_wave_tok_s"),
+            s.tally.retries,
+            s.tally.status,
+        ]
+        for c, s in summary.levels.items()
+    ]
+    print(report.table(rows, HEADERS))
+    best = report.fmt(summary.aggregate_ceiling_tok_s)
+    print(f"aggregate ceiling: {best} tok/s (steady window; median of {runs} run(s))")
+
+
+def plot(path: str, summary: ConcSummary, model: str) -> None:
+    agg = {
+        "steady window": summary.series("aggregate_tok_s"),
+        "whole wave": summary.series("aggregate_wave_tok_s"),
+    }
+    per_req = {"per_req_decode": summary.series("per_req_decode_tok_s")}
+    panels = [("aggregate tok/s", agg), ("per-request tok/s", per_req)]
+    report.plot(path, list(summary.levels), panels, "concurrent streams", f"bench_conc {model}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, levels = parse_args(argv)
+    b = Bench("bench_conc", args)
+    b.prepare()
+    summary = summarize_sweep(run(b, levels))
+    print_report(summary, args.runs)
     if args.plot:
-        cli.plot(
-            args.plot,
-            levels,
-            [
-                (
-                    "aggregate tok/s",
-                    {
-                        "steady window": agg,
-                        "whole wave": [
-                            summary[str(c)]["aggregate_wave_tok_s"]["median"] for c in levels
-                        ],
-                    },
-                ),
-                (
-                    "per-request tok/s",
-                    {
-                        "per_req_decode": [
-                            summary[str(c)]["per_req_decode_tok_s"]["median"] for c in levels
-                        ]
-                    },
-                ),
-            ],
-            "concurrent streams",
-            f"bench_conc {b.model}",
-        )
-    return cli.finish(b, summary)
+        plot(args.plot, summary, b.model)
+    return b.finish(summary.to_json())
 
 
 if __name__ == "__main__":

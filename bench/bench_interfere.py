@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Decode under prefill: a stream's decode tok/s alone, then while another request prefills.
 
 Phase "solo": one decoding stream alone (guarded: the server must show only it).
@@ -11,23 +10,30 @@ stall_ms is the longest gap of the decoding stream while the long request was pe
 This is the metric --long-prefill-token-threshold moves: without it a long prompt's prefill
 chunks (up to --max-num-batched-tokens per step) make every step slow for the decoding stream.
 
-Example: python3 bench/bench_interfere.py --url http://HOST:8000 --prefill-tokens 32k
+Example: python -m bench.bench_interfere --url http://HOST:8000 --prefill-tokens 32k
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import cli, prompts
+from bench.benchlib import cli, prompts, report
 from bench.benchlib.guard import InFlightTracker
-from bench.benchlib.stats import NS_PER_S, chunk_token_counts, median, request_metrics, summarize
-from bench.benchlib.stream import StreamResult
+from bench.benchlib.response import StreamResult
+from bench.benchlib.results import Point, PointSummary, summarize_points
+from bench.benchlib.runner import Bench
+from bench.benchlib.stats import NS_PER_S, chunk_token_counts, median, request_metrics
 
 STRETCH = 1.5  # a step this much longer than the stream's solo gap is an interfered step
+PHASES = ("solo", "under_prefill")
+KEYS = ("decode_tok_s", "stall_ms", "prefill_ttft_ms")
+HEADERS = ["phase", "decode_tok_s", "stall_ms", "prefill_ttft_ms", "retries", "status"]
 
 
 def window_metrics(dec: StreamResult, sent_ns: int, first_ns: int) -> dict[str, Any]:
@@ -84,139 +90,165 @@ def window_metrics(dec: StreamResult, sent_ns: int, first_ns: int) -> dict[str, 
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = cli.base_parser(__doc__.split("\n\n")[0])
+def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-tokens", default="32k", help="prompt of the interfering request")
     p.add_argument("--decode-tokens", type=int, default=1024, help="tokens of the decode stream")
     p.add_argument("--lead-ms", type=float, default=1500, help="decode alone before the prefill")
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
+    p = cli.base_parser(__doc__.split("\n\n")[0])
+    add_cli_args(p)
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs >= 1")
-    n_prefill = prompts.parse_size(args.prefill_tokens)
+    return args, prompts.parse_size(args.prefill_tokens)
 
-    b = cli.Bench("bench_interfere", args)
-    b.prepare()
-    rng = random.Random(args.seed)
-    short = prompts.prose(60, args.seed)
 
-    def counter(text: str) -> int | None:
+def solo_metrics(o: dict[str, Any]) -> dict[str, Any]:
+    m = request_metrics(o["decode"])
+    return {"error": m["error"], "decode_tok_s": m["decode_tok_s"], "decode": m}
+
+
+def interfered_metrics(o: dict[str, Any]) -> dict[str, Any]:
+    """The decoding stream's rate while the long request prefilled, and the long one's TTFT."""
+    dec, pre = o["decode"], o["prefill"]
+    md, mp = request_metrics(dec), request_metrics(pre)
+    err = md["error"] or mp["error"]
+    w: dict[str, Any] = {
+        "decode_tok_s": None,
+        "stall_ms": None,
+        "step_ms": None,
+        "stretched_steps": None,
+    }
+    truncated = False
+    if not err and pre.t_request_ns and pre.t_first_token_ns and dec.t_last_token_ns:
+        end = min(pre.t_first_token_ns, dec.t_last_token_ns)
+        truncated = dec.t_last_token_ns < pre.t_first_token_ns
+        started = dec.t_first_token_ns is not None and dec.t_first_token_ns < pre.t_request_ns
+        if not started:
+            err = "decode stream had not started when the prefill was sent (raise --lead-ms)"
+        else:
+            w = window_metrics(dec, pre.t_request_ns, end)
+    if truncated:
+        cli.log("warning: decode stream ended before the prefill did; raise --decode-tokens")
+    return {
+        "error": err,
+        "decode_tok_s": w["decode_tok_s"],
+        "stall_ms": w["stall_ms"],
+        "step_ms": w["step_ms"],
+        "window_truncated": truncated,
+        "stretched_steps": w["stretched_steps"],
+        "prefill_ttft_ms": mp["ttft_ms"],
+        "prefill_prompt_tokens": mp["prompt_tokens"],
+        "decode": md,
+        "prefill": mp,
+    }
+
+
+class Waves:
+    """The two guarded waves: the decoding stream alone, and with a long prefill beside it."""
+
+    def __init__(self, b: Bench, n_prefill: int) -> None:
+        self.b, self.args = b, b.args
+        self.rng = random.Random(self.args.seed)
+        self.short = prompts.prose(60, self.args.seed)
+        self.long_text, _ = prompts.calibrated_text(n_prefill, self._count, seed=self.args.seed + 1)
+
+    def _count(self, text: str) -> int | None:
         msgs = prompts.messages_for(text, "[ref 00000000] ")
-        return prompts.count_tokens(b.session, b.url, b.model, msgs)
+        return prompts.count_tokens(self.b.session, self.b.url, self.b.model, msgs)
 
-    long_text, _ = prompts.calibrated_text(n_prefill, counter, seed=args.seed + 1)
+    def _decode_payload(self) -> dict[str, Any]:
+        msgs = prompts.messages_for(self.short, prompts.nonce(self.rng))
+        return self.b.chat_payload(msgs, self.args.decode_tokens)
 
-    def decode_payload() -> dict[str, Any]:
-        return b.chat_payload(prompts.messages_for(short, prompts.nonce(rng)), args.decode_tokens)
+    def solo(self, tr: InFlightTracker) -> dict[str, Any]:
+        return {"decode": self.b.stream(self._decode_payload(), tr)}
 
-    def solo(tr: InFlightTracker) -> dict[str, Any]:
-        return {"decode": b.stream(decode_payload(), tr)}
-
-    def interfered(tr: InFlightTracker) -> dict[str, Any]:
+    def under_prefill(self, tr: InFlightTracker) -> dict[str, Any]:
         out: dict[str, Any] = {}
         t = threading.Thread(
-            target=lambda: out.__setitem__("decode", b.stream(decode_payload(), tr))
+            target=lambda: out.__setitem__("decode", self.b.stream(self._decode_payload(), tr))
         )
         t.start()
-        time.sleep(args.lead_ms / 1000)
-        msgs = prompts.messages_for(long_text, prompts.nonce(rng))
-        out["prefill"] = b.stream(b.chat_payload(msgs, 1), tr)
+        time.sleep(self.args.lead_ms / 1000)
+        msgs = prompts.messages_for(self.long_text, prompts.nonce(self.rng))
+        out["prefill"] = self.b.stream(self.b.chat_payload(msgs, 1), tr)
         t.join()
         return out
 
-    def solo_metrics(o: dict[str, Any]) -> dict[str, Any]:
-        m = request_metrics(o["decode"])
-        return {"error": m["error"], "decode_tok_s": m["decode_tok_s"], "decode": m}
 
-    def interfered_metrics(o: dict[str, Any]) -> dict[str, Any]:
-        dec, pre = o["decode"], o["prefill"]
-        md, mp = request_metrics(dec), request_metrics(pre)
-        err = md["error"] or mp["error"]
-        w: dict[str, Any] = {
-            "decode_tok_s": None,
-            "stall_ms": None,
-            "step_ms": None,
-            "stretched_steps": None,
-        }
-        truncated = False
-        if not err and pre.t_request_ns and pre.t_first_token_ns and dec.t_last_token_ns:
-            end = min(pre.t_first_token_ns, dec.t_last_token_ns)
-            truncated = dec.t_last_token_ns < pre.t_first_token_ns
-            started = dec.t_first_token_ns is not None and dec.t_first_token_ns < pre.t_request_ns
-            if not started:
-                err = "decode stream had not started when the prefill was sent (raise --lead-ms)"
-            else:
-                w = window_metrics(dec, pre.t_request_ns, end)
-        if truncated:
-            cli.log("warning: decode stream ended before the prefill did; raise --decode-tokens")
-        return {
-            "error": err,
-            "decode_tok_s": w["decode_tok_s"],
-            "stall_ms": w["stall_ms"],
-            "step_ms": w["step_ms"],
-            "window_truncated": truncated,
-            "stretched_steps": w["stretched_steps"],
-            "prefill_ttft_ms": mp["ttft_ms"],
-            "prefill_prompt_tokens": mp["prompt_tokens"],
-            "decode": md,
-            "prefill": mp,
-        }
-
-    bar = b.progress(2 * args.runs, "bench_interfere")
-    res: dict[str, list[dict[str, Any]]] = {"solo": [], "under_prefill": []}
-    for run in range(args.runs):
-        gp = b.guarded(f"solo run{run}", solo)
-        m = solo_metrics(gp.result) if gp.result is not None else None
-        res["solo"].append(b.add_point(f"solo run{run}", gp, m, phase="solo", run=run))
-        bar.update()
-        gp = b.guarded(f"under_prefill run{run}", interfered)
-        m = interfered_metrics(gp.result) if gp.result is not None else None
-        pt = b.add_point(f"under_prefill run{run}", gp, m, phase="under_prefill", run=run)
-        res["under_prefill"].append(pt)
-        bar.update()
+def run(b: Bench, n_prefill: int) -> dict[str, list[Point]]:
+    """Per run, the solo wave then the under-prefill wave. Returns the points per phase."""
+    waves = Waves(b, n_prefill)
+    measure = {
+        "solo": (waves.solo, solo_metrics),
+        "under_prefill": (waves.under_prefill, interfered_metrics),
+    }
+    bar = b.progress(2 * b.args.runs, "bench_interfere")
+    res: dict[str, list[Point]] = {phase: [] for phase in PHASES}
+    for r in range(b.args.runs):
+        for phase in PHASES:
+            wave, metrics = measure[phase]
+            gp = b.guarded(f"{phase} run{r}", wave)
+            m = metrics(gp.result) if gp.result is not None else None
+            res[phase].append(b.results.add(f"{phase} run{r}", gp, m, phase=phase, run=r))
+            bar.update()
     bar.close()
+    return res
 
-    summary: dict[str, Any] = {}
-    rows = []
-    for phase, pts in res.items():
-        ok = [pt["metrics"] for pt in pts if pt["status"] == "ok"]
-        s = {
-            "decode_tok_s": summarize(m["decode_tok_s"] for m in ok),
-            "stall_ms": summarize(m.get("stall_ms") for m in ok),
-            "prefill_ttft_ms": summarize(m.get("prefill_ttft_ms") for m in ok),
-            "runs_ok": len(ok),
-            "retries": sum(pt["retries"] for pt in pts),
-            "status": "ok" if len(ok) == args.runs else pts[-1]["status"],
-        }
-        summary[phase] = s
-        rows.append(
-            [
-                phase,
-                s["decode_tok_s"]["median"],
-                s["stall_ms"]["median"],
-                s["prefill_ttft_ms"]["median"],
-                s["retries"],
-                s["status"],
-            ]
-        )
-    solo_v = summary["solo"]["decode_tok_s"]["median"]
-    under_v = summary["under_prefill"]["decode_tok_s"]["median"]
-    ratio = under_v / solo_v if solo_v and under_v is not None else None
-    summary["under_over_solo"] = ratio
-    print(
-        cli.table(
-            rows, ["phase", "decode_tok_s", "stall_ms", "prefill_ttft_ms", "retries", "status"]
-        )
-    )
-    print(f"decode under prefill / solo: {cli.fmt(ratio, 3)} (prefill {n_prefill} tokens)")
+
+@dataclass
+class InterfereSummary:
+    """One row per phase (medians over runs, tally) and the under-prefill / solo ratio."""
+
+    phases: dict[str, PointSummary]
+    under_over_solo: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {p: s.to_json() for p, s in self.phases.items()}
+        return out | {"under_over_solo": self.under_over_solo}
+
+
+def summarize_phases(res: dict[str, list[Point]]) -> InterfereSummary:
+    phases = {phase: summarize_points(pts, KEYS) for phase, pts in res.items()}
+    solo, under = (phases[p].median("decode_tok_s") for p in PHASES)
+    return InterfereSummary(phases, under / solo if solo and under is not None else None)
+
+
+def print_report(summary: InterfereSummary, n_prefill: int) -> None:
+    rows = [
+        [
+            phase,
+            s.median("decode_tok_s"),
+            s.median("stall_ms"),
+            s.median("prefill_ttft_ms"),
+            s.tally.retries,
+            s.tally.status,
+        ]
+        for phase, s in summary.phases.items()
+    ]
+    print(report.table(rows, HEADERS))
+    ratio = report.fmt(summary.under_over_solo, 3)
+    print(f"decode under prefill / solo: {ratio} (prefill {n_prefill} tokens)")
+
+
+def plot(path: str, summary: InterfereSummary, model: str, n_prefill: int) -> None:
+    medians = [s.median("decode_tok_s") for s in summary.phases.values()]
+    title = f"bench_interfere {model} (prefill {n_prefill} tok)"
+    report.plot(path, list(summary.phases), [("decode tok/s", {"median": medians})], "phase", title)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, n_prefill = parse_args(argv)
+    b = Bench("bench_interfere", args)
+    b.prepare()
+    summary = summarize_phases(run(b, n_prefill))
+    print_report(summary, n_prefill)
     if args.plot:
-        cli.plot(
-            args.plot,
-            list(res),
-            [("decode tok/s", {"median": [solo_v, under_v]})],
-            "phase",
-            f"bench_interfere {b.model} (prefill {n_prefill} tok)",
-        )
-    return cli.finish(b, summary)
+        plot(args.plot, summary, b.model, n_prefill)
+    return b.finish(summary.to_json())
 
 
 if __name__ == "__main__":

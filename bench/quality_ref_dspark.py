@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Quality gate: 5 greedy prompts with exact-answer checks; exit non-zero on any failure.
 
 Covers arithmetic, a fact, code output, counting and strict JSON (prompts and answers live in
@@ -10,7 +9,7 @@ Run it after any change; the launcher runs it as its post-`up` gate (launcher ex
 Exit codes: 0 all prompts passed; 1 at least one failed (or the endpoint is unreachable);
 2 usage error.
 
-Example: python3 bench/quality_ref_dspark.py --url http://HOST:8000
+Example: python -m bench.quality_ref_dspark --url http://HOST:8000
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +86,7 @@ def ask(
     return content, None
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="Exit codes: 0 all passed; 1 a prompt failed or endpoint unreachable; 2 usage.",
-    )
+def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="OpenAI-compatible endpoint")
     p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
@@ -100,25 +95,54 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=None, help="override the file's max_tokens")
     p.add_argument("--thinking", action="store_true", help="render in thinking mode")
     p.add_argument("--json", dest="json_path", default=None, help="write verdicts JSON here")
-    args = p.parse_args(argv)
-    ref = json.loads(Path(args.prompts).read_text())
-    max_tokens = args.max_tokens or int(ref["max_tokens"])
-    if args.thinking and args.max_tokens is None:
-        max_tokens = max(max_tokens, 4096)  # reasoning comes first and needs room
-    url = args.url.rstrip("/")
-    s = requests.Session()
-    if args.api_key:
-        s.headers["Authorization"] = f"Bearer {args.api_key}"
 
-    model = args.model
-    if model is None:
-        try:
-            r = s.get(url + "/v1/models", timeout=min(args.timeout_s, 30))
-            model = r.json()["data"][0]["id"]
-        except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
-            print(f"FAIL endpoint: cannot list models at {url}/v1/models: {e}")
-            return 1
 
+@dataclass
+class Verdict:
+    """One prompt's outcome; `error` says why it failed (None when it passed)."""
+
+    name: str
+    passed: bool
+    error: str | None
+    reply: str | None
+    seconds: float
+
+
+@dataclass
+class GateResult:
+    """Every prompt's verdict, and what the gate concludes from them."""
+
+    url: str
+    model: str
+    max_tokens: int
+    thinking: bool
+    verdicts: list[Verdict]
+
+    @property
+    def failed(self) -> list[str]:
+        return [v.name for v in self.verdicts if not v.passed]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": 1,
+            "url": self.url,
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "thinking": self.thinking,
+            "passed": not self.failed,
+            "verdicts": [asdict(v) for v in self.verdicts],
+        }
+
+
+def run_gate(
+    s: requests.Session,
+    url: str,
+    model: str,
+    ref: dict[str, Any],
+    max_tokens: int,
+    args: argparse.Namespace,
+) -> list[Verdict]:
+    """Ask every reference prompt in turn, printing PASS/FAIL as each verdict comes in."""
     verdicts = []
     for spec in ref["prompts"]:
         t0 = time.monotonic()
@@ -126,32 +150,61 @@ def main(argv: list[str] | None = None) -> int:
         if err is None:
             err = check(spec, content or "")
         verdicts.append(
-            {
-                "name": spec["name"],
-                "passed": err is None,
-                "error": err,
-                "reply": content,
-                "seconds": round(time.monotonic() - t0, 3),
-            }
+            Verdict(spec["name"], err is None, err, content, round(time.monotonic() - t0, 3))
         )
         print(f"{'PASS' if err is None else 'FAIL'} {spec['name']}" + (f": {err}" if err else ""))
-    failed = [v["name"] for v in verdicts if not v["passed"]]
+    return verdicts
+
+
+def first_model(s: requests.Session, url: str, timeout_s: float) -> str:
+    """The first model id of /v1/models (raises what requests or the JSON raise)."""
+    r = s.get(url + "/v1/models", timeout=min(timeout_s, 30))
+    return r.json()["data"][0]["id"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Exit codes: 0 all passed; 1 a prompt failed or endpoint unreachable; 2 usage.",
+    )
+    add_cli_args(p)
+    return p.parse_args(argv)
+
+
+def gate_max_tokens(ref: dict[str, Any], args: argparse.Namespace) -> int:
+    """--max-tokens, else the file's; thinking mode needs room for the reasoning first."""
+    n = args.max_tokens or int(ref["max_tokens"])
+    return max(n, 4096) if args.thinking and args.max_tokens is None else n
+
+
+def print_summary(result: GateResult) -> None:
+    n, failed = len(result.verdicts), result.failed
     print(
-        f"quality gate: {len(verdicts) - len(failed)}/{len(verdicts)} passed"
+        f"quality gate: {n - len(failed)}/{n} passed"
         + (f"; failed: {', '.join(failed)}" if failed else "")
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ref = json.loads(Path(args.prompts).read_text())
+    max_tokens = gate_max_tokens(ref, args)
+    url = args.url.rstrip("/")
+    s = requests.Session()
+    if args.api_key:
+        s.headers["Authorization"] = f"Bearer {args.api_key}"
+    try:
+        model = args.model if args.model is not None else first_model(s, url, args.timeout_s)
+    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
+        print(f"FAIL endpoint: cannot list models at {url}/v1/models: {e}")
+        return 1
+    verdicts = run_gate(s, url, model, ref, max_tokens, args)
+    result = GateResult(url, model, max_tokens, args.thinking, verdicts)
+    print_summary(result)
     if args.json_path:
-        doc = {
-            "schema_version": 1,
-            "url": url,
-            "model": model,
-            "max_tokens": max_tokens,
-            "thinking": args.thinking,
-            "passed": not failed,
-            "verdicts": verdicts,
-        }
-        Path(args.json_path).write_text(json.dumps(doc, indent=1) + "\n")
-    return 1 if failed else 0
+        Path(args.json_path).write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    return 1 if result.failed else 0
 
 
 if __name__ == "__main__":

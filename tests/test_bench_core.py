@@ -13,10 +13,19 @@ import time
 import pytest
 import requests
 
-from bench.benchlib import EXIT_CONTAMINATED, promm
-from bench.benchlib.guard import GuardConfig, GuardError, InFlightTracker, run_guarded
+from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, promm
+from bench.benchlib.guard import (
+    Attempt,
+    GuardConfig,
+    GuardedPoint,
+    GuardError,
+    InFlightTracker,
+    run_guarded,
+)
+from bench.benchlib.response import StreamResult
+from bench.benchlib.results import Results, Tally, clean_metrics, summarize_points
 from bench.benchlib.stats import percentile, request_metrics, summarize, window_rate
-from bench.benchlib.stream import StreamResult, stream_request
+from bench.benchlib.stream import stream_request
 from tests.fakes.mock_openai import MockConfig, MockServer
 
 CHAT = "/v1/chat/completions"
@@ -252,3 +261,35 @@ def test_contaminated_wave_is_cut_short_unless_told_not_to(abort):
         assert first.duration_s < clean.duration_s - 0.4  # stopped ~0.1 s in, not at 0.8 s
     else:
         assert first.duration_s > clean.duration_s - 0.2
+
+
+# ---- summary rows and exit accounting (benchlib.results) ------------------------------------
+def _gp(status: str, retries: int = 0, reason: str | None = None) -> GuardedPoint:
+    attempts = [Attempt(False, "foreign", [], 0.1)] * retries
+    attempts.append(Attempt(status == "ok", reason, [], 0.1))
+    return GuardedPoint(status, object() if status == "ok" else None, None, attempts, reason)
+
+
+def test_points_add_up_to_the_exit_code_and_the_rows():
+    res = Results()
+    ok = res.add("a run0", _gp("ok", retries=1), {"error": None, "x_ms": 10.0}, run=0)
+    assert ok["status"] == "ok" and ok["retries"] == 1 and ok["metrics"]["x_ms"] == 10.0
+    assert res.exit_code == EXIT_OK
+    bad = res.add("a run1", _gp("contaminated", 2, "all 3 attempts contaminated"), None, run=1)
+    assert bad["metrics"] is None and bad["server_deltas"] is None and bad["retries"] == 2
+    assert res.exit_code == EXIT_CONTAMINATED and res.exit_reasons[-1].startswith("a run1:")
+    # A failed request on a clean wave is an error, not a number, and exit 1 wins over 3.
+    err = res.add("b run0", _gp("ok"), {"error": "HTTP 500: boom", "x_ms": 1.0}, run=0)
+    assert err["status"] == "error" and err["metrics"] is None and err["reason"] == "HTTP 500: boom"
+    assert res.exit_code == EXIT_ERROR
+    res.add("c run0", _gp("contaminated", 0, "before: busy"), None)
+    assert res.exit_code == EXIT_ERROR and len(res.exit_reasons) == 3
+
+    row = summarize_points(res.points[:2], ["x_ms", "missing_ms"])
+    assert row.tally == Tally(runs_ok=1, retries=3, status="contaminated")
+    assert row.median("x_ms") == 10.0 and row.stats["missing_ms"]["n"] == 0
+    doc = row.to_json()
+    assert list(doc)[-3:] == ["runs_ok", "retries", "status"]
+    assert "runs_ok" not in row.to_json(runs_ok=False)
+    assert Tally.of(res.points[:1]).status == "ok"
+    assert clean_metrics(res.points) == [{"error": None, "x_ms": 10.0}]

@@ -23,8 +23,9 @@ import requests
 
 from bench import bench_conc, bench_ctx, bench_interfere, chat_ttft_probe
 from bench.benchlib import EXIT_CONTAMINATED
-from bench.benchlib.cli import Bench, base_parser
+from bench.benchlib.cli import base_parser
 from bench.benchlib.guard import GuardConfig, InFlightTracker, run_guarded
+from bench.benchlib.runner import Bench
 from bench.benchlib.stats import request_metrics
 
 REPO = Path(__file__).resolve().parents[1]

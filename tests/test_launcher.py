@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.fakepair import FAKES, LAUNCHER, SECRET, Env, free_port, serve_endpoint
+from tests.fakes.fakepair import FAKES, LAUNCHER, SECRET, Env, free_port, pair_endpoint
 
 
 @pytest.fixture()
 def endpoint():
-    srv = serve_endpoint()
-    yield srv.server_address[1]
-    srv.shutdown()
+    with pair_endpoint() as srv:
+        yield srv.port
 
 
 @pytest.fixture()
@@ -301,7 +300,7 @@ def test_shellcheck_clean() -> None:
 
 
 def test_failed_quality_gate_exits_6_and_leaves_endpoint(pair: Env) -> None:
-    p = pair.run("up", "--gate", timeout=120)  # the fake endpoint cannot chat: gate fails
+    p = pair.run("up", "--gate", timeout=120)  # the fake does not know the answers: gate fails
     assert p.returncode == 6, p.stdout + p.stderr
     assert "quality gate FAILED" in p.stderr
     st = pair.load()

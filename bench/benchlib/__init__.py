@@ -1,12 +1,17 @@
 """Shared core of the contamination-guarded benchmarks in bench/.
 
 Modules:
-  stream   - raw-socket streaming request function -> StreamResult (raw ns timings)
+  cli      - the flags every script shares (add_cli_args), stderr logging
+  runner   - Bench: run protocol (readiness, test request, warmups), streamed waves, guarded points
+  results  - recorded points, exit-code accounting, summary rows (Tally, PointSummary), result JSON
+  report   - the printed table and the optional plot
+  stream   - the request function: one streamed request -> StreamResult (raw ns timings)
+  kstamp   - kernel socket timestamps: connect, departure stamps, the receive loop
+  response - StreamResult, and the post-hoc HTTP/chunked/SSE parsing that fills it
   stats    - aggregation of raw timings into TTFT/TPOT/ITL/tok/s (null, never 0, when missing)
   promm    - /metrics scraping (prometheus_client parser) and counter deltas
   guard    - in-flight tracker, background sampler, guarded wave runner with retries
   prompts  - real-looking filler text calibrated to a token count via /tokenize
-  cli      - shared flags, run protocol (readiness, test request, warmups), JSON/table/plot output
 """
 
 from __future__ import annotations

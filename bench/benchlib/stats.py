@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from bench.benchlib.stream import StreamResult
+from bench.benchlib.response import StreamResult
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000

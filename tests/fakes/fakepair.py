@@ -1,6 +1,6 @@
 """A fake pair for launcher tests: state for tests/fakes/bin tools, an env file, a runner.
 
-Also a tiny OpenAI-ish endpoint (/health, /v1/models, /metrics) for the health wait.
+The pair's endpoint is the tests' one fake server (tests/fakes/mock_openai.py, `pair_endpoint`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from tests.fakes.mock_openai import MockConfig, MockServer
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"
@@ -22,38 +22,13 @@ IMAGE = "vllm-dspark:test"
 IMAGE_ID = "sha256:" + "ab" * 32
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server API)
-        if self.path == "/health":
-            body, ctype = b"", "text/plain"
-        elif self.path == "/v1/models":
-            body = json.dumps({"data": [{"id": "/models/dsv4", "owned_by": "vllm"}]}).encode()
-            ctype = "application/json"
-        elif self.path == "/metrics":
-            body = (
-                b'vllm:num_requests_running{model_name="m"} 2.0\n'
-                b'vllm:num_requests_waiting{model_name="m"} 1.0\n'
-            )
-            ctype = "text/plain"
-        else:
-            self.send_response(404)
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+def pair_endpoint() -> MockServer:
+    """The served pair as the launcher's health wait and `status` see it (a context manager).
 
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def serve_endpoint() -> ThreadingHTTPServer:
-    """Start the fake endpoint on a free port; caller shuts it down."""
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv
+    One model, two requests running and one waiting; it answers chat but does not know the
+    quality gate's reference answers.
+    """
+    return MockServer(MockConfig(model_id="/models/dsv4", running_base=2, waiting_base=1))
 
 
 def free_port() -> int:

@@ -1,14 +1,19 @@
-"""A tiny stdlib OpenAI/vLLM-like server with known timings, for testing bench/ without a model.
+"""The one fake OpenAI/vLLM server of the tests: stdlib, known timings, configured per test.
 
+Serves what the bench scripts, the quality gate and the launcher's health wait ask of a vLLM
+endpoint: /health, /v1/models, /metrics (vLLM's names), /tokenize and /v1/chat/completions.
 Streams chat completions as vLLM does (role-only chunk first, then token events, then a usage
 chunk, then [DONE]) with a fixed TTFT and a fixed step period, each step carrying a known number
-of tokens, and exports vLLM's /metrics names. Knobs let tests inject foreign traffic, gauge lag,
-quality-gate answers, errors, slowness and malformed JSON.
+of tokens. Knobs let tests inject foreign traffic, gauge lag, a busy server, quality-gate
+answers, errors, slowness and malformed JSON, and have the server stamp request arrival and
+first-token departure in the kernel (the truth the client's own TTFT is checked against).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +32,41 @@ class MockConfig:
     answers: dict[str, str] = field(default_factory=dict)  # quality gate: prompt -> content
     mode: str = "ok"  # ok | slow | http500 | badjson | nogauges
     slow_s: float = 5.0
+    model_id: str = "mock-model"  # the one model of /v1/models
+    running_base: int = 0  # requests the server reports running besides the tests' own
+    waiting_base: int = 0  # and waiting
+    kernel_stamps: bool = False  # record kernel_ttft_ms per request (Linux SO_TIMESTAMPING)
+
+
+# Linux SO_TIMESTAMPING (Documentation/networking/timestamping.rst); written out here, not taken
+# from bench.benchlib.kstamp, so the truth does not share code with the client it checks.
+SO_TIMESTAMPING = 37
+TS_FLAGS = (1 << 1) | (1 << 3) | (1 << 4) | (1 << 11)  # TX_SW | RX_SW | SOFTWARE | OPT_TSONLY
+
+
+def _kernel_stamp(anc: list) -> int | None:
+    """Realtime ns of a SO_TIMESTAMPING control message (its first, software, timespec)."""
+    for level, typ, cdata in anc:
+        if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPING and len(cdata) >= 16:
+            sec, nsec = struct.unpack_from("qq", cdata)
+            if sec:
+                return sec * 1_000_000_000 + nsec
+    return None
+
+
+def _last_departure(sock: socket.socket) -> int | None:
+    """Newest departure stamp in the socket's error queue (drains it)."""
+    last = None
+    sock.setblocking(False)
+    try:
+        while True:
+            try:
+                _d, anc, _f, _a = sock.recvmsg(64, 512, socket.MSG_ERRQUEUE)
+            except BlockingIOError:
+                return last
+            last = _kernel_stamp(anc) or last
+    finally:
+        sock.setblocking(True)
 
 
 class MockState:
@@ -51,7 +91,8 @@ class MockState:
 
     def metrics_text(self) -> str:
         with self.lock:
-            running = self.running + self.foreign()
+            running = self.running + self.foreign() + self.cfg.running_base
+            waiting = float(self.cfg.waiting_base)
             c = dict(self.counters)
             pp = list(self.per_pos)
         lines = []
@@ -62,7 +103,7 @@ class MockState:
                 f'vllm:num_requests_running{{engine="0",model_name="mock"}} {running}',
                 "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
                 "# TYPE vllm:num_requests_waiting gauge",
-                'vllm:num_requests_waiting{engine="0",model_name="mock"} 0.0',
+                f'vllm:num_requests_waiting{{engine="0",model_name="mock"}} {waiting}',
             ]
         lines += [
             "# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency.",
@@ -97,6 +138,15 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     state: MockState
+    rx_kernel_ns: int | None = None  # kernel arrival of the request head (kernel_stamps only)
+
+    def handle(self) -> None:
+        if self.state.cfg.kernel_stamps:
+            # Peek at the head's first byte: its ancillary data is the kernel's arrival stamp,
+            # and http.server then reads the request as usual.
+            _d, anc, _f, _a = self.connection.recvmsg(1, 512, socket.MSG_PEEK)
+            self.rx_kernel_ns = _kernel_stamp(anc)
+        super().handle()
 
     def log_message(self, *a: Any) -> None:  # quiet
         pass
@@ -112,8 +162,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         st = self.state
-        if self.path == "/v1/models":
-            doc = {"object": "list", "data": [{"id": "mock-model", "owned_by": "mock"}]}
+        if self.path == "/health":
+            # vLLM answers 200 with an empty body while the engine lives
+            # (vllm/entrypoints/serve/instrumentator/health.py).
+            self._send(200, b"", "text/plain")
+        elif self.path == "/v1/models":
+            doc = {"object": "list", "data": [{"id": st.cfg.model_id, "owned_by": "mock"}]}
             self._send(200, json.dumps(doc).encode())
         elif self.path == "/metrics":
             self._send(200, st.metrics_text().encode(), "text/plain; version=0.0.4")
@@ -191,13 +245,21 @@ class Handler(BaseHTTPRequestHandler):
             st.running += 1
             st.counters["prompt_tokens"] += ptoks
         try:
-            base = {"id": rid, "object": "chat.completion.chunk", "model": "mock-model"}
+            base = {"id": rid, "object": "chat.completion.chunk", "model": cfg.model_id}
             self._chunk(base | {"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
             ttft = cfg.ttft_s + (ptoks / cfg.prefill_tok_s if cfg.prefill_tok_s else 0.0)
             deadline = received / 1e9 + ttft  # from arrival, so our own overheads do not add
             time.sleep(max(0.0, deadline - time.monotonic()))
             first_token = time.monotonic_ns()
+            record = {"id": rid, "received_ns": received, "first_token_ns": first_token}
+            if cfg.kernel_stamps:
+                _last_departure(self.connection)  # drop the stamps of the head and role chunk
             self._chunk(base | {"choices": [{"index": 0, "delta": {"content": "w0"}}]})
+            if cfg.kernel_stamps:
+                tx, rx = _last_departure(self.connection), self.rx_kernel_ns
+                record["kernel_ttft_ms"] = (tx - rx) / 1e6 if tx and rx else None
+            with st.lock:  # before the stream can end, so a client never looks too early
+                st.records.append(record)
             done, step = 1, 0
             while done < max_tokens:
                 k = min(cfg.tokens_per_step[step % len(cfg.tokens_per_step)], max_tokens - done)
@@ -223,16 +285,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
             with st.lock:
-                st.records.append(
-                    {
-                        "id": rid,
-                        "received_ns": received,
-                        "first_token_ns": first_token,
-                        "finish_ns": finish,
-                        "prompt_tokens": ptoks,
-                        "completion_tokens": done,
-                    }
-                )
+                record.update(finish_ns=finish, prompt_tokens=ptoks, completion_tokens=done)
         except OSError:
             pass  # the client hung up (e.g. the guard aborted its wave)
         finally:
@@ -248,6 +301,16 @@ class Handler(BaseHTTPRequestHandler):
 
 class _Quiet(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # a 64-stream wave connects at once; the default 5 drops SYNs
+    kernel_stamps = False
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, addr = super().get_request()
+        if self.kernel_stamps:
+            # Before the request arrives, or its arrival carries no stamp.
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TS_FLAGS)
+        return conn, addr
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that timed out and hung up is part of the tests
@@ -260,7 +323,9 @@ class MockServer:
         self.state = MockState(cfg or MockConfig())
         handler = type("H", (Handler,), {"state": self.state})
         self.httpd = _Quiet(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.httpd.kernel_stamps = self.state.cfg.kernel_stamps
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def __enter__(self) -> MockServer:
@@ -270,6 +335,11 @@ class MockServer:
     def __exit__(self, *a: Any) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def records(self) -> list[dict[str, Any]]:
+        """One record per streamed request, from its first token on (finish fields at the end)."""
+        with self.state.lock:
+            return [dict(r) for r in self.state.records]
 
     def inject_foreign(self, requests: int, seconds: float) -> None:
         with self.state.lock:

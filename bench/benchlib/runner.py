@@ -1,0 +1,232 @@
+"""One benchmark run against an endpoint: the run protocol, streamed waves, guarded points.
+
+Run protocol (as vLLM's benchmark does it): wait until the endpoint answers /v1/models, send one
+small streamed request that must succeed, run --warmups unmeasured requests, then the measured,
+guarded waves. Points go to `Bench.results`; `Bench.finish` writes the JSON and gives the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR
+from bench.benchlib.cli import log
+from bench.benchlib.guard import GuardConfig, GuardedPoint, GuardError, InFlightTracker, run_guarded
+from bench.benchlib.kstamp import clock_offset_cached
+from bench.benchlib.results import Results
+from bench.benchlib.stream import StreamResult, open_connection, stream_request
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class Bench:
+    """One benchmark run: endpoint facts, guarded measurements, and the result document."""
+
+    def __init__(self, script: str, args: argparse.Namespace) -> None:
+        self.script, self.args = script, args
+        self.url = args.url.rstrip("/")
+        self.session = requests.Session()
+        if args.api_key:
+            self.session.headers["Authorization"] = f"Bearer {args.api_key}"
+        self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.models: Any = None
+        self.model: str = args.model or ""
+        self.guard = GuardConfig(
+            enabled=not args.no_guard,
+            retries=max(0, args.retries),
+            interval_s=args.guard_interval_ms / 1000,
+            grace_s=args.guard_grace_ms / 1000,
+            backoff_s=args.backoff_s,
+            abort_early=not args.no_abort,
+        )
+        self.results = Results()
+        # A thread woken by recv() must get the GIL before it can take its timestamp; a short
+        # switch interval bounds that wait when another thread (sampler, parser) is running.
+        sys.setswitchinterval(0.0002)
+
+    # ---- run protocol -------------------------------------------------------------------
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.args.ready_timeout_s
+        last = ""
+        while True:
+            try:
+                r = self.session.get(self.url + "/v1/models", timeout=5)
+                if r.status_code == 200:
+                    self.models = r.json()
+                    if not self.model:
+                        self.model = self.models["data"][0]["id"]
+                    return
+                last = f"HTTP {r.status_code}"
+            except (requests.RequestException, ValueError, KeyError, IndexError) as e:
+                last = str(e)
+            if time.monotonic() > deadline:
+                raise SystemExit(self.fail(f"endpoint not ready after timeout: {last}"))
+            time.sleep(1)
+
+    def chat_payload(
+        self, messages: list[dict[str, Any]], max_tokens: int, fixed_length: bool = True
+    ) -> dict[str, Any]:
+        """Streamed, greedy chat request; fixed_length asks vLLM to ignore EOS (exact output)."""
+        p: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+        }
+        if fixed_length:
+            p["ignore_eos"] = True
+            p["min_tokens"] = max_tokens
+        if self.args.chat_template_kwargs is not None:
+            p["chat_template_kwargs"] = self.args.chat_template_kwargs
+        return p
+
+    def stream(self, payload: dict[str, Any], tracker: InFlightTracker | None) -> StreamResult:
+        """One request on a connection opened (and accepted by the server) beforehand."""
+        return self.stream_wave([payload], tracker)[0]
+
+    def stream_wave(
+        self, payloads: Sequence[dict[str, Any]], tracker: InFlightTracker | None
+    ) -> list[StreamResult]:
+        """Send all payloads at once, one thread each, on pre-opened connections.
+
+        Connecting first and letting the server accept (settle) keeps its connection set-up
+        out of TTFT; the threads then start together at a barrier and block in recv().
+        """
+        socks: list[Any] = []
+        for _ in payloads:
+            try:
+                socks.append(open_connection(self.url, self.args.timeout_s))
+            except OSError:
+                socks.append(None)  # stream_request will connect itself and report the error
+        time.sleep(self.args.settle_ms / 1000)
+        clock_offset_cached(0)  # fresh, measured here rather than under 64 contending threads
+        return run_threads(
+            [
+                lambda p=p, s=s: stream_request(
+                    self.url,
+                    CHAT_PATH,
+                    p,
+                    timeout_s=self.args.timeout_s,
+                    api_key=self.args.api_key,
+                    tracker=tracker,
+                    sock=s,
+                )
+                for p, s in zip(payloads, socks, strict=True)
+            ]
+        )
+
+    def prepare(self) -> None:
+        """Readiness, one test request that must succeed, then warmups."""
+        self.wait_ready()
+        msgs = [{"role": "user", "content": "Say hello."}]
+        r = self.stream(self.chat_payload(msgs, 8), None)
+        if not r.ok:
+            raise SystemExit(self.fail(f"test request failed: {r.error}"))
+        for _ in range(self.args.warmups):
+            self.stream(self.chat_payload(msgs, 32), None)
+
+    def guarded(self, label: str, wave: Callable[[InFlightTracker], Any]) -> GuardedPoint:
+        try:
+            return run_guarded(self.url, wave, self.guard, log=log, label=label)
+        except GuardError as e:
+            raise SystemExit(self.fail(str(e))) from e
+
+    def fail(self, why: str) -> int:
+        """Stop the run: record why, write what there is, return exit code 1."""
+        self.results.fail(why)
+        self.write_json({})
+        return EXIT_ERROR
+
+    # ---- results ------------------------------------------------------------------------
+    def facts(self) -> dict[str, Any]:
+        """What the result JSON says about the run itself (every flag but the API key)."""
+        return {
+            "script": self.script,
+            "command_line": [sys.executable, *sys.argv],
+            "git_sha": git_sha(),
+            "url": self.url,
+            "model": self.model,
+            "models": self.models,
+            "started_at": self.started_at,
+            "ended_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "params": {k: v for k, v in vars(self.args).items() if k != "api_key"},
+            "guard": vars(self.guard),
+        }
+
+    def write_json(self, summary: dict[str, Any]) -> None:
+        if not self.args.json_path:
+            return
+        doc = self.results.document(self.facts(), summary)
+        Path(self.args.json_path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+    def finish(self, summary: dict[str, Any]) -> int:
+        """Write the JSON and return the exit code the recorded points add up to."""
+        self.write_json(summary)
+        if self.results.exit_code == EXIT_CONTAMINATED:
+            log("refused: some points had no clean wave (exit 3); see reasons above")
+        return self.results.exit_code
+
+    def progress(self, total: int, desc: str):
+        """A tqdm bar on stderr (a no-op object when disabled or tqdm is missing)."""
+        if self.args.no_progress or not sys.stderr.isatty():
+            return _NoBar()
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return _NoBar()
+        return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def run_threads(fns: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Start every fn at (nearly) the same instant in its own thread; return results in order.
+
+    Threads block in recv() so an arriving chunk is stamped by a thread that was waiting for it.
+    """
+    out: list[Any] = [None] * len(fns)
+    barrier = threading.Barrier(len(fns))
+
+    def runner(i: int) -> None:
+        barrier.wait()
+        out[i] = fns[i]()
+
+    threads = [threading.Thread(target=runner, args=(i,), daemon=True) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out

@@ -2,5 +2,5 @@
 
 Modules: `paging` (distinct experts touched when verifying M tokens, closed forms and a
 Monte-Carlo), `budget` (per-verify-step time budget, steps/s, tok/s, aggregate ceiling),
-`report` (table and JSON). The CLI is `perfmodel/__main__.py`.
+`report` (table and JSON), `cli` (flags; run as `python -m perfmodel`).
 """

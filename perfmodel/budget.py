@@ -15,7 +15,12 @@ from perfmodel import paging
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """DeepSeek-V4-Flash + DSpark, from the model's config.json (FACTS.md)."""
+    """DeepSeek-V4-Flash + DSpark, from the public config.json files on Hugging Face.
+
+    `deepseek-ai/DeepSeek-V4-Flash` (layers, hidden, experts, vocab) and
+    `deepseek-ai/DeepSeek-V4-Flash-DSpark` (`dspark_block_size` = gamma); MXFP4 bits from the
+    OCP Microscaling spec (4-bit E2M1 values + one 8-bit E8M0 scale per 32).
+    """
 
     n_layers: int = 43  # all MoE
     hidden: int = 4096

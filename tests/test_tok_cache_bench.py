@@ -45,12 +45,11 @@ def test_summary_maths() -> None:
 @pytest.mark.needs_vllm
 def test_bench_runs_on_a_tiny_trace(tmp_path, monkeypatch) -> None:
     from bench.kernels import bench_tokenizer_cache as bench
-
     from tests.support.tok_cache import fresh_cached_tokenizer, reference_tokenizer
 
     def quick_load(repeats: int):
         # The session's tokenizers instead of two more loads from disk (~5-10 s); the
-        # real loader ran for the committed results/tokenizer_cache_bench.json.
+        # real loader ran for bench/results/tokenizer_cache/tokenizer_cache_bench.json.
         cold = fresh_cached_tokenizer()
         return reference_tokenizer(), [fresh_cached_tokenizer() for _ in range(repeats)], cold
 

@@ -31,10 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-
-REPO = Path(__file__).resolve().parents[2]
-
-from dsv4_flash_overlays import fp8_head as F  # noqa: E402
+from dsv4_flash_overlays import fp8_head as F
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -11,12 +11,13 @@ Numerics (chosen deliberately):
     rows keep their precision.
   * activations stay bf16: no activation quantization error at all (per-token fp8
     activations would add a second ~2^-4 relative error per element and cost a
-    quantization pass). Inside the kernel the weight is widened exactly (e4m3 fits in fp16
-    and in bf16) and multiplied on tensor cores with fp32 accumulation; the row scale is
-    applied once in the epilogue. In the fp16 modes the activations are widened to fp16
-    too: exact for |x| in [2^-14, 65504] (bf16 has 8 significant bits, fp16 11); smaller
-    values keep an absolute error <= 2^-25 (fp16 subnormals), far below the weight rounding.
-    A post-RMSNorm hidden state above 65504 would overflow: CONVERT_BF16 has no such limit.
+    quantization pass). Inside the kernel the weight is widened exactly to fp16 (hardware
+    ``cvt``; every e4m3 value is an fp16 value) and multiplied on tensor cores with fp32
+    accumulation; the row scale is applied once in the epilogue. The activations are
+    widened to fp16 too: exact for |x| in [2^-14, 65504] (bf16 has 8 significant bits,
+    fp16 11); smaller values keep an absolute error <= 2^-25 (fp16 subnormals), far below
+    the weight rounding. Overflow needs |x| > 65504; the draft head's input is RMSNorm output,
+    bounded by sqrt(K) = 64 times the largest norm weight.
   * so the only error beyond bf16 is the weight rounding: |w - s*q| <= 2^-4 |w| (normal
     range) or <= s * 2^-10 (subnormal range) per element. ``ErrorBound`` turns that
     into a per-logit bound used by the accuracy evaluation.
@@ -28,9 +29,8 @@ the wide weight block is the MMA's M dimension and the few tokens its N dimensio
 With <= 2 warps per program (the tuned choice up to M = 48 on the H200) Triton uses mma.sync,
 which gets the e4m3 tile from shared memory in 8-byte loads; 4 warps select Hopper's
 warpgroup MMA, whose register operand is fed 2 bytes per load (the repository's
-experimental/fp8-head-lab-notes.md has the measurements).
-A second kernel (``_fp8_head_kernel_ab``, layout 1) makes the activations the register
-operand instead; it won nowhere it mattered and stays out of the shipped table.
+experimental/fp8-head-lab-notes.md has the measurements, including the variants that lost
+and were removed: bf16 and integer bit-trick widening, activations as the register operand).
 
 This module holds the quantizer, the Triton kernel, its wrapper, the dispatch with tuned
 configs (``fp8_configs.json``) and the float reference ``fp8_head_matmul_ref``.
@@ -54,11 +54,6 @@ E4M3_MAX = 448.0
 # Rows quantized per chunk: bounds the fp32 temporaries to ~64 MB for K = 4096.
 _QUANT_CHUNK_ROWS = 4096
 CONFIG_PATH = Path(__file__).with_name("fp8_configs.json")
-
-# convert modes (constexpr CONVERT in the kernel)
-CONVERT_BF16 = 0  # W: e4m3 -> bf16 (Triton cast), A stays bf16
-CONVERT_F16 = 1  # W: e4m3 -> fp16 (Triton cast, cvt.f16x2.e4m3x2), A -> fp16
-CONVERT_F16_BITS = 2  # W: e4m3 -> fp16 * 2^-8 by integer bit moves (inline PTX), A -> fp16
 
 try:  # Triton is present wherever vLLM runs on a GPU; CPU-only installs may lack it.
     import triton
@@ -113,20 +108,6 @@ def e4m3_ulp(q: torch.Tensor) -> torch.Tensor:
     return torch.exp2(e - 3.0)
 
 
-def e4m3_bits_to_f16_scaled(q: torch.Tensor) -> torch.Tensor:
-    """CPU emulation of the kernel's CONVERT_F16_BITS widening: e4m3 byte -> fp16 / 256.
-
-    The byte s.eeee.mmm is placed in the high byte of a 16-bit lane and the magnitude bits
-    shifted right by one: s.0eeee.mmm0000000 is the fp16 number with the same sign, exponent
-    field e and mantissa m. The exponent biases differ by 15 - 7 = 8, so the fp16 value is
-    exactly the e4m3 value times 2^-8 (e4m3 subnormals land on fp16 subnormals, also
-    exact); the kernel folds the 2^8 back into the row scale.
-    """
-    b = q.view(torch.uint8).to(torch.int32)
-    bits = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
-    return bits.to(torch.int16).view(torch.float16)
-
-
 # ---------------------------------------------------------------------------- error bound
 class ErrorBound:
     """Per-logit bounds on |fp8-head logit - bf16-head logit| for one weight and its fp8 copy.
@@ -163,27 +144,15 @@ def fp8_head_matmul_ref(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -
     return a.double() @ dequantize_rowwise(q, scale).t()
 
 
-def emulate_kernel(
-    a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, convert: int = CONVERT_F16_BITS
-) -> torch.Tensor:
-    """The kernel's arithmetic in torch on the CPU: widen, fp32 dot, scale, cast to bf16.
+def emulate_kernel(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic in torch on the CPU: widen to fp16, fp32 dot, scale, to bf16.
 
-    Widening is exact in every mode (asserted by the tests), so this differs from the
-    float64 reference only by fp32 accumulation order and the final bf16 rounding.
+    The weight widening is exact (asserted by the tests), so this differs from the float64
+    reference only by fp32 accumulation order and the final bf16 rounding.
     """
-    if convert == CONVERT_F16_BITS:
-        w16 = e4m3_bits_to_f16_scaled(q).float()
-        s = scale * 256.0
-        a16 = a.to(torch.float16).float()
-    elif convert == CONVERT_F16:
-        w16 = q.to(torch.float16).float()
-        s = scale
-        a16 = a.to(torch.float16).float()
-    else:
-        w16 = q.to(torch.bfloat16).float()
-        s = scale
-        a16 = a.to(torch.bfloat16).float()
-    return ((a16 @ w16.t()) * s[None, :]).to(torch.bfloat16)
+    w16 = q.to(torch.float16).float()
+    a16 = a.to(torch.float16).float()
+    return ((a16 @ w16.t()) * scale[None, :]).to(torch.bfloat16)
 
 
 # ---------------------------------------------------------------------------------- tiles
@@ -217,39 +186,6 @@ MAX_M_PER_LAUNCH = 256
 if HAVE_TRITON:
 
     @triton.jit
-    def _e4m3_to_f16_bits(x):
-        """e4m3 bytes -> fp16 equal to value * 2^-8, 4 at a time, with integer moves only.
-
-        y = prmt(x) puts byte0 in y.byte1, byte1 in y.byte3, byte2 in y.byte0, byte3 in
-        y.byte2; f(v) = (v & 0x80008000) | ((v >> 1) & 0x3F803F80) then builds two fp16
-        lanes from v's bytes 1 and 3 (see e4m3_bits_to_f16_scaled). $0 = f(y) holds
-        elements 0,1; $1 = f(y << 8) holds elements 2,3.
-        """
-        return tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b32 y, t, u, z;
-            mov.b32 z, 0;
-            prmt.b32 y, $2, z, 0x1302;
-            shr.b32 t, y, 1;
-            and.b32 t, t, 0x3F803F80;
-            and.b32 u, y, 0x80008000;
-            or.b32 $0, t, u;
-            shl.b32 y, y, 8;
-            shr.b32 t, y, 1;
-            and.b32 t, t, 0x3F803F80;
-            and.b32 u, y, 0x80008000;
-            or.b32 $1, t, u;
-            }
-            """,
-            constraints="=r,=r,r",
-            args=[x],
-            dtype=tl.float16,
-            is_pure=True,
-            pack=4,
-        )
-
-    @triton.jit
     def _fp8_head_kernel(
         a_ptr,
         w_ptr,
@@ -265,12 +201,12 @@ if HAVE_TRITON:
         BK: tl.constexpr,
         BM1: tl.constexpr,
         BM2: tl.constexpr,
-        CONVERT: tl.constexpr,
     ):
         """y[m, n] = s[n] * sum_k a[m, k] * w[n, k]; one program = BN rows of W x all M.
 
         Requires K % BK == 0 (checked by the wrapper). W rows past N are clamped (read
-        twice at the last block, never stored), so W loads carry no mask.
+        twice at the last block, never stored), so W loads carry no mask. W is widened to
+        fp16 (exact), A to fp16 (a no-op when the wrapper pre-widened it).
         """
         pid = tl.program_id(0)
         offs_n = pid * BN + tl.arange(0, BN)
@@ -287,27 +223,16 @@ if HAVE_TRITON:
             a2_mask = offs_m2[None, :] < M
             acc2 = tl.zeros((BN, BM2), dtype=tl.float32)
         for _k in range(0, K, BK):
-            w = tl.load(w_ptrs)
-            if CONVERT == 2:
-                wv = _e4m3_to_f16_bits(w.to(tl.uint8, bitcast=True))
-                adt = tl.float16
-            elif CONVERT == 1:
-                wv = w.to(tl.float16)
-                adt = tl.float16
-            else:
-                wv = w.to(tl.bfloat16)
-                adt = tl.bfloat16
-            a1 = tl.load(a1_ptrs, mask=a1_mask, other=0.0).to(adt)
+            wv = tl.load(w_ptrs).to(tl.float16)
+            a1 = tl.load(a1_ptrs, mask=a1_mask, other=0.0).to(tl.float16)
             acc1 = tl.dot(wv, a1, acc1)
             a1_ptrs += BK
             if BM2 > 0:
-                a2 = tl.load(a2_ptrs, mask=a2_mask, other=0.0).to(adt)
+                a2 = tl.load(a2_ptrs, mask=a2_mask, other=0.0).to(tl.float16)
                 acc2 = tl.dot(wv, a2, acc2)
                 a2_ptrs += BK
             w_ptrs += BK
         s = tl.load(s_ptr + rows)
-        if CONVERT == 2:
-            s = s * 256.0
         n_mask = offs_n[:, None] < N
         y1 = (acc1 * s[:, None]).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + offs_m1[None, :] * stride_ym + offs_n[:, None], y1, mask=n_mask & a1_mask)
@@ -320,58 +245,9 @@ if HAVE_TRITON:
             )
 
 
-if HAVE_TRITON:
-
-    @triton.jit
-    def _fp8_head_kernel_ab(
-        a_ptr,
-        w_ptr,
-        s_ptr,
-        y_ptr,
-        M,
-        N,
-        K,
-        stride_am,
-        stride_wn,
-        stride_ym,
-        BN: tl.constexpr,
-        BK: tl.constexpr,
-        BM: tl.constexpr,
-        CONVERT: tl.constexpr,
-    ):
-        """Layout 1: y = A @ (W*s)^T with the activations as the MMA's register operand.
-
-        The widened weight tile is written to shared memory once (wide 16-byte stores) and
-        read by the MMA from there, instead of being re-read 2 bytes at a time into MMA
-        registers as in ``_fp8_head_kernel``; the price is padding M to >= 64 (one
-        warpgroup MMA is 64 rows), so it can only pay between M ~ 20 and 64.
-        """
-        pid = tl.program_id(0)
-        offs_n = pid * BN + tl.arange(0, BN)
-        rows = tl.minimum(offs_n, N - 1)
-        offs_k = tl.arange(0, BK)
-        w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_k[None, :]
-        offs_m = tl.arange(0, BM)
-        a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :]
-        a_mask = offs_m[:, None] < M
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for _k in range(0, K, BK):
-            if CONVERT == 1:
-                w = tl.load(w_ptrs).to(tl.float16)
-                a = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.float16)
-            else:
-                w = tl.load(w_ptrs).to(tl.bfloat16)
-                a = tl.load(a_ptrs, mask=a_mask, other=0.0).to(tl.bfloat16)
-            acc = tl.dot(a, tl.trans(w), acc)
-            a_ptrs += BK
-            w_ptrs += BK
-        s = tl.load(s_ptr + rows)
-        y = (acc * s[None, :]).to(y_ptr.dtype.element_ty)
-        tl.store(
-            y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
-            y,
-            mask=(offs_n[None, :] < N) & a_mask,
-        )
+# Knobs of removed kernel variants, with the only value the remaining kernel implements:
+# older result JSONs (bench/results/fp8_head/) carry them, so --seed-json can still read them.
+_REMOVED_KNOBS = {"convert": 1, "layout": 0}
 
 
 @dataclass(frozen=True)
@@ -382,19 +258,28 @@ class KernelConfig:
     bk: int = 128
     num_warps: int = 4
     num_stages: int = 4
-    convert: int = CONVERT_F16
     # 1: widen A to fp16 once in the wrapper (one tiny kernel) instead of in every program;
     # each program otherwise re-converts all M x K activations (as many conversions as its
     # weight tile at M ~ BN).
     pre_a: int = 0
     # 1: one padded M tile instead of two (see m_tiles).
     single_tile: int = 0
-    # 0: W is the MMA's register operand (_fp8_head_kernel); 1: A is (_fp8_head_kernel_ab)
-    layout: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KernelConfig:
-        return cls(**{k: int(d.get(k, 0)) for k in cls.__dataclass_fields__})
+        """Parse one table entry; refuse keys this kernel does not have, naming the fix."""
+        fields = cls.__dataclass_fields__
+        removed = {k: v for k, v in d.items() if k in _REMOVED_KNOBS}
+        for key, value in removed.items():
+            if int(value) != _REMOVED_KNOBS[key]:
+                raise ValueError(
+                    f"kernel config {d} asks for {key}={value}, a variant this version no "
+                    "longer has; re-tune with python -m bench.kernels.bench_fp8_head --tune"
+                )
+        unknown = set(d) - set(fields) - set(removed)
+        if unknown:
+            raise ValueError(f"kernel config {d} has unknown keys {sorted(unknown)}")
+        return cls(**{k: int(d[k]) for k in fields if k in d})
 
     def as_dict(self) -> dict[str, int]:
         return {k: int(getattr(self, k)) for k in self.__dataclass_fields__}
@@ -423,31 +308,11 @@ def fp8_head_matmul(
         raise ValueError("a and q must be contiguous along K")
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if cfg.pre_a and cfg.convert != CONVERT_BF16:
+    if cfg.pre_a:
         a = a.to(torch.float16)
     grid = (triton.cdiv(n, cfg.bn),)
     for start in range(0, m, MAX_M_PER_LAUNCH):
         rows = min(MAX_M_PER_LAUNCH, m - start)
-        if cfg.layout == 1:
-            _fp8_head_kernel_ab[grid](
-                a[start:],
-                q,
-                scale,
-                out[start:],
-                rows,
-                n,
-                k,
-                a.stride(0),
-                q.stride(0),
-                out.stride(0),
-                BN=cfg.bn,
-                BK=cfg.bk,
-                BM=max(64, m_tiles(rows, True)[0]),
-                CONVERT=min(cfg.convert, 1),
-                num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages,
-            )
-            continue
         bm1, bm2 = m_tiles(rows, bool(cfg.single_tile))
         _fp8_head_kernel[grid](
             a[start:],
@@ -464,7 +329,6 @@ def fp8_head_matmul(
             BK=cfg.bk,
             BM1=bm1,
             BM2=bm2,
-            CONVERT=cfg.convert,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
@@ -514,9 +378,7 @@ def pick(table: dict[int, KernelConfig | str], m: int) -> KernelConfig | str:
 # On a device without tuned entries: fp8 only where halving the bytes wins on any GPU
 # (small M, bandwidth-bound), with a modest shared-memory footprint (~48 KB: fits SM 8.9 and
 # GB10's ~99 KB); cuBLAS bf16 above, so an untuned device is never slower than before.
-UNTUNED_SMALL_M = KernelConfig(
-    bn=64, bk=128, num_warps=2, num_stages=3, convert=CONVERT_F16, pre_a=1
-)
+UNTUNED_SMALL_M = KernelConfig(bn=64, bk=128, num_warps=2, num_stages=3, pre_a=1)
 UNTUNED_TABLE: dict[int, KernelConfig | str] = {32: UNTUNED_SMALL_M, MAX_M_PER_LAUNCH: BF16}
 
 

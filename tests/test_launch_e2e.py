@@ -21,7 +21,7 @@ import pytest
 
 from sim.rehearsal import chat, hosts, pairenv
 from sim.rehearsal.docker_cli import RUN_SPEC, parse_flags
-from sim.rehearsal.testing import host_process_cmdlines, http_get_on, pair_fixture, run_launcher
+from tests.support.rehearsal import http_get_on, pair_fixture, run_launcher
 
 pytestmark = pytest.mark.needs_netns
 
@@ -87,7 +87,7 @@ def assert_no_orphans(pair: hosts.Pair, allowed: tuple[str, ...] = ()) -> None:
     while True:
         left = {
             h.name: [c["Names"] for c in containers(h) if not any(a in c["Names"] for a in allowed)]
-            + [p for p in host_process_cmdlines(h) if not any(a in p for a in allowed)]
+            + [p for p in h.process_cmdlines() if not any(a in p for a in allowed)]
             for h in pair.hosts
         }
         if not any(left.values()) or time.monotonic() > deadline:

@@ -28,7 +28,7 @@ from sim.rehearsal.docker_cli import (
     parse_size,
     parse_ulimit,
 )
-from sim.rehearsal.hosts import remove_created_paths
+from sim.rehearsal.store import remove_created_paths
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "sim" / "rehearsal" / "bin" / "docker"

@@ -1,6 +1,9 @@
 """End to end: the real launcher on two netns test hosts (real sshd, process runtime,
-simulator). The lifecycle, then each fault from issue 3, each ending in a clear message,
-the documented exit code (docs/INTERFACES.md) and no orphan process or container.
+simulator). The lifecycle, then each fault the launcher must handle (README
+"Troubleshooting": unreachable or mis-keyed rank 1, a rank dying during boot, a foreign
+process or pair, a launcher copied to the wrong machine, a malformed env file), each
+ending in a clear message, the documented exit code (docs/INTERFACES.md) and no orphan
+process or container.
 
 Each test starts from a clean pair (the `fresh` fixture restores sshd, known_hosts,
 overlays and injected faults, and force-removes anything a failing test left), but the

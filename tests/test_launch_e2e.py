@@ -1,6 +1,9 @@
 """End to end: the real launcher on two netns test hosts (real sshd, process runtime,
-simulator). The lifecycle, then each fault from issue 3, each ending in a clear message,
-the documented exit code (docs/INTERFACES.md) and no orphan process or container.
+simulator). The lifecycle, then each fault the launcher must handle (README
+"Troubleshooting": unreachable or mis-keyed rank 1, a rank dying during boot, a foreign
+process or pair, a launcher copied to the wrong machine, a malformed env file), each
+ending in a clear message, the documented exit code (docs/INTERFACES.md) and no orphan
+process or container.
 
 Each test starts from a clean pair (the `fresh` fixture restores sshd, known_hosts,
 overlays and injected faults, and force-removes anything a failing test left), but the
@@ -20,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from sim.rehearsal import chat, hosts, pairenv
-from sim.rehearsal.docker_cli import RUN_SPEC, parse_flags
-from sim.rehearsal.testing import host_process_cmdlines, http_get_on, pair_fixture, run_launcher
+from sim.rehearsal.docker_args import run_args
+from tests.support.rehearsal import http_get_on, pair_fixture, run_launcher
 
 pytestmark = pytest.mark.needs_netns
 
@@ -87,7 +90,7 @@ def assert_no_orphans(pair: hosts.Pair, allowed: tuple[str, ...] = ()) -> None:
     while True:
         left = {
             h.name: [c["Names"] for c in containers(h) if not any(a in c["Names"] for a in allowed)]
-            + [p for p in host_process_cmdlines(h) if not any(a in p for a in allowed)]
+            + [p for p in h.process_cmdlines() if not any(a in p for a in allowed)]
             for h in pair.hosts
         }
         if not any(left.values()) or time.monotonic() > deadline:
@@ -123,19 +126,18 @@ def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
                 env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///nonexistent/docker.sock"},
             )
             assert "Cannot connect to the Docker daemon" in res.stderr, res.stderr
-        opts, rest = parse_flags(argv[2:], RUN_SPEC, "run", interspersed=False)
-        host = pair.h1 if opts["name"].endswith("rank0") else pair.h2
-        info = json.loads(host.docker("inspect", opts["name"]).stdout)[0]
-        assert info["Config"]["Labels"] == dict(x.split("=", 1) for x in opts["label"])
-        assert info["HostConfig"]["Binds"] == opts["volume"]
-        assert info["HostConfig"]["NetworkMode"] == opts["network"] == "host"
-        assert info["HostConfig"]["IpcMode"] == opts["ipc"] == "host"
-        assert [u["Name"] for u in info["HostConfig"]["Ulimits"]] == [
-            u.split("=")[0] for u in opts["ulimit"]
-        ]
-        assert [rest[0], *info["Config"]["Cmd"]] == [pairenv.IMAGE, *rest[1:]]
+        run = run_args(argv[2:])
+        assert run.name is not None
+        host = pair.h1 if run.name.endswith("rank0") else pair.h2
+        info = json.loads(host.docker("inspect", run.name).stdout)[0]
+        assert info["Config"]["Labels"] == run.label_dict()
+        assert info["HostConfig"]["Binds"] == run.volumes
+        assert info["HostConfig"]["NetworkMode"] == run.network == "host"
+        assert info["HostConfig"]["IpcMode"] == run.ipc == "host"
+        assert info["HostConfig"]["Ulimits"] == run.ulimits
+        assert [run.image, *info["Config"]["Cmd"]] == [pairenv.IMAGE, *run.cmd]
         env = dict(e.split("=", 1) for e in info["Config"]["Env"])
-        for item in opts["env"]:
+        for item in run.env:
             key, eq, value = item.partition("=")
             if not eq or value == "***":  # a secret: by name or masked, never on a command
                 assert env[key] == pairenv.FAKE_HF_TOKEN, key  # line, yet it arrived

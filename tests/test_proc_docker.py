@@ -12,28 +12,20 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from sim.rehearsal.docker_cli import (
-    INSPECT_SPEC,
-    LOGS_SPEC,
-    PS_SPEC,
-    RM_SPEC,
-    RUN_SPEC,
-    UsageError,
-    parse_flags,
-    parse_size,
-    parse_ulimit,
-)
-from sim.rehearsal.hosts import remove_created_paths
+from sim.rehearsal.docker_args import verdict
+from sim.rehearsal.store import remove_created_paths
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "sim" / "rehearsal" / "bin" / "docker"
+FAKE_DOCKER = REPO / "tests" / "fakes" / "bin" / "docker"
 
-pytestmark = pytest.mark.needs_root  # unshare --mount/--pid and bind mounts
+needs_root = pytest.mark.needs_root  # the runtime: unshare --mount/--pid, bind mounts
 
 
 @pytest.fixture()
@@ -72,6 +64,7 @@ def wait_state(st: Path, name: str, want: str, timeout: float = 10) -> dict:
         time.sleep(0.05)
 
 
+@needs_root
 def test_run_records_labels_env_mounts_and_ps_json(
     state: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -164,6 +157,7 @@ def test_run_records_labels_env_mounts_and_ps_json(
     assert docker(state, "ps", "-a", "-q").stdout == ""
 
 
+@needs_root
 def test_mount_point_under_root_is_created_recorded_and_removable(
     state: Path, tmp_path: Path
 ) -> None:
@@ -179,6 +173,7 @@ def test_mount_point_under_root_is_created_recorded_and_removable(
     assert not dst.parent.exists() and tmp_path.exists()
 
 
+@needs_root
 def test_crash_shows_exited_with_code_and_logs(state: Path) -> None:
     docker(state, "load-fake", "img", "1")
     run_d(state, "--name", "c", "img", "sh", "-c", "echo one; echo two; echo boom >&2; exit 7")
@@ -192,6 +187,7 @@ def test_crash_shows_exited_with_code_and_logs(state: Path) -> None:
     assert docker(state, "rm", "c").returncode == 0  # exited: no -f needed
 
 
+@needs_root
 def test_killed_process_shows_signal_exit_code(state: Path) -> None:
     docker(state, "load-fake", "img", "1")
     run_d(state, "--name", "k", "img", "sleep", "60")
@@ -201,6 +197,7 @@ def test_killed_process_shows_signal_exit_code(state: Path) -> None:
     assert info["State"]["ExitCode"] == 137
 
 
+@needs_root
 def test_mounts_are_real_and_read_only_where_asked(state: Path, tmp_path: Path) -> None:
     docker(state, "load-fake", "img", "1")
     ro, rw = tmp_path / "ro", tmp_path / "rw"
@@ -228,6 +225,7 @@ def test_mounts_are_real_and_read_only_where_asked(state: Path, tmp_path: Path) 
     assert not (ro / "x").exists()
 
 
+@needs_root
 def test_rm_force_kills_the_whole_container(state: Path) -> None:
     docker(state, "load-fake", "img", "1")
     # A background child in a new session escapes the process group; the PID namespace
@@ -273,6 +271,7 @@ def _cmdline(p: Path) -> bytes:
         return b""
 
 
+@needs_root
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -298,6 +297,7 @@ def test_bad_invocations_fail_like_docker(state: Path, args: list[str], needle: 
     assert docker(state, "ps", "-q").stdout == ""  # nothing started (docker may leave "created")
 
 
+@needs_root
 def test_name_conflict_and_missing_container(state: Path) -> None:
     docker(state, "load-fake", "img", "1")
     run_d(state, "--name", "dup", "img", "sleep", "30")
@@ -309,6 +309,7 @@ def test_name_conflict_and_missing_container(state: Path) -> None:
     assert docker(state, "image", "inspect", "ghost:1").returncode == 1
 
 
+@needs_root
 def test_env_by_name_passes_callers_value_and_injected_env(state: Path) -> None:
     docker(state, "load-fake", "img", "1", "--env", "FROM_IMAGE=yes")
     (state / "inject.env").write_text("# test fault\nTWIN_FAULT=crash:loading\n")
@@ -333,6 +334,7 @@ def test_env_by_name_passes_callers_value_and_injected_env(state: Path) -> None:
     assert any(e.startswith("PATH=") and "sim/rehearsal/bin" in e for e in env)
 
 
+@needs_root
 def test_logs_follow_ends_when_container_exits(state: Path) -> None:
     docker(state, "load-fake", "img", "1")
     run_d(state, "--name", "f", "img", "sh", "-c", "echo a; sleep 1; echo b")
@@ -349,7 +351,8 @@ def test_without_state_dir_it_says_where_it_works() -> None:
 
 def _real_docker() -> str | None:
     """The real docker CLI (not our shim), which parses every flag before it looks for a
-    daemon (../shared/FACTS.md): a free, exact oracle for flag syntax."""
+    daemon (docker/cli: cobra/pflag parse, then the API client connects): a free, exact
+    oracle for flag syntax."""
     path = shutil.which("docker")
     return path if path and "rehearsal" not in path else None
 
@@ -369,24 +372,8 @@ def _real_verdict(argv: list[str]) -> bool:
 
 
 def _our_verdict(argv: list[str]) -> bool:
-    """True if our runtime's parser accepts the same flags (no state, no processes)."""
-    specs = {
-        "run": RUN_SPEC,
-        "ps": PS_SPEC,
-        "logs": LOGS_SPEC,
-        "rm": RM_SPEC,
-        "inspect": INSPECT_SPEC,
-    }
-    try:
-        opts, _ = parse_flags(argv[1:], specs[argv[0]], argv[0], interspersed=argv[0] != "run")
-        if argv[0] == "run":
-            if opts["shm_size"]:
-                parse_size(opts["shm_size"])
-            for u in opts["ulimit"]:
-                parse_ulimit(u)
-    except UsageError:
-        return False
-    return True
+    """True if our parser (the runtime's and the unit tests' fake docker's) accepts them."""
+    return verdict(argv) is None
 
 
 FLAG_CORPUS = [
@@ -413,6 +400,12 @@ FLAG_CORPUS = [
     "inspect n",
     "inspect --format '{{.State.Running}}' n",
     "inspect -f '{{json .Config.Labels}}' a b",
+    "logs --tail abc n",
+    "image inspect --format '{{.Id}}' img:1",
+    "image inspect --bogus img:1",
+    "image inspect",
+    "ps extra",
+    "rm",
 ]
 
 
@@ -422,3 +415,24 @@ def test_flag_verdicts_match_the_real_docker_cli(line: str) -> None:
         pytest.skip("no real docker CLI on PATH to compare with")
     argv = shlex.split(line)
     assert _our_verdict(argv) == _real_verdict(argv), line
+
+
+@pytest.mark.parametrize("line", FLAG_CORPUS)
+def test_unit_test_fake_docker_parses_like_the_runtime(tmp_path: Path, line: str) -> None:
+    """The launcher unit tests' fake docker (tests/fakes) rejects exactly what the runtime
+    rejects, with the same words: one parser, so a bad flag fails in the unit tests too."""
+    st = tmp_path / "state.json"
+    st.write_text(json.dumps({"hosts": {"h1": {"images": {}, "containers": []}}}))
+    argv = shlex.split(line)
+    res = subprocess.run(
+        [str(FAKE_DOCKER), *argv],
+        env={**os.environ, "FAKE_STATE": str(st), "FAKE_HOST": "h1", "FAKE_PY": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    want = verdict(argv)
+    if want is None:
+        assert "See 'docker" not in res.stderr, res.stderr
+    else:
+        assert res.returncode == 125 and want in res.stderr, res

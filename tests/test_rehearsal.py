@@ -10,19 +10,40 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from sim.rehearsal import hosts, pairenv
-from sim.rehearsal.testing import host_process_cmdlines, http_get_on, pair_fixture
-
-pytestmark = pytest.mark.needs_netns
+from sim.rehearsal import hosts, pairenv, provision
+from tests.support.rehearsal import http_get_on, pair_fixture
 
 pair = pair_fixture("dsv4t")
+needs_netns = pytest.mark.needs_netns
 
 
+def test_rehearsal_runs_without_pytest() -> None:
+    """`make rehearse` needs no test tooling: --help, and importing every sim module,
+    work in an interpreter where `import pytest` fails."""
+    code = (
+        "import importlib, pkgutil, runpy, sys\n"
+        "sys.modules['pytest'] = None  # any `import pytest` now raises ImportError\n"
+        "import sim\n"
+        "for m in pkgutil.walk_packages(sim.__path__, 'sim.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "sys.argv = ['python -m sim.rehearsal', '--help']\n"
+        "runpy.run_module('sim.rehearsal', run_name='__main__')\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    assert "Offline rehearsal" in res.stdout and "--keep" in res.stdout
+
+
+@needs_netns
 def test_hosts_have_own_hostname_ip_and_disk(pair: hosts.Pair) -> None:
     lay = pairenv.layout(pair)
     seen = []
@@ -47,6 +68,7 @@ def test_hosts_have_own_hostname_ip_and_disk(pair: hosts.Pair) -> None:
     assert (pair.h2.disk / "whoami").read_text() == f"{pair.h2.name}\n"
 
 
+@needs_netns
 def test_ssh_login_gets_runtime_on_path(pair: hosts.Pair) -> None:
     res = pair.h1.run(
         pair.ssh_argv(
@@ -64,6 +86,7 @@ def test_ssh_login_gets_runtime_on_path(pair: hosts.Pair) -> None:
     assert res.stdout.splitlines()[1] == pairenv.IMAGE_ID
 
 
+@needs_netns
 def test_wrong_known_hosts_is_a_host_key_failure(pair: hosts.Pair) -> None:
     # Pair B's launcher pointed at pair A: ssh must refuse, not prompt or accept.
     wrong = pair.base / "client" / "known_hosts.wrong"
@@ -80,6 +103,7 @@ def test_wrong_known_hosts_is_a_host_key_failure(pair: hosts.Pair) -> None:
     assert res.returncode == 255 and "Host key verification failed" in res.stderr
 
 
+@needs_netns
 def test_container_started_over_ssh_detaches_and_serves(pair: hosts.Pair) -> None:
     port = 8765
     t0 = time.monotonic()
@@ -104,15 +128,16 @@ def test_container_started_over_ssh_detaches_and_serves(pair: hosts.Pair) -> Non
             time.sleep(0.1)
         assert "Directory listing" in body
         # The server runs in host 2's netns and nowhere else.
-        assert any("http.server" in c for c in host_process_cmdlines(pair.h2))
-        assert not any("http.server" in c for c in host_process_cmdlines(pair.h1))
+        assert any("http.server" in c for c in pair.h2.process_cmdlines())
+        assert not any("http.server" in c for c in pair.h1.process_cmdlines())
         ps = pair.h2.docker("ps", "-a", "--format", "{{json .}}")
         assert json.loads(ps.stdout)["Names"] == "web"
     finally:
         pair.h2.docker("rm", "-f", "web")
-    assert not any("http.server" in c for c in host_process_cmdlines(pair.h2))
+    assert not any("http.server" in c for c in pair.h2.process_cmdlines())
 
 
+@needs_netns
 def test_stopped_sshd_makes_host_unreachable_then_restarts(pair: hosts.Pair) -> None:
     pair.stop_sshd(pair.h2)
     try:
@@ -134,8 +159,9 @@ def _ours(prefix: str) -> list[str]:
     return found
 
 
+@needs_netns
 def test_teardown_and_leftover_cleanup_remove_everything() -> None:
-    first = hosts.build_free_pair("dsv4tc")
+    first = provision.build_free_pair("dsv4tc")
     prefix = first.prefix
     pairenv.load_image(first.h2)
     mnt = Path(f"/{prefix}-mnt")  # under `/`: made for real and recorded (see the runtime)
@@ -158,15 +184,15 @@ def test_teardown_and_leftover_cleanup_remove_everything() -> None:
     # Simulate a crash: drop the lock without tearing down, then build again.
     assert first.lock_fh is not None
     first.lock_fh.close()
-    second = hosts.build_pair(prefix)
+    second = provision.build_pair(prefix)
     try:
         assert not first.base.exists(), "leftover temp dir survived"
         assert not mnt.exists(), "leftover mount point survived"
         assert second.h2.pids() == [second.h2.sshd_pid()]
         with pytest.raises(hosts.HarnessError, match="another rehearsal with prefix"):
-            hosts.build_pair(prefix)
+            provision.build_pair(prefix)
     finally:
-        hosts.teardown(second)
+        provision.teardown(second)
     assert _ours(prefix) == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 
@@ -119,6 +120,32 @@ def test_single_process_faults_and_bad_specs(tmp_path, procs):
     procs.append(bad)
     assert bad.wait_exit(10) == 2
     assert "not understood" in bad.log()
+
+
+def test_sigterm_is_a_clean_stop_in_every_phase(tmp_path, procs):
+    """One SIGTERM path, installed before the boot phases (as vLLM's run_server does):
+    `docker stop` is exit 0 while booting, while joining and while serving."""
+    port = free_port()
+    booting = Twin(
+        ["m", "--port", str(free_port()), "--twin-profile", "rehearsal"]
+        + ["--twin-fault", "slow-boot:50"],
+        tmp_path,
+        "booting",
+    )
+    joining = Twin(pair_args(free_port(), 1), tmp_path, "joining")  # no rank 0 ever comes
+    serving = Twin(
+        ["m", "--host", "127.0.0.1", "--port", str(port), "--twin-profile", "rehearsal"],
+        tmp_path,
+        "serving",
+    )
+    procs += [booting, joining, serving]
+    booting.wait_log("Loading weights (20.0 s)")
+    joining.wait_log("Connecting to rank 0")
+    serving.wait_log("Application startup complete.", timeout=15)
+    for twin in (booting, joining, serving):
+        twin.kill(signal.SIGTERM)
+        assert twin.wait_exit(5) == 0, twin.log()
+        assert "received SIGTERM, shutting down" in twin.log()
 
 
 def test_step_past_execute_timeout_kills_the_server(tmp_path, procs):

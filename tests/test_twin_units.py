@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from sim.twin import faults, profile
+from sim.twin import faults, lifecycle, profile, serve
 from sim.twin.cli import UsageError, parse_serve_args
 from sim.twin.prefix_cache import PrefixCache, block_hashes
 from sim.twin.prompting import PromptEncoder, render_chat
@@ -211,11 +211,9 @@ def test_chat_render_and_real_tokenizer(monkeypatch):
 
 
 def test_tilelang_marker_makes_the_next_boot_warm(tmp_path, monkeypatch):
-    from sim.twin import serve
-
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl"))
     prof = profile.load("rehearsal")
     fast = faults.Faults(slow_boot=0.0)
     assert serve.boot(prof, fast) is False  # cold: nothing cached yet
-    serve.write_marker()  # what the engine does after its first (stalled) step
+    lifecycle.write_marker()  # what the engine does after its first (stalled) step
     assert serve.boot(prof, fast) is True

@@ -21,7 +21,8 @@ IMAGE = "dsv4-rehearsal:simulator"
 IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal simulator image").hexdigest()
 MODEL_NAME = "DeepSeek-V4-Flash-DSpark"
 
-# From DeepSeek-V4-Flash's config.json as quoted in ../shared/FACTS.md.
+# From config.json of deepseek-ai/DeepSeek-V4-Flash (and the dspark_* fields of
+# deepseek-ai/DeepSeek-V4-Flash-DSpark) on Hugging Face.
 MODEL_CONFIG = {
     "_rehearsal": "fake model dir for the offline rehearsal: config + tokenizer, no weights",
     "architectures": ["DeepseekV4ForCausalLM"],

@@ -2,7 +2,7 @@
 
 Steps (each prints a progress line):
   1. build two test hosts (network namespaces on a bridge, each with its own sshd, host
-     key, hostname and local disk; see sim/rehearsal/hosts.py);
+     key, hostname and local disk; see sim/rehearsal/hosts.py and provision.py);
   2. give both the same "image", a fake model dir, a TileLang cache dir; write the pair's
      env file (the variables of .env.example);
   3. copy the overlays to both hosts with launch/dspark_launch.sh sync-overlays (over ssh);
@@ -29,8 +29,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from sim.rehearsal import chat, hosts, pairenv
-from sim.rehearsal.testing import host_process_cmdlines
+from sim.rehearsal import chat, hosts, pairenv, provision
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"
@@ -88,7 +87,7 @@ def send_chat(pair: hosts.Pair) -> None:
 def check_nothing_left(pair: hosts.Pair) -> None:
     for host in pair.hosts:
         ps = host.docker("ps", "-a", "-q")
-        procs = host_process_cmdlines(host)
+        procs = host.process_cmdlines()
         if ps.stdout.strip() or procs:
             raise StepFailed(
                 f"after down, {host.name} still has containers "
@@ -115,7 +114,7 @@ Remove it with: {me} --clean
 
 def run_on(prefix: str, rank: int, argv: list[str]) -> int:
     """`--on N -- CMD`: run CMD on host N of a kept pair, in the repo dir, attached."""
-    pair = hosts.find_kept_pair(prefix)
+    pair = provision.find_kept_pair(prefix)
     host = pair.hosts[rank - 1]
     return subprocess.call(host.argv(argv or ["bash"]), env=host.env(), cwd=str(REPO))
 
@@ -171,18 +170,18 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_interrupt)
     try:
-        hosts.check_prefix(args.prefix)
+        provision.check_prefix(args.prefix)
         if args.on:
             return run_on(args.prefix, args.on, args.command)
         if args.command:
             print("rehearse: a command after `--` needs --on N (see --help)", file=sys.stderr)
             return 2
         if args.clean:
-            removed = hosts.clean_prefix(args.prefix, say)
+            removed = provision.clean_prefix(args.prefix, say)
             say(f"removed {len(removed)} leftover item(s) with prefix {args.prefix}")
             return 0
         say("building two test hosts (netns + veth + bridge, an sshd each)")
-        pair = hosts.build_pair(args.prefix, say)
+        pair = provision.build_pair(args.prefix, say)
     except hosts.HarnessError as exc:
         print(f"rehearse: {exc}", file=sys.stderr)
         return 1
@@ -216,4 +215,4 @@ def main(argv: list[str]) -> int:
         return 1
     finally:
         if not keep:
-            hosts.teardown(pair, say)
+            provision.teardown(pair, say)

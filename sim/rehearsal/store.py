@@ -180,3 +180,21 @@ def _normalise_image(name: str) -> str:
     """`img` and `img:latest` are the same image, as in docker."""
     last = name.rsplit("/", 1)[-1]
     return name if ":" in last or "@" in last else f"{name}:latest"
+
+
+def remove_created_paths(state_dir: Path) -> None:
+    """Remove mount points the runtime created on the shared filesystem (empty only)."""
+    registry = state_dir / CREATED_PATHS_FILE
+    if not registry.exists():
+        return
+    for line in sorted(set(registry.read_text().split("\n")), key=len, reverse=True):
+        path = Path(line) if line else None
+        if path is None or not path.is_absolute():
+            continue
+        try:
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            elif path.is_file() and path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass  # not empty or in use: leave it, never remove content

@@ -15,6 +15,12 @@ from __future__ import annotations
 import json
 import sys
 
+from sim.twin import profile as profmod
+from sim.twin.app import engine_config, truth
+from sim.twin.cli import UsageError, build_parser, parse_serve_args
+from sim.twin.faults import Faults
+from sim.twin.serve import run
+
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -23,22 +29,13 @@ def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "serve":
         if rest and rest[0] in ("-h", "--help"):
-            from sim.twin.cli import build_parser
-
             build_parser().print_help()
             return 0
-        from sim.twin.serve import run
-
         try:
             return run(rest)
         except KeyboardInterrupt:
             return 130
     if cmd == "truth":
-        from sim.twin import profile as profmod
-        from sim.twin.app import engine_config, truth
-        from sim.twin.cli import UsageError, parse_serve_args
-        from sim.twin.faults import Faults
-
         try:
             args = parse_serve_args(["twin", *rest])
             prof = profmod.load(args.twin_profile)

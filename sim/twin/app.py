@@ -1,10 +1,11 @@
-"""Rank 0's API server: wire profile + args into engine, metrics and HTTP, then serve."""
+"""Rank 0's API server: wire profile + args into engine, metrics and HTTP, then serve.
+
+Called by `serve` once the boot phases are done; it never imports `serve`."""
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from typing import Any
@@ -15,20 +16,14 @@ from sim.twin import profile as profmod
 from sim.twin.api import TwinServer
 from sim.twin.cli import ServeArgs
 from sim.twin.engine import Engine, EngineConfig
+from sim.twin.lifecycle import die, fault_at, write_marker
 from sim.twin.metrics import Metrics
+from sim.twin.overlay_flags import fp8_head_enabled
 from sim.twin.prefix_cache import PrefixCache
 from sim.twin.prompting import PromptEncoder
 from sim.twin.requests_in import Builder
 
 log = logging.getLogger("twin")
-
-
-def fp8_head_enabled() -> bool:
-    """The overlay flag as the plugin reads it: exactly "1", unless the kill switch is on."""
-    return (
-        os.environ.get("VLLM_DSPARK_FP8_DRAFT_HEAD", "") == "1"
-        and os.environ.get("DSV4_OVERLAYS_DISABLE", "") != "1"
-    )
 
 
 def step_timeout(tp: int) -> float | None:
@@ -109,8 +104,6 @@ def start_server(
     warm: bool,
     encoder: PromptEncoder | None = None,
 ) -> int:
-    from sim.twin.serve import die, fault_at, write_marker
-
     seed = args.twin_seed if args.twin_seed is not None else args.seed
     cfg = engine_config(args, prof, faults, warm)
     names = list(args.served_model_name or [args.model])
@@ -160,7 +153,6 @@ def start_server(
     log.info("Starting vLLM API server 0 on http://%s:%d", args.host, args.port)
     for n, at, dur in faults.foreign:
         threading.Timer(at, _inject, args=(engine, builder, n, dur)).start()
-    signal.signal(signal.SIGTERM, lambda *_: die("received SIGTERM, shutting down", 0))
     fault_at(faults, "serving")
     log.info("Application startup complete.")
     try:

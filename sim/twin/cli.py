@@ -37,7 +37,7 @@ def _spec_config(text: str) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     """The subset of `vllm serve` flags the twin understands."""
     p = argparse.ArgumentParser(
-        prog="spark_twin.py serve",
+        prog="python -m sim.twin serve",
         description="Serve a SIMULATED DeepSeek-V4-Flash + DSpark pair (no model is run). "
         "Takes `vllm serve MODEL` flags; unknown flags are logged and ignored.",
     )
@@ -154,7 +154,9 @@ def parse_serve_args(argv: list[str]) -> ServeArgs:
     if ns.model_flag and not ns.model:
         ns.model = ns.model_flag
     if not ns.model:
-        raise UsageError("no model given: `spark_twin.py serve MODEL [flags]` (any name works)")
+        raise UsageError(
+            "no model given: `python -m sim.twin serve MODEL [flags]` (any name works)"
+        )
     if ns.nnodes > 1 and ns.node_rank not in range(ns.nnodes):
         raise UsageError(f"--node-rank {ns.node_rank} out of range for --nnodes {ns.nnodes}")
     if ns.nnodes > 2:

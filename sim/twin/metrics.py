@@ -1,4 +1,8 @@
-"""Prometheus metrics under vLLM's names (FACTS.md), produced with prometheus_client.
+"""Prometheus metrics under vLLM 0.33's names, produced with prometheus_client.
+
+Names, types and labels as vllm/v1/metrics/loggers.py (scheduler, tokens, latency
+histograms) and vllm/v1/spec_decode/metrics.py (drafts, accepted tokens per position)
+define them.
 
 Labels as vLLM sets them: `model_name` and `engine="0"`; the per-position acceptance
 counter adds `position`.

@@ -18,6 +18,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from sim.twin.overlay_flags import encode_cache_enabled
+
 log = logging.getLogger("twin")
 
 BOS = "<｜begin▁of▁sentence｜>"
@@ -99,10 +101,7 @@ class PromptEncoder:
         self.tokenizer = Tokenizer.from_file(tokenizer_path())
         self.cached = False
         self._encode: Callable[[str], list[int]] = self._plain
-        if (
-            os.environ.get("VLLM_INCREMENTAL_ENCODE_CACHE", "") == "1"
-            and os.environ.get("DSV4_OVERLAYS_DISABLE", "") != "1"
-        ):
+        if encode_cache_enabled():
             try:
                 from dsv4_flash_overlays.incremental_encode import IncrementalEncoder
 

@@ -4,71 +4,33 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import sys
-import threading
 import time
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sim.twin import LABEL
 from sim.twin import faults as faultmod
 from sim.twin import profile as profmod
+from sim.twin.app import start_server
 from sim.twin.cli import ServeArgs, UsageError, parse_serve_args
+from sim.twin.lifecycle import (
+    MARKER,
+    die,
+    exit_on_sigterm,
+    fault_at,
+    setup_logging,
+    tilelang_dir,
+    write_marker,
+)
+from sim.twin.prompting import PromptEncoder
 from sim.twin.ranks import Link, RendezvousError, join_rendezvous, serve_rendezvous
 
 log = logging.getLogger("twin")
-MARKER = "spark-twin-tilelang.marker"
 PHASE_LINES = (
     ("loading", "loading_weights_s", "Loading weights"),
     ("compiling", "compiling_s", "Compiling"),
     ("graphs", "capturing_graphs_s", "Capturing CUDA graphs"),
 )
-
-
-def setup_logging(rank: int) -> None:
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(
-        logging.Formatter(
-            f"%(levelname)s %(asctime)s [spark-twin rank{rank}] %(message)s", "%m-%d %H:%M:%S"
-        )
-    )
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
-def die(why: str, code: int = 1) -> None:
-    """Exit now (threads and sockets included), like a vLLM rank losing its peer."""
-    log.error(why)
-    for h in log.handlers:
-        h.flush()
-    sys.stdout.flush()
-    os._exit(code)
-
-
-def tilelang_dir() -> Path:
-    return Path(os.environ.get("TILELANG_CACHE_DIR") or Path.home() / ".tilelang" / "cache")
-
-
-def write_marker() -> None:
-    d = tilelang_dir()
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        (d / MARKER).write_text(f"spark-twin kernels compiled {time.ctime()}\n")
-    except OSError as exc:
-        log.warning("cannot write TileLang cache marker in %s (%s): next boot is cold too", d, exc)
-
-
-def fault_at(faults: faultmod.Faults, phase: str) -> None:
-    """Crash now, or after the given delay, if a fault asks for it at ``phase``."""
-    delay = faults.crash_delay(phase)
-    if delay is None:
-        return
-    why = f"RuntimeError: injected fault crash:{phase} (TWIN_FAULT={faults.spec!r})"
-    if delay <= 0:
-        die(why)
-    threading.Timer(delay, die, args=(why,)).start()
 
 
 def boot(prof: profmod.Profile, faults: faultmod.Faults) -> bool:
@@ -90,9 +52,10 @@ def boot(prof: profmod.Profile, faults: faultmod.Faults) -> bool:
 
 
 def run(argv: list[str]) -> int:
-    """Entry point of `spark_twin.py serve ...`."""
+    """Entry point of `python -m sim.twin serve ...`."""
     rank_guess = 1 if "--headless" in argv else 0
     setup_logging(rank_guess)
+    exit_on_sigterm()
     log.info(
         "%s: simulated DeepSeek-V4-Flash + DSpark pair; no model runs here (pid %d)",
         LABEL,
@@ -127,10 +90,6 @@ def run(argv: list[str]) -> int:
     encoder = None
     if rank == 0 and not args.headless:
         # Loading the real tokenizer takes ~1 s of CPU: overlap it with the boot phases.
-        from concurrent.futures import ThreadPoolExecutor
-
-        from sim.twin.prompting import PromptEncoder
-
         encoder = ThreadPoolExecutor(1, thread_name_prefix="tok-load").submit(PromptEncoder)
     warm = boot(prof, faults)
     if rank == 1 or args.headless:
@@ -139,8 +98,6 @@ def run(argv: list[str]) -> int:
         log.info("Waiting for rank 1 to finish loading")
         while not link.event("ready").wait(1.0):
             pass
-    from sim.twin.app import start_server
-
     return start_server(args, prof, faults, warm, encoder.result() if encoder else None)
 
 
@@ -172,7 +129,6 @@ def _rendezvous(
 
 def _headless(link: Link | None) -> int:
     """Rank 1: tell rank 0 we are ready, then live as long as the pair does."""
-    signal.signal(signal.SIGTERM, lambda *_: die("received SIGTERM, shutting down", 0))
     if link is not None:
         link.send({"type": "ready"})
     log.info("Worker ready (headless rank 1): the API is served by rank 0")

@@ -8,6 +8,12 @@ assert what was (and was not) run. Per-host state lives in $FAKE_STATE (JSON):
    "ssh": {"ADDR": "h2"}, "ssh_fail": ""}
 The local host is $FAKE_HOST (default h1); ssh runs the remote command with FAKE_HOST set to
 the mapped host. ssh refuses to run without BatchMode=yes and StrictHostKeyChecking=yes.
+
+docker's command line is parsed by `sim.rehearsal.docker_args`, the rehearsal runtime's
+strict parser (checked against the real docker client in tests/test_proc_docker.py): a
+flag the real client rejects, or one outside the contract in docs/INTERFACES.md, fails
+here with docker's wording and exit 125, as it would on a Spark. Only the state behind
+the commands is this file's own.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import sys
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+
+from sim.rehearsal import docker_args
 
 STATE = Path(os.environ.get("FAKE_STATE", "/nonexistent"))
 HOST = os.environ.get("FAKE_HOST", "h1")
@@ -57,110 +65,133 @@ def docker(argv: list[str]) -> None:
     if not argv:
         die("fake docker: no command")
     cmd, rest = argv[0], argv[1:]
+    handlers = {
+        "run": _run,
+        "ps": _ps,
+        "inspect": _inspect,
+        "image": _image,
+        "logs": _logs,
+        "rm": _rm,
+    }
+    if cmd not in handlers:
+        die(f"fake docker: unsupported command {cmd}")
     with state() as st:
-        h = st["hosts"][HOST]
-        if cmd == "run":
-            opts = {"label": {}, "env": {}}
-            i = 0
-            while i < len(rest) and rest[i].startswith("-"):
-                a = rest[i]
-                if a in ("-d",):
-                    i += 1
-                    continue
-                val = rest[i + 1]
-                if a == "--name":
-                    opts["name"] = val
-                elif a == "--label":
-                    k, _, v = val.partition("=")
-                    opts["label"][k] = v
-                elif a == "-e":  # bare -e NAME takes the client's value, like docker
-                    k, eq, v = val.partition("=")
-                    opts["env"][k] = v if eq else os.environ.get(k, "")
-                i += 2
-            image = rest[i]
-            if image not in h.get("images", {}):
-                die(f"Unable to find image '{image}' locally", 125)
-            if find(h, opts["name"]):
-                die(f'Conflict. The container name "/{opts["name"]}" is already in use', 125)
-            behaviour = h.get("run", "running")
-            cid = uuid.uuid4().hex * 2
-            h["containers"].append(
-                {
-                    "ID": cid,
-                    "Name": opts["name"],
-                    "Labels": opts["label"],
-                    "State": "running" if behaviour == "running" else "exited",
-                    "ExitCode": 0 if behaviour == "running" else 1,
-                    "Logs": ["SPARK-TWIN SIMULATOR", "Loading weights"]
-                    + ([] if behaviour == "running" else ["RuntimeError: rank crashed (fake)"]),
-                    "Cmd": rest[i + 1 :],
-                    "Env": opts["env"],
-                }
-            )
-            print(cid)
-        elif cmd == "ps":
-            filters = [rest[j + 1] for j, a in enumerate(rest) if a == "--filter"]
-            for c in h["containers"]:
-                ok = True
-                for f in filters:
-                    _, _, want = f.partition("=")
-                    k, eq, v = want.partition("=")
-                    if k not in c["Labels"] or (eq and c["Labels"][k] != v):
-                        ok = False
-                if ok:
-                    print(
-                        json.dumps(
-                            {
-                                "ID": c["ID"],
-                                "Names": c["Name"],
-                                "State": c["State"],
-                                "Labels": ",".join(f"{k}={v}" for k, v in c["Labels"].items()),
-                            }
-                        )
-                    )
-        elif cmd == "inspect":
-            c = find(h, rest[-1])
-            if c is None:
-                print("[]")
-                die(f"Error: No such object: {rest[-1]}")
-            print(
-                json.dumps(
-                    [
-                        {
-                            "Id": c["ID"],
-                            "State": {
-                                "Running": c["State"] == "running",
-                                "Status": c["State"],
-                                "ExitCode": c["ExitCode"],
-                            },
-                            "Config": {"Labels": c["Labels"]},
-                        }
-                    ]
-                )
-            )
-        elif cmd == "image":
-            ref = rest[-1]
-            if ref not in h.get("images", {}):
-                die(f"Error: No such image: {ref}")
-            print(h["images"][ref])
-        elif cmd == "logs":
-            c = find(h, rest[-1])
-            if c is None:
-                die(f"Error: No such container: {rest[-1]}")
-            lines = c.get("Logs", [])
-            if "--tail" in rest:
-                lines = lines[-int(rest[rest.index("--tail") + 1]) :]
-            print("\n".join(lines))
-        elif cmd == "rm":
-            ids = [a for a in rest if not a.startswith("-")]
-            for ref in ids:
-                c = find(h, ref)
-                if c is None:
-                    die(f"Error: No such container: {ref}")
-                h["containers"].remove(c)
-                print(ref)
-        else:
-            die(f"fake docker: unsupported command {cmd}")
+        try:
+            handlers[cmd](st["hosts"][HOST], rest)
+        except docker_args.CliError as exc:
+            die(str(exc), exc.code)
+
+
+def _run(h: dict, rest: list[str]) -> None:
+    run = docker_args.run_args(rest)
+    docker_args.require_contract(run)
+    env = {}
+    for item in run.env:  # bare -e NAME takes the client's value, like docker
+        k, eq, v = item.partition("=")
+        env[k] = v if eq else os.environ.get(k, "")
+    if run.image not in h.get("images", {}):
+        die(f"Unable to find image '{run.image}' locally", 125)
+    name = run.name or f"fake_{uuid.uuid4().hex[:8]}"
+    if find(h, name):
+        die(f'Conflict. The container name "/{name}" is already in use', 125)
+    behaviour = h.get("run", "running")
+    cid = uuid.uuid4().hex * 2
+    h["containers"].append(
+        {
+            "ID": cid,
+            "Name": name,
+            "Labels": run.label_dict(),
+            "State": "running" if behaviour == "running" else "exited",
+            "ExitCode": 0 if behaviour == "running" else 1,
+            "Logs": ["SPARK-TWIN SIMULATOR", "Loading weights"]
+            + ([] if behaviour == "running" else ["RuntimeError: rank crashed (fake)"]),
+            "Cmd": run.cmd,
+            "Env": env,
+        }
+    )
+    print(cid)
+
+
+def _ps(h: dict, rest: list[str]) -> None:
+    ps = docker_args.ps_args(rest)
+    if ps.format not in (None, "{{json .}}") or ps.quiet:
+        die("fake docker: ps prints only --format '{{json .}}' rows (extend fake_tools.py)")
+    for c in h["containers"]:
+        if not ps.all and c["State"] != "running":
+            continue
+        ok = True
+        for f in ps.filters:
+            _, _, want = f.partition("=")
+            k, eq, v = want.partition("=")
+            if k not in c["Labels"] or (eq and c["Labels"][k] != v):
+                ok = False
+        if ok:
+            row = {
+                "ID": c["ID"],
+                "Names": c["Name"],
+                "State": c["State"],
+                "Labels": ",".join(f"{k}={v}" for k, v in c["Labels"].items()),
+            }
+            print(json.dumps(row))
+
+
+def _inspect(h: dict, rest: list[str]) -> None:
+    ins = docker_args.inspect_args(rest)
+    if ins.format is not None:
+        die("fake docker: inspect --format is not modelled (extend fake_tools.py)")
+    found, missing = [], []
+    for ref in ins.refs:
+        c = find(h, ref)
+        if c is None:
+            missing.append(ref)
+            continue
+        state = {"Running": c["State"] == "running", "Status": c["State"]}
+        found.append(
+            {
+                "Id": c["ID"],
+                "State": dict(state, ExitCode=c["ExitCode"]),
+                "Config": {"Labels": c["Labels"]},
+            }
+        )
+    print(json.dumps(found))
+    if missing:
+        die("\n".join(f"Error: No such object: {ref}" for ref in missing))
+
+
+def _image(h: dict, rest: list[str]) -> None:
+    ins = docker_args.image_inspect_args(rest)
+    images = h.get("images", {})
+    for ref in ins.refs:
+        if ref not in images:
+            die(f"Error: No such image: {ref}")
+    if ins.format == "{{.Id}}":
+        print("\n".join(images[ref] for ref in ins.refs))
+    else:
+        print(json.dumps([{"Id": images[ref], "RepoTags": [ref]} for ref in ins.refs]))
+
+
+def _logs(h: dict, rest: list[str]) -> None:
+    logs = docker_args.logs_args(rest)
+    c = find(h, logs.ref)
+    if c is None:
+        die(f"Error: No such container: {logs.ref}")
+    lines = c.get("Logs", [])
+    n = logs.tail_lines()
+    if n is not None:
+        lines = lines[-n:] if n > 0 else []
+    print("\n".join(lines))
+
+
+def _rm(h: dict, rest: list[str]) -> None:
+    rm = docker_args.rm_args(rest)
+    for ref in rm.refs:
+        c = find(h, ref)
+        if c is None:
+            die(f"Error: No such container: {ref}")
+        if c["State"] == "running" and not rm.force:
+            die(f"Error response from daemon: You cannot remove a running container {c['ID']}.")
+        h["containers"].remove(c)
+        print(ref)
 
 
 def ssh(argv: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""pytest support: a session-scoped rehearsal pair for the netns tests.
+"""pytest support for the netns tests: a session-scoped rehearsal pair, the launcher run
+on host 1, and a GET from inside a host.
 
 Each test module makes its own fixture with its own prefix (`pair_fixture("dsv4t")`),
 so modules never share names and a manual `make rehearse` (prefix `dsv4r`) can run at
@@ -8,7 +9,6 @@ used. Building a pair takes ~1.5 s; the simulator boot is the slow part.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sim.rehearsal import hosts, pairenv
+from sim.rehearsal import hosts, pairenv, provision
 
 
 def pair_fixture(prefix: str, with_env: bool = True) -> Callable[..., Any]:
@@ -24,30 +24,15 @@ def pair_fixture(prefix: str, with_env: bool = True) -> Callable[..., Any]:
 
     @pytest.fixture(scope="session")
     def _pair() -> Iterator[hosts.Pair]:
-        pair = hosts.build_free_pair(prefix)
+        pair = provision.build_free_pair(prefix)
         try:
             if with_env:
                 pair.env_file = pairenv.prepare(pair)
             yield pair
         finally:
-            hosts.teardown(pair)
+            provision.teardown(pair)
 
     return _pair
-
-
-def host_process_cmdlines(host: hosts.Host) -> list[str]:
-    """Command lines of every process in the host's netns except its sshd listener."""
-    sshd = host.sshd_pid()
-    out = []
-    for pid in host.pids():
-        if pid == sshd:
-            continue
-        try:
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        out.append(f"{pid}: " + raw.replace(b"\0", b" ").decode(errors="replace").strip())
-    return out
 
 
 def run_launcher(
@@ -77,7 +62,3 @@ _GET = (
 def http_get_on(host: hosts.Host, url: str) -> subprocess.CompletedProcess:
     """GET `url` from inside `host` (its network); rc 0 and the body on success."""
     return host.run(["python3", "-c", _GET, url], timeout=30)
-
-
-def is_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"

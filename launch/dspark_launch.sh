@@ -13,14 +13,34 @@ readonly EXIT_BOOT=4
 readonly EXIT_TIMEOUT=5
 readonly EXIT_GATE=6
 readonly DEFAULT_TIMEOUT_S=900
+readonly COMMANDS="up down status logs plan preflight sync-overlays watch"
+# Which command each option applies to; any other combination is a usage error (exit 2),
+# never silently ignored. "--" = the extra vLLM args.
+declare -rA APPLIES=(
+  [--json]="up preflight status"
+  [--timeout]="up watch"
+  [--gate]="up"
+  [--src]="sync-overlays"
+  [--rank]="logs"
+  [--follow]="logs"
+  [--tail]="logs"
+  [--watch]="status"
+  [--interval]="status watch"
+  [--failures]="watch"
+  [--probe-timeout]="watch"
+  [--backoff]="watch"
+  [--]="up plan preflight status watch"
+)
 
 CMD="up"
 ENV_FILE="${REPO_ROOT}/.env"
 RECIPE="${REPO_ROOT}/recipes/dsv4-flash-dspark.yaml"
 OVERLAY_SRC="${REPO_ROOT}/mods/dsv4-flash-overlays"
 JSON_OUT=""
+JSON_FLAG=0
 TIMEOUT_S="${DEFAULT_TIMEOUT_S}"
 GATE=0
+WATCH=0
 RANK=0
 FOLLOW=0
 TAIL=""
@@ -28,6 +48,8 @@ PYTHON=""
 BOOTING=0
 LOCK_FD=""
 VLLM_EXTRA=()
+PASS_OPTS=() # status/watch options pairctl validates itself (numbers, ranges)
+declare -A GIVEN=()
 
 #######################################
 # Print an error to stderr.
@@ -43,8 +65,8 @@ err() {
 #######################################
 usage() {
   cat <<USAGE
-Usage: launch/dspark_launch.sh [up|down|status|logs|plan|preflight|sync-overlays] [options]
-                               [-- VLLM_ARGS...]
+Usage: launch/dspark_launch.sh [up|down|status|logs|plan|preflight|sync-overlays|watch]
+                               [options] [-- VLLM_ARGS...]
 
 Run on the rank-0 Spark (SPARK1). One OpenAI endpoint at http://SPARK1:PORT/v1.
 
@@ -54,7 +76,11 @@ Commands:
               /v1/models showing elapsed time and boot phase; if a rank dies, tear both down
               and print its log tail. On an already healthy pair: says so, changes nothing.
   down        stop and remove this pair's containers (label dsv4.pair=PAIR_ID) on both nodes.
-  status      per-node container state, endpoint health, model, running/waiting requests.
+  status      each rank's container state and uptime, endpoint health and model, and live
+              serving figures from /metrics: running/waiting, decode tok/s, TTFT p50/p95,
+              KV-cache use, prefix-cache hit rate, DSpark acceptance per draft position and
+              mean acceptance length. --json for machines, --watch for a live view.
+              Exit 0 healthy, 7 degraded, 8 down.
   logs        container log of one rank (--rank 0|1, -f to follow, --tail N).
   plan        print the exact docker run lines per rank (env, mounts, vLLM args; secrets
               masked). Changes nothing.
@@ -63,25 +89,40 @@ Commands:
   sync-overlays
               copy the files that ship in mods/dsv4-flash-overlays/ to OVERLAY_DIR on both
               nodes, check every file's sha256 on arrival, then swap the copy in (a node that
-              fails keeps its old copy; exit 1).
+              fails keeps its old copy; exit 1). Refuses (exit 3) unless this machine is
+              SPARK1 and SPARK2 is another one (PF-SELF-IS-SPARK1, PF-DISTINCT-NODES).
+  watch       watchdog: a 1-token completion every --interval s; after --failures failed
+              probes in a row, down then up (backoff after a failed up). Runs until stopped
+              (SIGTERM/Ctrl-C); one timestamped line per event. launch/dsv4-watch@.service
+              runs it under systemd.
 
 Options:
   --env-file FILE   pair config (default: ${REPO_ROOT}/.env; see .env.example)
   --recipe FILE     serving recipe (default: recipes/dsv4-flash-dspark.yaml)
   --json FILE       preflight/up: write the preflight evidence as JSON
-  --timeout S       up: seconds to wait for health (default ${DEFAULT_TIMEOUT_S}; first boot ~10 min)
+  --json            status: print one JSON document instead (with --watch: one per line)
+  --timeout S       up, watch: seconds to wait for health (default ${DEFAULT_TIMEOUT_S}; first boot
+                    ~10 min), a whole number >= 1
   --gate            up: run bench/quality_ref_dspark.py against the endpoint when healthy
   --src DIR         sync-overlays: overlay package to copy (default mods/dsv4-flash-overlays)
   --rank 0|1        logs: which rank (default 0)
   -f, --follow      logs: follow
   --tail N          logs: last N lines
+  --watch           status: live view, redrawn every --interval seconds until Ctrl-C
+  --interval S      status: seconds the rates are measured over (default 1; --watch: refresh,
+                    default 2); watch: seconds between probes (default 30)
+  --failures K      watch: failed probes in a row before a restart (default 3)
+  --probe-timeout S watch: seconds one probe may take (default 60)
+  --backoff S       watch: wait after a failed restart, doubling up to 600 s (default 30)
   -h, --help        this help
   -- ARGS           extra vllm serve args for both ranks (override the recipe)
 
-Exit codes: 0 ok (also: up on a healthy pair), 1 other runtime error (e.g. down could not
-reach a node), 2 usage/config error, 3 preflight FAIL (nothing started or removed),
-4 boot failure (both ranks torn down), 5 health timeout (both torn down), 6 quality gate
-failed (endpoint left running).
+Exit codes: 0 ok (also: up on a healthy pair; status: healthy), 1 other runtime error (e.g.
+down or logs could not reach a node, logs found no container), 2 usage/config error,
+3 preflight FAIL (nothing started or removed; also sync-overlays run off SPARK1), 4 boot
+failure (both ranks torn down), 5 health timeout (both torn down), 6 quality gate failed
+(endpoint left running), 7 status: degraded (something runs, not all of it healthy),
+8 status: down (no endpoint, no rank running).
 USAGE
 }
 
@@ -123,10 +164,10 @@ pairctl() {
 # Arguments: "$@" of the script.
 #######################################
 parse_args() {
-  local seen_cmd=0
+  local seen_cmd=0 opt
   while (($# > 0)); do
     case "$1" in
-      up | down | status | logs | plan | preflight | sync-overlays)
+      up | down | status | logs | plan | preflight | sync-overlays | watch)
         if ((seen_cmd)); then
           err "two commands given ('${CMD}' and '$1'); pick one (see --help)"
           exit "${EXIT_USAGE}"
@@ -138,30 +179,62 @@ parse_args() {
         usage
         exit 0
         ;;
-      --env-file | --recipe | --json | --timeout | --rank | --tail | --src)
+      --json)
+        GIVEN[--json]="$1"
+        # status --json is a flag; up/preflight --json take a FILE.
+        if (($# >= 2)) && [[ "$2" != -* ]] && [[ " ${COMMANDS} " != *" $2 "* ]]; then
+          JSON_OUT="$2"
+          shift
+        else
+          JSON_FLAG=1
+        fi
+        ;;
+      --env-file | --recipe | --timeout | --rank | --tail | --src | --interval | --failures | \
+        --probe-timeout | --backoff)
         if (($# < 2)); then
           err "$1 needs a value (see --help)"
           exit "${EXIT_USAGE}"
         fi
+        if [[ -v APPLIES[$1] ]]; then
+          GIVEN[$1]="$1"
+        fi
         case "$1" in
           --env-file) ENV_FILE="$2" ;;
           --recipe) RECIPE="$2" ;;
-          --json) JSON_OUT="$2" ;;
           --timeout) TIMEOUT_S="$2" ;;
           --rank) RANK="$2" ;;
           --tail) TAIL="$2" ;;
           --src) OVERLAY_SRC="$2" ;;
+          *) PASS_OPTS+=("$1" "$2") ;;
         esac
         shift
         ;;
-      --env-file=* | --recipe=* | --json=* | --timeout=* | --rank=* | --tail=* | --src=*)
+      --env-file=* | --recipe=* | --json=* | --timeout=* | --rank=* | --tail=* | --src=* | \
+        --interval=* | --failures=* | --probe-timeout=* | --backoff=*)
+        if [[ "$1" == --json=* ]]; then
+          GIVEN[--json]="--json"
+          JSON_OUT="${1#*=}"
+          shift
+          continue
+        fi
         set -- "${1%%=*}" "${1#*=}" "${@:2}"
         continue
         ;;
-      --gate) GATE=1 ;;
-      -f | --follow) FOLLOW=1 ;;
+      --gate)
+        GIVEN[--gate]="$1"
+        GATE=1
+        ;;
+      --watch)
+        GIVEN[--watch]="$1"
+        WATCH=1
+        ;;
+      -f | --follow)
+        GIVEN[--follow]="$1"
+        FOLLOW=1
+        ;;
       --)
         shift
+        GIVEN[--]="extra vLLM args after --"
         VLLM_EXTRA=("$@")
         break
         ;;
@@ -172,8 +245,26 @@ parse_args() {
     esac
     shift
   done
-  if [[ ! "${TIMEOUT_S}" =~ ^[0-9]+$ ]] || ((TIMEOUT_S < 1)); then
-    err "--timeout must be a whole number of seconds, got '${TIMEOUT_S}'"
+  for opt in "${!GIVEN[@]}"; do
+    if [[ " ${APPLIES[${opt}]} " != *" ${CMD} "* ]]; then
+      err "${GIVEN[${opt}]} does not apply to ${CMD} (only to: ${APPLIES[${opt}]// /, }); see --help"
+      exit "${EXIT_USAGE}"
+    fi
+  done
+  if [[ "${CMD}" == "status" && -n "${JSON_OUT}" ]]; then
+    err "status --json prints JSON on stdout and takes no FILE (got '${JSON_OUT}'); redirect it: status --json > FILE"
+    exit "${EXIT_USAGE}"
+  fi
+  if [[ "${CMD}" != "status" ]] && ((JSON_FLAG)); then
+    err "--json needs a FILE for ${CMD} (see --help)"
+    exit "${EXIT_USAGE}"
+  fi
+  if [[ ! "${TIMEOUT_S}" =~ ^[0-9]+$ ]]; then
+    err "--timeout must be a whole number of seconds (at least 1), got '${TIMEOUT_S}'"
+    exit "${EXIT_USAGE}"
+  fi
+  if ((10#${TIMEOUT_S} < 1)); then
+    err "--timeout must be at least 1 second, got '${TIMEOUT_S}'"
     exit "${EXIT_USAGE}"
   fi
   if [[ "${RANK}" != "0" && "${RANK}" != "1" ]]; then
@@ -181,7 +272,7 @@ parse_args() {
     exit "${EXIT_USAGE}"
   fi
   if [[ -n "${TAIL}" && ! "${TAIL}" =~ ^[0-9]+$ ]]; then
-    err "--tail must be a number, got '${TAIL}'"
+    err "--tail must be a whole number of lines (0 or more), got '${TAIL}'"
     exit "${EXIT_USAGE}"
   fi
 }
@@ -326,15 +417,42 @@ cmd_logs() {
   pairctl logs "${args[@]}"
 }
 
+#######################################
+# status: the operator's view (exit 0 healthy, 7 degraded, 8 down).
+#######################################
+cmd_status() {
+  local -a args=()
+  if ((JSON_FLAG)); then
+    args+=(--json)
+  fi
+  if ((WATCH)); then
+    args+=(--watch)
+  fi
+  pairctl status "${args[@]}" "${PASS_OPTS[@]}"
+}
+
+#######################################
+# watch: the watchdog. exec, so SIGTERM (systemd stop) reaches it directly.
+#######################################
+cmd_watch() {
+  local -a argv=("${PYTHON}" -m pairctl watch --env-file "${ENV_FILE}" --recipe "${RECIPE}"
+    --launcher "${SCRIPT_DIR}/dspark_launch.sh" --timeout "${TIMEOUT_S}" "${PASS_OPTS[@]}")
+  if ((${#VLLM_EXTRA[@]} > 0)); then
+    argv+=(-- "${VLLM_EXTRA[@]}")
+  fi
+  exec "${argv[@]}"
+}
+
 main() {
   parse_args "$@"
   pick_python
   case "${CMD}" in
     up) cmd_up ;;
     down) cmd_down ;;
-    status) pairctl status ;;
+    status) cmd_status ;;
     logs) cmd_logs ;;
     plan) pairctl plan ;;
+    watch) cmd_watch ;;
     sync-overlays) pairctl sync-overlays --src "${OVERLAY_SRC}" ;;
     preflight)
       if [[ -n "${JSON_OUT}" ]]; then

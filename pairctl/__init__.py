@@ -12,3 +12,5 @@ EXIT_PREFLIGHT = 3
 EXIT_BOOT = 4
 EXIT_TIMEOUT = 5
 EXIT_GATE = 6
+EXIT_DEGRADED = 7  # status: something runs, but the pair is not fully healthy
+EXIT_DOWN = 8  # status: the endpoint does not answer and no rank's container runs

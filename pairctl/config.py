@@ -203,3 +203,23 @@ def load_env_file(path: str | Path) -> PairConfig:
             path = Path(val).expanduser()
             raw[key] = str(path if path.is_absolute() else (p.parent / path).resolve())
     return parse_env(raw, env_file=str(p))
+
+
+def check_port_clash(cfg: PairConfig, endpoint_port: str) -> None:
+    """MASTER_PORT and the endpoint port both listen on SPARK1: they must differ.
+
+    ``endpoint_port`` is the port the endpoint really uses (PORT, or the recipe's when PORT
+    is empty), so a clash with the recipe's default is caught too.
+    """
+    if cfg.MASTER_PORT != endpoint_port:
+        return
+    port = (
+        f"PORT={endpoint_port}"
+        if cfg.PORT
+        else f"PORT (empty, so the recipe's port {endpoint_port})"
+    )
+    raise ConfigError(
+        f"{cfg.env_file}: MASTER_PORT={cfg.MASTER_PORT} and {port} are the same port on "
+        "SPARK1, where torch.distributed's master and the OpenAI endpoint both listen; "
+        "set MASTER_PORT to another free port (the default is 29501) or change PORT"
+    )

@@ -114,6 +114,7 @@ class State:
     status: str
     exit_code: int | None
     finished_at: str = ""
+    started_at: str = ""  # RFC 3339; docker's zero time "0001-01-01T00:00:00Z" = never
 
 
 def inspect(node: Node, name: str) -> State | None:
@@ -136,6 +137,7 @@ def inspect(node: Node, name: str) -> State | None:
         str(st.get("Status", "")),
         int(code) if isinstance(code, int) else None,
         str(st.get("FinishedAt") or ""),
+        str(st.get("StartedAt") or ""),
     )
 
 

@@ -7,19 +7,17 @@ until the timeout. The phase shown in the progress line is read from the logs.
 
 from __future__ import annotations
 
-import re
 import shlex
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT
 from pairctl.config import PairConfig
-from pairctl.docker import State, inspect, logs_tail, pair_containers, remove_pair
+from pairctl.docker import State, inspect, logs_tail, remove_pair
 from pairctl.nodes import Node, nodes
-from pairctl.plan import LABEL_PLAN, build_rank, container_name, mask_argv, plan_hash
+from pairctl.plan import build_rank, container_name, mask_argv, plan_hash
 from pairctl.recipe import Recipe
 
 # Log line substring → phase shown while waiting (docs/INTERFACES.md; real vLLM logs match).
@@ -97,29 +95,15 @@ def probe_health(base: str, timeout: float = 3.0) -> Health:
         if r.status_code != 200:
             return Health(False, [], False, f"/v1/models {r.status_code}")
         data = r.json().get("data", [])
+    except requests.Timeout:
+        return Health(False, [], False, f"no answer within {timeout:g} s")
+    except requests.ConnectionError:
+        return Health(False, [], False, "connection failed (nothing listening, or host down)")
     except (requests.RequestException, ValueError) as exc:
-        return Health(False, [], False, type(exc).__name__)
+        return Health(False, [], False, f"{type(exc).__name__}: {str(exc)[:200]}")
     models = [str(m.get("id")) for m in data if isinstance(m, dict)]
     sim = any(m.get("owned_by") == "spark-twin-simulator" for m in data if isinstance(m, dict))
     return Health(bool(models), models, sim, "ok" if models else "no models listed")
-
-
-def metrics(base: str, timeout: float = 3.0) -> dict[str, float]:
-    """running/waiting request gauges from /metrics (sum over label sets)."""
-    import requests
-
-    out: dict[str, float] = {}
-    try:
-        r = requests.get(f"{base}/metrics", timeout=timeout)
-        r.raise_for_status()
-    except requests.RequestException:
-        return out
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-        pat = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})?\s+([0-9.eE+-]+)", re.M)
-        vals = [float(v) for v in pat.findall(r.text)]
-        if vals:
-            out[name.split(":")[1]] = sum(vals)
-    return out
 
 
 def cleanup(cfg: PairConfig) -> int:
@@ -288,82 +272,6 @@ def wait_healthy(
             log(line)
             last_line, last_print = line.split("] ", 1)[1], now
         time.sleep(poll_s)
-
-
-def pair_state(cfg: PairConfig) -> dict[str, Any]:
-    """Containers per node + endpoint health (for status and the up no-op)."""
-    out: dict[str, Any] = {"nodes": {}, "endpoint": endpoint(cfg)}
-    for node in nodes(cfg):
-        cs, res = pair_containers(node, cfg.PAIR_ID)
-        out["nodes"][str(node.rank)] = {
-            "addr": node.addr,
-            "ok": res.rc == 0,
-            "error": "" if res.rc == 0 else (res.err or res.out).strip()[-300:],
-            "containers": [{"name": c.name, "state": c.state, "labels": c.labels} for c in cs],
-        }
-    h = probe_health(endpoint(cfg))
-    out["health"] = {
-        "healthy": h.healthy,
-        "models": h.models,
-        "simulator": h.simulator,
-        "detail": h.detail,
-    }
-    out["metrics"] = metrics(endpoint(cfg)) if h.healthy else {}
-    return out
-
-
-def is_healthy_pair(cfg: PairConfig, state: dict[str, Any]) -> bool:
-    """Both ranks' containers running and the endpoint healthy."""
-    if not state["health"]["healthy"]:
-        return False
-    for rank in ("0", "1"):
-        want = container_name(cfg.PAIR_ID, int(rank))
-        n = state["nodes"][rank]
-        if not any(c["name"] == want and c["state"].lower() == "running" for c in n["containers"]):
-            return False
-    return True
-
-
-def running_plan(state: dict[str, Any]) -> str | None:
-    for c in state["nodes"].get("0", {}).get("containers", []):
-        if LABEL_PLAN in c["labels"]:
-            return c["labels"][LABEL_PLAN]
-    return None
-
-
-def render_status(cfg: PairConfig, state: dict[str, Any], want_plan: str) -> str:
-    lines = [f"pair {cfg.PAIR_ID}"]
-    for rank in ("0", "1"):
-        n = state["nodes"][rank]
-        role = "head" if rank == "0" else "worker"
-        if not n["ok"]:
-            lines.append(f"  rank {rank} ({role}) {n['addr']}: cannot query docker: {n['error']}")
-            continue
-        if not n["containers"]:
-            lines.append(f"  rank {rank} ({role}) {n['addr']}: no container")
-        for c in n["containers"]:
-            lines.append(f"  rank {rank} ({role}) {n['addr']}: {c['name']} {c['state']}")
-    h = state["health"]
-    sim = " [SIMULATOR]" if h["simulator"] else ""
-    if h["healthy"]:
-        lines.append(
-            f"  endpoint {state['endpoint']}/v1: healthy{sim}, model {', '.join(h['models'])}"
-        )
-        m = state["metrics"]
-        if m:
-            lines.append(
-                f"  requests: running {m.get('num_requests_running', 0):g}, "
-                f"waiting {m.get('num_requests_waiting', 0):g}"
-            )
-    else:
-        lines.append(f"  endpoint {state['endpoint']}/v1: not healthy ({h['detail']})")
-    rp = running_plan(state)
-    if rp and rp != want_plan:
-        lines.append(
-            f"  note: running plan {rp} differs from current config {want_plan} "
-            "(down + up to apply)"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def current_plan(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import shlex
 import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 from pairctl.config import PairConfig
 from pairctl.docker import parse_ps
 from pairctl.evidence import Evidence, NodeEvidence
-from pairctl.nodes import Node, nodes
+from pairctl.nodes import SSH_CONNECT_TIMEOUT_S, Node, nodes
 from pairctl.plan import LABEL_PAIR, is_secret, resolve_image
 from pairctl.recipe import Recipe
 from pairctl.roce import PROBE_SECTION as _ROCE_SECTION
@@ -166,11 +169,31 @@ def resolve(host: str) -> str | None:
         return None
 
 
-def gather(cfg: PairConfig, recipe: Recipe) -> Evidence:
-    """Evidence from both nodes plus local name resolution (secrets masked in ``config``)."""
+# Stages of gather(), in the order their evidence can arrive ("rank0"/"rank1" either way).
+NAMES, RANK0, RANK1 = "names", "rank0", "rank1"
+HEARTBEAT_S = 5.0
+
+
+def gather(
+    cfg: PairConfig,
+    recipe: Recipe,
+    on_stage: Callable[[str, Evidence], None] | None = None,
+    progress: Callable[[str], None] | None = None,
+    probe_rank1: bool = True,
+) -> Evidence:
+    """Evidence from both nodes plus local name resolution (secrets masked in ``config``).
+
+    The two probes run at the same time. ``on_stage(stage, evidence so far)`` is called
+    once names resolved and as each probe finishes, so checks can be reported as soon as
+    their evidence is in; ``progress`` hears what is being waited on, with a heartbeat
+    every ``HEARTBEAT_S`` seconds. ``probe_rank1=False`` leaves rank 1 unreached (for steps
+    that only need to know who this machine is).
+    """
+    say = progress or (lambda _msg: None)
     image = resolve_image(cfg, recipe)
     n0, n1 = nodes(cfg)
-    return Evidence(
+    say(f"resolving SPARK1 ({cfg.SPARK1}), SPARK2 ({cfg.SPARK2}) and MASTER_ADDR on this machine")
+    ev = Evidence(
         config={k: ("***" if is_secret(k) and v else v) for k, v in cfg.values.items()},
         resolved={
             "SPARK1": resolve(cfg.SPARK1),
@@ -178,5 +201,31 @@ def gather(cfg: PairConfig, recipe: Recipe) -> Evidence:
             "MASTER_ADDR": resolve(cfg.master_addr),
         },
         image=image,
-        nodes={"0": collect(n0, cfg, image), "1": collect(n1, cfg, image)},
     )
+    if on_stage:
+        on_stage(NAMES, ev)
+    waits = {RANK0: f"rank 0 (this machine, {n0.addr})"}
+    if probe_rank1:
+        waits[RANK1] = (
+            f"rank 1 over ssh ({n1.addr}; ssh gives up after {SSH_CONNECT_TIMEOUT_S} s "
+            "without an answer)"
+        )
+    say("probing " + " and ".join(waits.values()))
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {pool.submit(collect, n0, cfg, image): RANK0}
+        if probe_rank1:
+            futures[pool.submit(collect, n1, cfg, image)] = RANK1
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=HEARTBEAT_S, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: futures[f]):
+                stage = futures[fut]
+                key = "0" if stage == RANK0 else "1"
+                ev = replace(ev, nodes={**ev.nodes, key: fut.result()})
+                if on_stage:
+                    on_stage(stage, ev)
+            if pending and not done:
+                names = ", ".join(waits[futures[f]].split(" (")[0] for f in pending)
+                say(f"still waiting for {names}: {time.monotonic() - started:.0f} s")
+    return ev

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 
@@ -16,11 +17,64 @@ from perfmodel import budget as B
 from perfmodel import report
 
 
-def _floats(text: str) -> list[float]:
+def _number(text: str, what: str, ok) -> float:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    return _number(text, "a number > 0", lambda v: v > 0)
+
+
+def _non_negative(text: str) -> float:
+    return _number(text, "a number >= 0", lambda v: v >= 0)
+
+
+def _fraction(text: str) -> float:
+    return _number(text, "a fraction in (0, 1]", lambda v: 0 < v <= 1)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return value
+
+
+def _trials(text: str) -> int:
+    value = _seed(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError("must be 0 (skip the simulation) or >= 2, got '1'")
+    return value
+
+
+def _floats(text: str) -> list[float]:
+    """Acceptance probabilities: comma-separated numbers in [0, 1]."""
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers: {text}") from e
+    if not vals or any(not math.isfinite(v) or not 0 <= v <= 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"acceptance values must be in [0, 1], got {text!r}")
+    return vals
 
 
 def _ints(text: str) -> list[int]:
@@ -35,29 +89,30 @@ def _ints(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
+        prog="python -m perfmodel",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: python -m perfmodel --accept 0.85 --bw-gbs 273 --json",
     )
     p.add_argument(
         "--bw-gbs",
-        type=float,
+        type=_positive,
         default=235.0,
         help="LPDDR5X bandwidth per GB10 in GB/s (seed: ~235; spec peak 273)",
     )
     p.add_argument(
         "--moe-eff",
-        type=float,
+        type=_fraction,
         default=B.SEED.moe_eff,
         help="achieved fraction of bandwidth in the MoE kernels (seed: 0.87). "
         "Changes the MoE time only with --routing uniform; in calibrated mode "
         "the seed's 30 ms is kept and this changes the fitted locality rho",
     )
-    p.add_argument("--link-gbps", type=float, default=200.0, help="RoCE rail speed, Gb/s")
-    p.add_argument("--rails", type=int, default=2, help="RoCE rails in use (one port per card)")
+    p.add_argument("--link-gbps", type=_positive, default=200.0, help="RoCE rail speed, Gb/s")
+    p.add_argument("--rails", type=_count, default=2, help="RoCE rails in use (one port per card)")
     p.add_argument(
         "--gamma",
-        type=int,
+        type=_count,
         default=5,
         help="draft tokens per step (DSpark block size; the checkpoint has 5)",
     )
@@ -77,7 +132,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--tree-width",
-        type=int,
+        type=_count,
         default=2,
         help="width of the tree compared against the chain (verifies width*(gamma+1) tokens)",
     )
@@ -88,10 +143,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="paging_m",
         help="verified-token counts M for the expert-paging table",
     )
-    p.add_argument("--max-num-seqs", type=int, default=24, help="vLLM --max-num-seqs")
+    p.add_argument("--max-num-seqs", type=_count, default=24, help="vLLM --max-num-seqs")
     p.add_argument(
         "--per-seq-ms",
-        type=float,
+        type=_non_negative,
         default=None,
         help="cost per extra sequence in a batch (default: calibrated so that the "
         "seed's 131 tok/s at 24 seqs holds)",
@@ -111,19 +166,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--mc-trials",
-        type=int,
+        type=_trials,
         default=2000,
         help="Monte-Carlo trials per M (0 = skip the simulation)",
     )
-    p.add_argument("--mc-seed", type=int, default=0, help="Monte-Carlo RNG seed")
+    p.add_argument("--mc-seed", type=_seed, default=0, help="Monte-Carlo RNG seed (>= 0)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     a = p.parse_args(argv)
-    if a.gamma < 1 or a.tree_width < 1 or a.max_num_seqs < 1 or a.bw_gbs <= 0:
-        p.error("gamma, tree width, max-num-seqs must be >= 1 and bandwidth > 0")
-    if not 0 < a.moe_eff <= 1:
-        p.error("--moe-eff must be in (0, 1]")
-    if a.mc_trials == 1 or a.mc_trials < 0:
-        p.error("--mc-trials must be 0 or >= 2")
     if len(a.accept) not in (1, a.gamma):
         p.error(f"--accept needs 1 or gamma={a.gamma} values, got {len(a.accept)}")
     return a

@@ -4,13 +4,13 @@ Every decision is a pure function of recorded evidence (``pairctl.evidence``, ga
 ``pairctl.probe``) plus the config, so the verdicts are unit-tested without nodes. ``up``
 runs this first and stops on any FAIL before a single container is started or removed
 (exit 3). Layout: ``check`` (what a check is), ``checks_*`` (the checks, by concern),
-``registry`` (all of them in report order, and the README table), ``report`` (terminal
-and JSON output).
+``registry`` (all of them in report order, and the README table), ``runner`` (runs them
+as their evidence arrives), ``report`` (terminal and JSON output).
 """
 
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec, Need
 from pairctl.preflight.registry import BY_ID, CHECKS, catalogue_markdown, decide
-from pairctl.preflight.report import as_json, failed, render
+from pairctl.preflight.report import as_json, failed, render, render_check, summary
 
 __all__ = [
     "BY_ID",
@@ -27,4 +27,6 @@ __all__ = [
     "decide",
     "failed",
     "render",
+    "render_check",
+    "summary",
 ]

@@ -85,8 +85,12 @@ PF_DISTINCT_NODES = CheckSpec(
 def check_distinct(resolved: dict[str, str | None], n1: NodeEvidence | None) -> Check:
     """``n1`` is rank 1's probe, or None when ssh to it failed (addresses alone decide)."""
     s1, s2 = resolved.get("SPARK1"), resolved.get("SPARK2")
-    if s2 is None:
-        return PF_DISTINCT_NODES.verdict(FAIL, "SPARK2 does not resolve")
+    unresolved = [k for k, ip in (("SPARK1", s1), ("SPARK2", s2)) if ip is None]
+    if unresolved:
+        verb = "does" if len(unresolved) == 1 else "do"
+        return PF_DISTINCT_NODES.verdict(
+            FAIL, f"{' and '.join(unresolved)} {verb} not resolve on this machine"
+        )
     if s1 == s2:
         return PF_DISTINCT_NODES.verdict(FAIL, f"SPARK1 and SPARK2 are both {s1}")
     if n1 is not None and s1 in set(n1.addrs):

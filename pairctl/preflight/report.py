@@ -1,4 +1,5 @@
-"""Preflight's two outputs: the terminal report and the ``--json`` document."""
+"""Preflight's two outputs: the terminal report (streamed, one check at a time) and the
+``--json`` document."""
 
 from __future__ import annotations
 
@@ -15,15 +16,21 @@ def failed(checks: list[Check]) -> bool:
     return any(c.status == FAIL for c in checks)
 
 
-def render(checks: list[Check]) -> str:
-    lines = []
-    for c in checks:
-        lines.append(f"{c.status:4}  {c.id:22} {c.detail}")
-        if c.remedy:
-            lines.append(f"      {'':22} fix: {c.remedy}")
-    n = {s: sum(c.status == s for c in checks) for s in (PASS, WARN, FAIL, SKIP)}
-    lines.append(f"preflight: {n[PASS]} pass, {n[WARN]} warn, {n[FAIL]} fail, {n[SKIP]} skip")
+def render_check(c: Check) -> str:
+    """One verdict: the status line, then the remedy when there is something to fix."""
+    lines = [f"{c.status:4}  {c.id:22} {c.detail}"]
+    if c.remedy:
+        lines.append(f"      {'':22} fix: {c.remedy}")
     return "\n".join(lines) + "\n"
+
+
+def summary(checks: list[Check]) -> str:
+    n = {s: sum(c.status == s for c in checks) for s in (PASS, WARN, FAIL, SKIP)}
+    return f"preflight: {n[PASS]} pass, {n[WARN]} warn, {n[FAIL]} fail, {n[SKIP]} skip\n"
+
+
+def render(checks: list[Check]) -> str:
+    return "".join(render_check(c) for c in checks) + summary(checks)
 
 
 def as_json(checks: list[Check], evidence: Evidence) -> dict[str, Any]:

@@ -34,6 +34,17 @@ def _spec_config(text: str) -> dict[str, Any]:
     return val
 
 
+def _port(text: str) -> int:
+    """A TCP port the twin can bind: 1-65535 (argparse turns the error into usage, exit 2)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {text!r}")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The subset of `vllm serve` flags the twin understands."""
     p = argparse.ArgumentParser(
@@ -46,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--model", dest="model_flag", default=None, help="same as the positional MODEL")
     a("--config", default=None, help="YAML file whose keys are long flag names")
     a("--host", default="0.0.0.0")
-    a("--port", type=int, default=8000)
+    a("--port", type=_port, default=8000)
     a("--served-model-name", nargs="+", default=None)
     a("--tensor-parallel-size", "-tp", type=int, default=1)
     a("--pipeline-parallel-size", "-pp", type=int, default=1)
@@ -54,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--nnodes", type=int, default=1)
     a("--node-rank", type=int, default=0)
     a("--master-addr", default="127.0.0.1")
-    a("--master-port", type=int, default=29501)
+    a("--master-port", type=_port, default=29501)
     a("--headless", action="store_true")
     a("--max-num-seqs", type=int, default=None)
     a("--max-num-batched-tokens", type=int, default=None)

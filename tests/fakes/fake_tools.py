@@ -25,6 +25,7 @@ import subprocess
 import sys
 import uuid
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sim.rehearsal import docker_args
@@ -107,6 +108,7 @@ def _run(h: dict, rest: list[str]) -> None:
             + ([] if behaviour == "running" else ["RuntimeError: rank crashed (fake)"]),
             "Cmd": run.cmd,
             "Env": env,
+            "StartedAt": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
         }
     )
     print(cid)
@@ -145,7 +147,11 @@ def _inspect(h: dict, rest: list[str]) -> None:
         if c is None:
             missing.append(ref)
             continue
-        state = {"Running": c["State"] == "running", "Status": c["State"]}
+        state = {
+            "Running": c["State"] == "running",
+            "Status": c["State"],
+            "StartedAt": c.get("StartedAt", "0001-01-01T00:00:00Z"),
+        }
         found.append(
             {
                 "Id": c["ID"],

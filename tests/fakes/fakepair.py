@@ -116,7 +116,10 @@ class Env:
         )
         self.save()
 
-    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, timeout: float = 60, path_first: Path | None = None
+    ) -> subprocess.CompletedProcess:
+        """Run the launcher; ``path_first`` puts a test's own stand-ins before the fakes."""
         env = dict(
             os.environ,
             PATH=f"{FAKES}:{os.environ['PATH']}",
@@ -128,6 +131,8 @@ class Env:
             PAIRCTL_POLL_S="0.2",
             XDG_RUNTIME_DIR=str(self.tmp),
         )
+        if path_first is not None:
+            env["PATH"] = f"{path_first}:{env['PATH']}"
         argv = [str(LAUNCHER)]
         if "--env-file" not in args:
             argv += ["--env-file", str(self.env_file)]

@@ -1,0 +1,225 @@
+"""A pair's status as data: the stable interface of ``status --json`` and of ``pair_status``.
+
+``pair_status(cfg)`` returns a ``PairStatus``: each rank's container (state, uptime), the
+endpoint's health and model, and live serving figures from ``/metrics``
+(``pairctl.servemetrics``), plus one verdict with its exit code: ``healthy`` (0) when both
+ranks run and the endpoint answers with a model, ``down`` (8) when the endpoint does not
+answer and no rank's container is known to run, ``degraded`` (7) for anything in between
+(a rank gone while the endpoint still answers, containers running but the endpoint not
+healthy yet, a node that cannot be asked). Fields are documented in docs/INTERFACES.md;
+``SCHEMA_VERSION`` changes when one changes meaning or goes away.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_OK
+from pairctl.config import PairConfig
+from pairctl.docker import inspect, pair_containers
+from pairctl.lifecycle import endpoint, probe_health
+from pairctl.nodes import Node, nodes
+from pairctl.plan import LABEL_PLAN, container_name
+from pairctl.servemetrics import MetricsParseError, Scrape, ServingFigures, figures, parse
+
+SCHEMA_VERSION = 1
+HEALTHY, DEGRADED, DOWN = "healthy", "degraded", "down"
+EXIT_CODES = {HEALTHY: EXIT_OK, DEGRADED: EXIT_DEGRADED, DOWN: EXIT_DOWN}
+MISSING, UNKNOWN = "missing", "unknown"  # no container of this rank / node did not answer
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank's container on its node."""
+
+    rank: int
+    role: str  # "head" (rank 0) or "worker" (rank 1)
+    addr: str  # SPARK1 or SPARK2
+    reachable: bool  # docker answered on the node (over ssh for rank 1)
+    error: str  # why the node could not be asked ("" when reachable)
+    container: str  # this rank's container name, dsv4-<PAIR_ID>-rank<R>
+    state: str  # docker's state ("running", "exited", ...), "missing" or "unknown"
+    started_at: str | None  # RFC 3339, when the container last started; None if not running
+    uptime_s: float | None  # seconds since started_at (this machine's clock)
+    others: list[str]  # other containers of this pair on the node, "name (state)"
+    plan: str | None  # the container's dsv4.plan label (hash of what it runs)
+
+    @property
+    def running(self) -> bool:
+        return self.state.lower() == "running"
+
+
+@dataclass(frozen=True)
+class EndpointStatus:
+    """The OpenAI endpoint on rank 0: GET /health, then /v1/models."""
+
+    url: str  # base URL clients use, ending in /v1
+    healthy: bool  # /health 200 and /v1/models lists a model
+    detail: str  # "ok" or what failed
+    models: list[str]
+    simulator: bool  # the spark twin answered, not vLLM
+
+
+@dataclass(frozen=True)
+class PairStatus:
+    """Everything ``status`` shows; ``to_dict()`` is the ``status --json`` document."""
+
+    schema_version: int
+    pair_id: str
+    verdict: str  # "healthy" | "degraded" | "down"
+    exit_code: int  # 0, 7 or 8: what `status` exits with
+    reasons: list[str]  # why not healthy (empty when healthy)
+    ranks: list[RankStatus]  # rank 0, rank 1
+    endpoint: EndpointStatus
+    serving: ServingFigures | None  # None when /metrics was not read (endpoint not healthy)
+    metrics_error: str  # why /metrics gave nothing ("" when it did or was not asked)
+    running_plan: str | None  # rank 0's plan label (what runs), to compare with current_plan
+    current_plan: str | None  # plan hash of the current config (None if not computed)
+    checked_at: str  # UTC, RFC 3339
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One /metrics scrape and when it was taken (monotonic seconds)."""
+
+    scrape: Scrape
+    t: float
+
+
+def parse_docker_time(text: str) -> datetime | None:
+    """Docker's RFC 3339 time (nanoseconds allowed); None for its zero time or junk."""
+    if not text or text.startswith("0001-"):
+        return None
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", text.strip())
+    if not m:
+        return None
+    frac = (m.group(2) or "")[:7]  # Python takes at most microseconds
+    tz = "+00:00" if m.group(3) == "Z" else m.group(3)
+    try:
+        return datetime.fromisoformat(m.group(1) + frac + tz)
+    except ValueError:
+        return None
+
+
+def rank_status(node: Node, pair_id: str, now: datetime) -> RankStatus:
+    """Ask the node's docker for this pair's containers (label-selected) and uptime."""
+    role = "head" if node.rank == 0 else "worker"
+    name = container_name(pair_id, node.rank)
+    found, res = pair_containers(node, pair_id)
+    if res.rc != 0:
+        error = (res.err or res.out).strip()[-300:] or f"rc={res.rc}"
+        return RankStatus(
+            node.rank, role, node.addr, False, error, name, UNKNOWN, None, None, [], None
+        )
+    mine = next((c for c in found if c.name == name), None)
+    others = [f"{c.name} ({c.state})" for c in found if c.name != name]
+    if mine is None:
+        return RankStatus(
+            node.rank, role, node.addr, True, "", name, MISSING, None, None, others, None
+        )
+    started, uptime = None, None
+    if mine.running:
+        st = inspect(node, name)
+        when = parse_docker_time(st.started_at) if st else None
+        if when is not None:
+            started = st.started_at
+            uptime = max(0.0, (now - when).total_seconds())
+    plan = mine.labels.get(LABEL_PLAN)
+    return RankStatus(
+        node.rank, role, node.addr, True, "", name, mine.state, started, uptime, others, plan
+    )
+
+
+def scrape(base: str, timeout: float = 3.0) -> tuple[MetricsSample | None, str]:
+    """GET /metrics once; (sample, "") or (None, what went wrong)."""
+    import requests  # lazy: only steps that talk HTTP pay for the import
+
+    url = f"{base}/metrics"
+    try:
+        r = requests.get(url, timeout=timeout)
+        r.raise_for_status()
+        return MetricsSample(parse(r.text), time.monotonic()), ""
+    except requests.RequestException as exc:
+        return None, f"GET {url}: {type(exc).__name__}: {exc}"[:300]
+    except MetricsParseError as exc:
+        return None, f"GET {url}: {exc}"[:300]
+
+
+def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]]:
+    """healthy / degraded / down, and why (see the module docstring)."""
+    reasons = []
+    for r in ranks:
+        if not r.reachable:
+            reasons.append(f"rank {r.rank} ({r.addr}): cannot ask docker: {r.error}")
+        elif not r.running:
+            reasons.append(f"rank {r.rank} ({r.addr}): container {r.container} {r.state}")
+    if not ep.healthy:
+        reasons.append(f"endpoint {ep.url}: {ep.detail}")
+    if not reasons:
+        return HEALTHY, []
+    if not ep.healthy and not any(r.running for r in ranks):
+        return DOWN, reasons
+    return DEGRADED, reasons
+
+
+def collect(
+    cfg: PairConfig,
+    previous: MetricsSample | None = None,
+    interval_s: float = 0.0,
+    want_plan: str | None = None,
+) -> tuple[PairStatus, MetricsSample | None]:
+    """One status reading; serving rates cover the time since ``previous`` (if given), or
+    ``interval_s`` seconds between two scrapes taken now (0: lifetime figures only).
+
+    Returns the status and the newest /metrics sample (pass it back as ``previous``).
+    """
+    base = endpoint(cfg)
+    h = probe_health(base)
+    ep = EndpointStatus(f"{base}/v1", h.healthy, h.detail, h.models, h.simulator)
+    first, err = (None, "")
+    if h.healthy and previous is None and interval_s > 0:
+        first, err = scrape(base)
+    now = datetime.now(UTC)
+    pair = nodes(cfg)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # rank 1's ssh runs alongside rank 0
+        ranks = list(pool.map(lambda n: rank_status(n, cfg.PAIR_ID, now), pair))
+    serving, last = None, None
+    if h.healthy:
+        prev = previous or first
+        if prev is not None and previous is None:
+            time.sleep(max(0.0, interval_s - (time.monotonic() - prev.t)))
+        last, err = scrape(base)
+        if last is not None:
+            dt = last.t - prev.t if prev is not None else None
+            serving = figures(last.scrape, prev.scrape if prev else None, dt)
+    name, reasons = verdict(ranks, ep)
+    status = PairStatus(
+        schema_version=SCHEMA_VERSION,
+        pair_id=cfg.PAIR_ID,
+        verdict=name,
+        exit_code=EXIT_CODES[name],
+        reasons=reasons,
+        ranks=ranks,
+        endpoint=ep,
+        serving=serving,
+        metrics_error=err,
+        running_plan=ranks[0].plan,
+        current_plan=want_plan,
+        checked_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+    )
+    return status, last
+
+
+def pair_status(
+    cfg: PairConfig, interval_s: float = 1.0, want_plan: str | None = None
+) -> PairStatus:
+    """The pair's status now; rates over ``interval_s`` seconds (0 = lifetime figures)."""
+    return collect(cfg, None, interval_s, want_plan)[0]

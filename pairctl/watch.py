@@ -1,0 +1,221 @@
+"""The watchdog (``launch/dspark_launch.sh watch``): one real token every N seconds; after K
+failures in a row, the pair is torn down and brought up again, with backoff.
+
+A pair can look alive and serve nothing: a rank died and the survivor holds its memory, the
+engine hung, a NCCL timeout took the workers. ``/health`` alone does not see all of these,
+so each probe asks for a 1-token completion, which needs both ranks to run a step. The
+restart is the launcher's own ``down`` then ``up`` (same lock, same preflight, same
+teardown on a failed boot); a failed ``up`` is retried after a backoff that doubles up to
+a cap. While another ``up``/``down`` of the pair holds its lock, probes are not counted:
+an operator's maintenance is not an outage. Every event is one line with a UTC timestamp
+on stdout (journald keeps it under systemd; see launch/dsv4-watch@.service).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pairctl import EXIT_OK
+
+# What `up`'s exit codes mean (docs/INTERFACES.md), for the watchdog's log lines.
+UP_EXIT = {
+    1: "runtime error",
+    2: "usage or configuration error",
+    3: "preflight FAIL or the pair's lock is held",
+    4: "boot failure",
+    5: "health timeout",
+}
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    interval_s: float = 30.0  # between probes
+    failures: int = 3  # consecutive failed probes before a restart
+    probe_timeout_s: float = 60.0  # one 1-token completion, queueing included
+    backoff_s: float = 30.0  # wait after a failed restart, doubled each time
+    backoff_max_s: float = 600.0
+
+
+def stamp() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def probe_token(base: str, timeout: float) -> str | None:
+    """Generate one token (greedy 1-token completion). None when it worked, else why not."""
+    import requests
+
+    try:
+        r = requests.get(f"{base}/v1/models", timeout=timeout)
+        if r.status_code != 200:
+            return f"GET {base}/v1/models: HTTP {r.status_code}"
+        data = r.json().get("data") or []
+        if not data:
+            return f"GET {base}/v1/models: no model listed"
+        model = data[0]["id"]
+        r = requests.post(
+            f"{base}/v1/completions",
+            json={"model": model, "prompt": "1 2 3", "max_tokens": 1, "temperature": 0},
+            timeout=timeout,
+        )
+        if r.status_code != 200:
+            return f"POST {base}/v1/completions: HTTP {r.status_code}: {r.text[:200]}"
+        body = r.json()
+        tokens = (body.get("usage") or {}).get("completion_tokens")
+        if not body.get("choices") or tokens != 1:
+            return f"POST {base}/v1/completions: no token generated ({str(body)[:200]})"
+    except requests.Timeout:
+        return f"{base}: no answer within {timeout:g} s"
+    except requests.RequestException as exc:
+        return f"{base}: {type(exc).__name__}: {str(exc)[:200]}"
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"{base}: malformed answer: {exc}"
+    return None
+
+
+def lock_busy(path: str) -> bool:
+    """True while another process holds the pair's launcher lock (an up/down is running)."""
+    p = Path(path)
+    if not p.exists():
+        return False
+    try:
+        with open(p, "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    except OSError:
+        return False
+    return False
+
+
+class Watchdog:
+    """The probe/restart loop; every effect is injected, so the policy is unit-tested."""
+
+    def __init__(
+        self,
+        cfg: WatchConfig,
+        probe: Callable[[], str | None],
+        restart: Callable[[], int],
+        log: Callable[[str], None],
+        busy: Callable[[], bool] = lambda: False,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.probe, self.restart, self.log = probe, restart, log
+        self.busy, self.sleep, self.clock = busy, sleep, clock
+        self.failed = 0
+        self.backoff = cfg.backoff_s
+        self.healthy_once = False
+        self.restarts = 0
+
+    def tick(self) -> float:
+        """One probe (and a restart if due). Returns how long to sleep before the next."""
+        if self.busy():
+            if self.failed:
+                self.log(
+                    f"another up/down of this pair holds its lock: {self.failed} failure(s) "
+                    "forgotten, not probing"
+                )
+            self.failed = 0
+            return self.cfg.interval_s
+        why = self.probe()
+        if why is None:
+            if self.failed:
+                self.log(f"ok: a token again after {self.failed} failed probe(s)")
+            elif not self.healthy_once:
+                self.log("ok: the pair generated a token")
+            self.failed, self.healthy_once = 0, True
+            self.backoff = self.cfg.backoff_s
+            return self.cfg.interval_s
+        self.failed += 1
+        self.log(f"FAIL {self.failed}/{self.cfg.failures}: {why}")
+        if self.failed < self.cfg.failures:
+            return self.cfg.interval_s
+        self.log(f"{self.failed} failed probes in a row: restarting the pair (down, then up)")
+        t0 = self.clock()
+        rc = self.restart()
+        took = self.clock() - t0
+        self.restarts += 1
+        if rc == EXIT_OK:
+            self.log(f"restart {self.restarts}: pair up again after {took:.0f} s")
+            self.failed, self.backoff = 0, self.cfg.backoff_s
+            return self.cfg.interval_s
+        wait = self.backoff
+        self.backoff = min(self.backoff * 2, self.cfg.backoff_max_s)
+        meaning = UP_EXIT.get(rc, "unexpected exit")
+        self.log(
+            f"restart {self.restarts} FAILED after {took:.0f} s (up exit {rc}: {meaning}); "
+            f"next probe in {wait:.0f} s"
+        )
+        return wait
+
+    def run(self, cycles: int | None = None) -> None:
+        n = 0
+        while cycles is None or n < cycles:
+            self.sleep(self.tick())
+            n += 1
+
+
+class Stop(Exception):
+    """SIGTERM/SIGINT: leave the loop (and any running restart) cleanly."""
+
+
+def launcher_restart(
+    launcher: str, common: list[str], up_timeout: int, passthrough: list[str], log
+) -> Callable[[], int]:
+    """``down`` then ``up`` through the launcher itself (its lock, preflight and teardown)."""
+
+    def run_step(argv: list[str]) -> int:
+        proc = subprocess.Popen(argv)
+        try:
+            return proc.wait()
+        except BaseException:
+            proc.terminate()  # the launcher tears a half-booted pair down on SIGTERM
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+    def restart() -> int:
+        rc = run_step([launcher, "down", *common])
+        if rc != EXIT_OK:
+            log(f"down exited {rc}; trying up anyway (it removes this pair's stale containers)")
+        tail = ["--", *passthrough] if passthrough else []
+        return run_step([launcher, "up", *common, "--timeout", str(up_timeout), *tail])
+
+    return restart
+
+
+def serve(dog: Watchdog, what: str) -> int:
+    """Run until SIGTERM/SIGINT; exit 0 then."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise Stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    dog.log(f"watching {what}")
+    try:
+        dog.run()
+    except Stop as exc:
+        dog.log(f"{exc}: watchdog stopped")
+    return EXIT_OK
+
+
+def printer(pair_id: str) -> Callable[[str], None]:
+    def log(msg: str) -> None:
+        print(f"{stamp()} watch {pair_id}: {msg}", file=sys.stdout, flush=True)
+
+    return log

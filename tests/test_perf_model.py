@@ -278,3 +278,40 @@ def test_help_and_table_run_as_module() -> None:
     t = subprocess.run([*cmd, "--mc-trials", "100"], capture_output=True, text=True)
     assert t.returncode == 0, t.stderr
     assert "verify steps/s" in t.stdout and "Monte-Carlo" in t.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--rails", "0"],  # was a ZeroDivisionError
+        ["--link-gbps", "0"],
+        ["--bw-gbs", "nan"],
+        ["--bw-gbs", "-235"],
+        ["--per-seq-ms", "-100"],  # was a negative ceiling
+        ["--per-seq-ms", "inf"],
+        ["--moe-eff", "1.5"],
+        ["--gamma", "0"],
+        ["--tree-width", "-1"],
+        ["--max-num-seqs", "0"],
+        ["--mc-trials", "-5"],
+        ["--mc-seed", "-1"],
+        ["--accept", "1.2"],
+        ["--accept", "nan"],
+    ],
+)
+def test_cli_rejects_nonsense_as_usage_errors(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        perf_model.main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert args[0] in err and "must be" in err, err
+
+
+def test_cli_usage_error_has_no_traceback() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "perfmodel", "--rails", "0"], capture_output=True, text=True
+    )
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "python -m perfmodel: error: argument --rails: must be a whole number >= 1" in p.stderr

@@ -202,3 +202,20 @@ def test_readme_simulator_block_runs_as_written() -> None:
             pass
     assert proc.returncode == 0, f"README simulator block failed ({proc.returncode}):\n{out}"
     assert "quality gate: 5/5 passed" in out and "SIMULATOR" in out.upper(), out
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        "python3 scripts/spark_twin.py truth",  # what the README once said: no such file now
+        ".venv/bin/python -m bench.no_such_bench --url http://127.0.0.1:8000",
+        "launch/dspark_launch.sh frobnicate",
+    ],
+)
+def test_a_broken_readme_command_would_fail(broken: str, tmp_path: Path) -> None:
+    """The rules run each command for real: a command that cannot work fails the check."""
+    how, argv = plan_for(broken, tmp_path)
+    assert argv is not None, how
+    env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}")
+    p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0, (broken, p.stdout)

@@ -1,0 +1,136 @@
+"""The watchdog's policy (pairctl/watch.py) with injected probe/restart/clock, the lock
+test, and the 1-token probe against a real simulator on loopback."""
+
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+
+import pytest
+
+from pairctl import watch
+from tests.support.twin import Twin, free_port, wait_http
+
+CFG = watch.WatchConfig(
+    interval_s=10, failures=3, probe_timeout_s=5, backoff_s=30, backoff_max_s=100
+)
+
+
+class Script:
+    """A probe answering from a script (None = a token came back), a restart with set exit
+    codes, and a log."""
+
+    def __init__(self, probes: list[str | None], restarts: list[int] = ()) -> None:
+        self.probes, self.restarts = list(probes), list(restarts)
+        self.restarted = 0
+        self.lines: list[str] = []
+        self.busy = False
+
+    def probe(self) -> str | None:
+        return self.probes.pop(0)
+
+    def restart(self) -> int:
+        self.restarted += 1
+        return self.restarts.pop(0)
+
+    def dog(self, cfg: watch.WatchConfig = CFG) -> watch.Watchdog:
+        return watch.Watchdog(
+            cfg, self.probe, self.restart, self.lines.append, busy=lambda: self.busy
+        )
+
+
+def test_failures_below_k_never_restart() -> None:
+    s = Script([None, "HTTP 500", "timed out", None, "HTTP 500", "HTTP 500", None])
+    dog = s.dog()
+    waits = [dog.tick() for _ in range(7)]
+    assert s.restarted == 0 and waits == [10] * 7
+    assert "ok: a token again after 2 failed probe(s)" in s.lines
+    assert sum("FAIL" in ln for ln in s.lines) == 4
+
+
+def test_k_failures_in_a_row_restart_once_and_recover() -> None:
+    s = Script([None, "x", "x", "x", None], restarts=[0])
+    dog = s.dog()
+    for _ in range(5):
+        dog.tick()
+    assert s.restarted == 1
+    assert any("3 failed probes in a row: restarting" in ln for ln in s.lines)
+    assert any(ln.startswith("restart 1: pair up again") for ln in s.lines)
+    assert dog.failed == 0
+
+
+def test_failed_restarts_back_off_doubling_to_the_cap() -> None:
+    s = Script(["x"] * 6, restarts=[4, 3, 5, 0])
+    dog = s.dog()
+    waits = [dog.tick() for _ in range(6)]
+    # probes 1-2 count up, 3 restarts (fails: 30 s), 4 again (60 s), 5 (cap 100), 6 works
+    assert waits == [10, 10, 30, 60, 100, 10]
+    assert s.restarted == 4
+    assert any("up exit 4: boot failure" in ln for ln in s.lines)
+    assert any("up exit 3: preflight FAIL" in ln for ln in s.lines)
+    s2 = Script(["x"] * 4 + [None, "x", "x", "x"], restarts=[4, 0, 0])
+    dog = s2.dog()
+    waits = [dog.tick() for _ in range(8)]
+    assert waits[2] == 30 and waits[-1] == 10  # a success resets the backoff
+
+
+def test_a_held_lock_pauses_counting() -> None:
+    s = Script(["x", "x", "x"], restarts=[0])
+    dog = s.dog()
+    dog.tick()
+    dog.tick()
+    s.busy = True  # an operator runs up/down
+    assert dog.tick() == 10 and dog.failed == 0 and s.probes == ["x"]
+    assert any("holds its lock" in ln for ln in s.lines)
+    s.busy = False
+    dog.tick()
+    assert s.restarted == 0
+
+
+def test_lock_busy_sees_another_holder(tmp_path: Path) -> None:
+    path = tmp_path / "pair.lock"
+    assert watch.lock_busy(str(path)) is False  # no lock file: nobody holds it
+    with open(path, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert watch.lock_busy(str(path)) is True
+    assert watch.lock_busy(str(path)) is False
+
+
+def test_log_lines_carry_a_utc_timestamp(capsys) -> None:
+    watch.printer("pair-a")("FAIL 1/3: x")
+    line = capsys.readouterr().out.strip()
+    assert line.endswith("watch pair-a: FAIL 1/3: x")
+    assert line[4] == "-" and line[10] == "T" and line.split()[0].endswith("Z")
+
+
+def test_probe_generates_one_token_from_the_simulator(tmp_path: Path) -> None:
+    port = free_port()
+    twin = Twin(
+        ["m", "--host", "127.0.0.1", "--port", str(port), "--twin-profile", "rehearsal"],
+        tmp_path,
+        "twin",
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", timeout=60)
+        assert watch.probe_token(f"http://127.0.0.1:{port}", timeout=10) is None
+    finally:
+        twin.stop()
+    why = watch.probe_token(f"http://127.0.0.1:{port}", timeout=2)
+    assert why is not None and f"127.0.0.1:{port}" in why
+
+
+def test_probe_reports_an_endpoint_that_cannot_complete() -> None:
+    from tests.fakes.mock_openai import MockConfig, MockServer
+
+    with MockServer(MockConfig()) as srv:  # answers /v1/models but has no /v1/completions
+        why = watch.probe_token(f"http://127.0.0.1:{srv.port}", timeout=5)
+    assert why is not None and "/v1/completions" in why
+
+
+@pytest.mark.parametrize("bad", [["--failures", "0"], ["--interval", "0"], ["--timeout", "x"]])
+def test_watch_rejects_nonsense(bad: list[str], tmp_path: Path) -> None:
+    from pairctl import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["watch", "--env-file", str(tmp_path / "none.env"), *bad])
+    assert e.value.code == 2

@@ -20,7 +20,7 @@ from rich.text import Text
 from pairctl.servemetrics import ServingFigures
 from pairctl.status import HEALTHY, MetricsSample, PairStatus
 
-STYLE = {"healthy": "bold green", "degraded": "bold yellow", "down": "bold red"}
+VERDICT_COLOUR = {"healthy": "bold green", "degraded": "bold yellow", "down": "bold red"}
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -112,7 +112,7 @@ def render_rich(st: PairStatus) -> Group:
     """The live view: verdict, a table of ranks, the endpoint, a table of serving figures."""
     title = Text.assemble(
         (f"pair {st.pair_id}  ", "bold"),
-        (st.verdict.upper(), STYLE[st.verdict]),
+        (st.verdict.upper(), VERDICT_COLOUR[st.verdict]),
         f"  {st.checked_at}",
     )
     ranks = Table(box=None, pad_edge=False)

@@ -3,7 +3,14 @@ test, and the 1-token probe against a real simulator on loopback."""
 
 from __future__ import annotations
 
+import configparser
 import fcntl
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +141,52 @@ def test_watch_rejects_nonsense(bad: list[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main(["watch", "--env-file", str(tmp_path / "none.env"), *bad])
     assert e.value.code == 2
+
+
+UNIT = Path(__file__).resolve().parents[1] / "launch" / "dsv4-watch@.service"
+UNIT_REPO = "/home/bird/DSv4-Flash-spark"
+
+
+def _unit() -> configparser.ConfigParser:
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.optionxform = str  # systemd keys are case-sensitive
+    cp.read_string(UNIT.read_text())
+    return cp
+
+
+def test_unit_runs_the_launchers_watch_and_restarts_it() -> None:
+    svc = _unit()["Service"]
+    argv = shlex.split(svc["ExecStart"])
+    assert argv[0] == f"{UNIT_REPO}/launch/dspark_launch.sh" and argv[1] == "watch"
+    assert svc["Restart"] in ("on-failure", "always") and svc["RestartPreventExitStatus"] == "2"
+    assert svc["WorkingDirectory"] == UNIT_REPO
+    # the unit's options parse as the launcher's watch options (a missing env file is the
+    # first thing to fail, exit 2; an option watch does not take would fail before that)
+    repo = UNIT.parents[1]
+    p = subprocess.run(
+        [str(repo / "launch" / "dspark_launch.sh"), *argv[1:]],
+        cwd=repo,
+        env=dict(os.environ, PAIRCTL_PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert p.returncode == 2 and "env file" in p.stderr and "pair-a" not in p.stdout, p.stderr
+    assert "does not apply" not in p.stderr and "unknown argument" not in p.stderr
+
+
+def test_unit_has_no_secrets() -> None:
+    text = UNIT.read_text()
+    assert not re.search(r"(?im)^\s*Environment(File)?=", text), "secrets belong in the env file"
+    assert not re.search(r"(?i)(TOKEN|SECRET|PASSWORD|API_KEY)\s*=", text)
+
+
+def test_unit_verifies_with_systemd(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze not installed")
+    repo = str(UNIT.parents[1])
+    unit = tmp_path / "dsv4-watch@pair-a.service"
+    unit.write_text(UNIT.read_text().replace(UNIT_REPO, repo))
+    p = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and not (p.stdout + p.stderr).strip(), p.stdout + p.stderr

@@ -117,6 +117,7 @@ class Watchdog:
         self.failed = 0
         self.backoff = cfg.backoff_s
         self.healthy_once = False
+        self.restarted_ok = False  # a restart succeeded and no probe has confirmed it yet
         self.restarts = 0
 
     def tick(self) -> float:
@@ -133,9 +134,11 @@ class Watchdog:
         if why is None:
             if self.failed:
                 self.log(f"ok: a token again after {self.failed} failed probe(s)")
+            elif self.restarted_ok:
+                self.log(f"ok: the restarted pair generated a token (restart {self.restarts})")
             elif not self.healthy_once:
                 self.log("ok: the pair generated a token")
-            self.failed, self.healthy_once = 0, True
+            self.failed, self.healthy_once, self.restarted_ok = 0, True, False
             self.backoff = self.cfg.backoff_s
             return self.cfg.interval_s
         self.failed += 1
@@ -149,7 +152,7 @@ class Watchdog:
         self.restarts += 1
         if rc == EXIT_OK:
             self.log(f"restart {self.restarts}: pair up again after {took:.0f} s")
-            self.failed, self.backoff = 0, self.cfg.backoff_s
+            self.failed, self.backoff, self.restarted_ok = 0, self.cfg.backoff_s, True
             return self.cfg.interval_s
         wait = self.backoff
         self.backoff = min(self.backoff * 2, self.cfg.backoff_max_s)

@@ -63,6 +63,7 @@ def test_k_failures_in_a_row_restart_once_and_recover() -> None:
     assert s.restarted == 1
     assert any("3 failed probes in a row: restarting" in ln for ln in s.lines)
     assert any(ln.startswith("restart 1: pair up again") for ln in s.lines)
+    assert s.lines[-1] == "ok: the restarted pair generated a token (restart 1)"
     assert dog.failed == 0
 
 

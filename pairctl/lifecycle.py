@@ -1,4 +1,4 @@
-"""up/down/status building blocks: cleanup, start one rank, wait for health, report.
+"""up/down building blocks: cleanup, start one rank, wait for health, endpoint health.
 
 ``wait_healthy`` watches both ranks while it polls the endpoint: a dead rank ends the wait
 at once (exit 4) with that rank's log tail, instead of letting the survivor sit on ~77 GB

@@ -17,17 +17,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_OK
-from pairctl.config import PairConfig
+from pairctl.config import PairConfig, load_env_file
 from pairctl.docker import inspect, pair_containers
 from pairctl.lifecycle import endpoint, probe_health
 from pairctl.nodes import Node, nodes
-from pairctl.plan import LABEL_PLAN, container_name
+from pairctl.plan import LABEL_PLAN, container_name, plan_hash, with_recipe_defaults
+from pairctl.recipe import load_recipe
 from pairctl.servemetrics import MetricsParseError, Scrape, ServingFigures, figures, parse
 
 SCHEMA_VERSION = 1
+DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "dsv4-flash-dspark.yaml"
 HEALTHY, DEGRADED, DOWN = "healthy", "degraded", "down"
 EXIT_CODES = {HEALTHY: EXIT_OK, DEGRADED: EXIT_DEGRADED, DOWN: EXIT_DOWN}
 MISSING, UNKNOWN = "missing", "unknown"  # no container of this rank / node did not answer
@@ -221,5 +224,19 @@ def collect(
 def pair_status(
     cfg: PairConfig, interval_s: float = 1.0, want_plan: str | None = None
 ) -> PairStatus:
-    """The pair's status now; rates over ``interval_s`` seconds (0 = lifetime figures)."""
+    """The pair's status now; rates over ``interval_s`` seconds (0 = lifetime figures).
+
+    ``cfg`` needs the recipe's defaults applied (``plan.with_recipe_defaults``);
+    ``pair_status_of`` does that from the files.
+    """
     return collect(cfg, None, interval_s, want_plan)[0]
+
+
+def pair_status_of(
+    env_file: str | Path, recipe_file: str | Path = DEFAULT_RECIPE, interval_s: float = 1.0
+) -> PairStatus:
+    """``pair_status`` from a pair's env file and recipe, validated as the launcher does
+    (raises ``pairctl.config.ConfigError`` naming what is wrong)."""
+    recipe = load_recipe(recipe_file)
+    cfg = with_recipe_defaults(load_env_file(env_file), recipe)
+    return pair_status(cfg, interval_s, plan_hash(cfg, recipe, []))

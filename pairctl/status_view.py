@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from pairctl.servemetrics import ServingFigures
-from pairctl.status import HEALTHY, MetricsSample, PairStatus
+from pairctl.status import HEALTHY, MetricsSample, PairStatus, RankStatus
 
 VERDICT_COLOUR = {"healthy": "bold green", "degraded": "bold yellow", "down": "bold red"}
 
@@ -67,7 +67,7 @@ def serving_lines(f: ServingFigures) -> list[str]:
     ]
 
 
-def _rank_line(r) -> str:
+def _rank_line(r: RankStatus) -> str:
     head = f"rank {r.rank} ({r.role}) {r.addr}: "
     if not r.reachable:
         return head + f"cannot ask docker: {r.error}"
@@ -128,7 +128,7 @@ def render_rich(st: PairStatus) -> Group:
         if ep.healthy
         else f"endpoint {ep.url}: not healthy ({ep.detail})"
     )
-    parts: list = [title, ranks, Text(ep_text)]
+    parts: list[RenderableType] = [title, ranks, Text(ep_text)]
     f = st.serving
     if f is not None:
         fig = Table(box=None, pad_edge=False, show_header=False)

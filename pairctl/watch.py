@@ -74,6 +74,8 @@ def probe_token(base: str, timeout: float) -> str | None:
             return f"POST {base}/v1/completions: no token generated ({str(body)[:200]})"
     except requests.Timeout:
         return f"{base}: no answer within {timeout:g} s"
+    except requests.ConnectionError:
+        return f"{base}: connection failed (nothing listening, or host down)"
     except requests.RequestException as exc:
         return f"{base}: {type(exc).__name__}: {str(exc)[:200]}"
     except (ValueError, KeyError, TypeError) as exc:

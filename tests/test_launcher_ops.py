@@ -249,3 +249,20 @@ def test_logs_without_a_container_says_so(pair: Env) -> None:
     p = pair.run("logs", "--rank", "1")
     assert p.returncode == EXIT_RUNTIME
     assert "no container dsv4-pair-a-rank1" in p.stderr and "status" in p.stderr
+
+
+def test_pair_status_of_is_the_python_interface(pair: Env, monkeypatch) -> None:
+    """What a tool built on pairs calls: the same data as `status --json`, as a dataclass."""
+    from pairctl.config import ConfigError
+    from pairctl.status import pair_status_of
+
+    monkeypatch.setenv("PATH", f"{FAKES}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_STATE", str(pair.state_path))
+    monkeypatch.setenv("FAKE_PY", sys.executable)
+    st = pair_status_of(pair.env_file, interval_s=0.1)
+    assert st.verdict == "degraded" and st.exit_code == EXIT_DEGRADED  # no containers yet
+    assert st.endpoint.healthy and st.serving is not None and st.serving.running == 2
+    assert [r.state for r in st.ranks] == ["missing", "missing"]
+    assert json.loads(json.dumps(st.to_dict()))["pair_id"] == "pair-a"
+    with pytest.raises(ConfigError):
+        pair_status_of(pair.tmp / "missing.env")

@@ -40,7 +40,10 @@ def state():
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = json.loads(STATE.read_text())
         yield data
-        STATE.write_text(json.dumps(data, indent=1))
+        # Atomic: ssh/ip/ss read without the lock, while the launcher asks both nodes at once.
+        tmp = STATE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, STATE)
 
 
 def record(tool: str, argv: list[str]) -> None:

@@ -159,8 +159,8 @@ def test_readme_has_commands_to_check() -> None:
 def test_readme_command_runs(cmd: str, tmp_path: Path) -> None:
     how, argv = plan_for(cmd, tmp_path)
     assert how != "UNCLASSIFIED", f"README command {cmd!r} matches no rule in {__file__}"
-    if argv is None:
-        pytest.skip(f"{cmd}: {how}")
+    if argv is None:  # a template or a line that needs a real pair: classified, nothing to run
+        return
     env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}")
     p = subprocess.run(
         argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False

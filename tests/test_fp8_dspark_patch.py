@@ -31,15 +31,17 @@ def overlay(vllm_mods, monkeypatch):
     """dspark_nvidia with the device check passing and the GEMM emulated; undone after."""
     from dsv4_flash_overlays import dspark_nvidia as D
     from dsv4_flash_overlays import fp8_head as F
+    from dsv4_flash_overlays.fp8_head import dispatch
 
     monkeypatch.setattr(D, "device_reason", lambda device=None: None)
     calls = []
 
-    def fake_matmul(a, q, s, cfg=None, out=None):
+    def fake_run(choice, a, q, s):
+        assert isinstance(choice, F.W8A16Config), choice  # the untuned default on a CPU
         calls.append(a.shape[0])
         return F.emulate_kernel(a, q, s)
 
-    monkeypatch.setattr(F, "fp8_head_matmul", fake_matmul)
+    monkeypatch.setattr(dispatch, "run_choice", fake_run)
     D.calls = calls
     yield D
     D.remove()

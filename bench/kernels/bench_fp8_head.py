@@ -1,565 +1,363 @@
 #!/usr/bin/env python3
-"""Benchmark (and tune) the fp8 DSpark draft-head GEMM against bf16 cuBLAS and torch._scaled_mm.
+"""Benchmark (and tune) the fp8 DSpark draft head against bf16 cuBLAS, on one GPU, one run.
 
-For N in {129280, 64640} (full vocab, one TP=2 shard), K = 4096 and each M, prints and
-writes (``--json``) the median time of
-  * bf16  ``A @ W.t()``                      (cuBLAS; what vLLM runs today),
-  * naive per-token fp8 activations + ``torch._scaled_mm`` rowwise,
-  * ours: ``fp8_head_matmul`` (fp8 weight, bf16 activation, fp32 accumulate),
-  * ``dispatch``: what the overlay runs (ours or bf16, per the tuned table),
-with achieved GB/s (explicit byte counts: weights + scales + activations + logits) and the
-share of the copy ceiling measured in the same run (device-to-device copy, bytes read +
-written).
-
-Method: random data, never zeros (zeros let a GPU skip work or compress); each variant
-rotates between weight buffers whose total is well over L2 (the L2 of an H200 is 60 MB,
-one fp8 shard is 265 MB); calls are captured in a CUDA graph (as vLLM runs the draft) and
-replayed, timed with CUDA events; medians over repeats; the chosen kernel is timed twice to
-show the spread.
-``--tune`` first searches kernel configs per (N, M) and writes the table to ``--configs-out``.
+For N in {129280, 64640} (full vocab, one TP=2 shard) and K = 4096, in one process:
+  --check     correctness of both kernels (W8A16, W8A8 in every accuracy family) on ragged
+              shapes, poisoned outputs, against exact references;
+  --cliff     the M = 33..47 experiment: W8A16 at M = 40 and 48 with masked vs clamped
+              activation rows, and M = 40 launched as 48 padded rows;
+  --tune      the overlay's tuner (``dsv4_flash_overlays.fp8_head.tune``): accuracy per
+              family, then every candidate per M, writes the table to --configs-out;
+  --dispatch  what the overlay runs (``Fp8Head`` with the table) against bf16 and the
+              naive path (per-token fp8 activations in torch ops + ``torch._scaled_mm``)
+              at every --dispatch-m, tuned or not; --untuned does the same with the
+              untuned default table.
+Every timing: CUDA-graph replays over rotated weight copies (>= 4x L2), random data,
+medians, with the copy ceiling (device-to-device copy, bytes read + written) measured in the
+same run. Prints a table and writes everything to --json.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
-from dsv4_flash_overlays import fp8_head as F
+from dsv4_flash_overlays.fp8_head import configs as C
+from dsv4_flash_overlays.fp8_head import search as S
+from dsv4_flash_overlays.fp8_head import tune as T
+from dsv4_flash_overlays.fp8_head.dispatch import Fp8Head, scaled_mm_head
+from dsv4_flash_overlays.fp8_head.quant import fp8_head_matmul_ref, quantize_rowwise, w8a8_ref
+from dsv4_flash_overlays.fp8_head.timing import Problem, graph_time_us
+from dsv4_flash_overlays.fp8_head.w8a8 import w8a8_matmul
+from dsv4_flash_overlays.fp8_head.w8a16 import w8a16_matmul
 
 K = 4096
 NS = (129280, 64640)
-MS = (1, 5, 10, 20, 40, 80, 120, 144)
-L2_BYTES = 60 * 2**20
+TUNE_MS = (1, 5, 10, 16, 20, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 120, 128, 144, 160)
+DISPATCH_MS = (1, 3, 5, 8, 10, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 56, 64, 72, 80, 88)
+DISPATCH_MS += (96, 104, 112, 120, 128, 136, 144, 152, 160)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--json", type=Path, help="write the full results here")
+    p.add_argument("--json", type=Path, help="write all results here")
     p.add_argument("--n", type=int, nargs="+", default=list(NS))
-    p.add_argument("--m", type=int, nargs="+", default=list(MS))
-    p.add_argument("--tune", action="store_true", help="search configs before the benchmark")
-    p.add_argument(
-        "--grid",
-        choices=("coarse", "fine", "final", "big", "mma2"),
-        default="coarse",
-        help="search space for --tune",
-    )
-    p.add_argument(
-        "--transfer-top",
-        type=int,
-        default=4,
-        help="with several --n, later N only re-time the first N's best few per M",
-    )
-    p.add_argument(
-        "--seed-json",
-        type=Path,
-        nargs="*",
-        default=[],
-        help="earlier result JSONs: their per-(N, M) kernel config joins the search",
-    )
-    p.add_argument("--tune-budget-s", type=float, default=300.0, help="stop tuning after this")
-    p.add_argument("--configs-out", type=Path, help="write the tuned table (fp8_configs.json)")
-    p.add_argument("--reps", type=int, default=25, help="graph replays per measurement")
-    p.add_argument("--check", action="store_true", help="run correctness checks first")
-    p.add_argument(
-        "--dispatch",
-        action="store_true",
-        help="instead: time the overlay's Fp8Head (shipped table, bf16 fallback) "
-        "against bf16 at every --m, tuned or not",
-    )
+    p.add_argument("--m", type=int, nargs="+", default=list(TUNE_MS), help="tuned M")
+    p.add_argument("--dispatch-m", type=int, nargs="+", default=list(DISPATCH_MS))
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--cliff", action="store_true")
+    p.add_argument("--tune", action="store_true")
+    p.add_argument("--dispatch", action="store_true")
+    p.add_argument("--untuned", action="store_true")
+    p.add_argument("--grid", choices=("quick", "full"), default="full")
+    p.add_argument("--explore", action="store_true", help="--tune: time ineligible families too")
+    p.add_argument("--w8a8-grid", choices=("quick", "full"), help="W8A8 search (default: --grid)")
+    p.add_argument("--eval-rows", type=int, default=16384)
+    p.add_argument("--budget-s", type=float, default=420.0)
+    p.add_argument("--workers", type=int, default=min(14, max(1, (os.cpu_count() or 2) - 1)))
+    p.add_argument("--reps", type=int, default=15, help="replays per timing while tuning")
+    p.add_argument("--dispatch-reps", type=int, default=25, help="replays per final timing")
+    p.add_argument("--configs-out", type=Path, default=C.CONFIG_PATH)
     return p.parse_args(argv)
 
 
-# --------------------------------------------------------------------------------- timing
-def graph_time_us(calls: list[Callable[[], object]], rounds: int = 2, reps: int = 25) -> float:
-    """Median µs per call: capture ``rounds`` passes over ``calls`` in one CUDA graph, replay.
-
-    Each call uses its own weight buffer, so consecutive calls never hit in L2.
-    """
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:  # warm-up: compile, cuBLAS handles, workspaces
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(rounds):
-            for c in calls:
-                c()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        st = torch.cuda.Event(enable_timing=True)
-        en = torch.cuda.Event(enable_timing=True)
-        st.record()
-        g.replay()
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) * 1000.0 / (rounds * len(calls)))
-    del g
-    return statistics.median(times)
-
-
-def copy_ceiling_gbs(nbytes: int = 2**30) -> dict[str, float]:
-    """Device-to-device copy bandwidth, bytes read + written; the best of two copy kernels.
-
-    Timed with events around single eager launches (median of 15 after warm-up): inside a
-    CUDA graph a same-dtype ``copy_`` becomes a memcpy node, which is slower than the SM
-    copy that vLLM-style kernels compete with (seen: 2.77 TB/s vs ~4.3).
-    """
+def copy_ceiling_gbs(nbytes: int = 2**30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written), best of two copy kernels,
+    eager launches timed with events (in a graph a copy_ becomes a slower memcpy node)."""
     src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    out = {}
-    for name, fn in (
-        ("copy_", lambda: dst.copy_(src)),
-        ("add0", lambda: torch.add(src, 0, out=dst)),
-    ):
+    best = 0.0
+    for fn in (lambda: dst.copy_(src), lambda: torch.add(src, 0, out=dst)):
         for _ in range(3):
             fn()
         times = []
         for _ in range(15):
-            st = torch.cuda.Event(enable_timing=True)
-            en = torch.cuda.Event(enable_timing=True)
+            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             st.record()
             fn()
             en.record()
             en.synchronize()
             times.append(st.elapsed_time(en) * 1e-3)
-        out[name] = 2 * nbytes / statistics.median(times) / 1e9
-    out["ceiling"] = max(out.values())
+        best = max(best, 2 * nbytes / statistics.median(times) / 1e9)
+    return best
+
+
+def check_configs() -> list[C.Choice]:
+    out: list[C.Choice] = [
+        C.W8A16Config(128, 128, 4, 3),
+        C.W8A16Config(64, 256, 2, 3, clamp_m=1),
+        C.W8A16Config(128, 256, 2, 3, pad_m=1),
+        C.W8A16Config(64, 128, 4, 3, pre_a=1, pad_m=1),
+        C.W8A16Config(128, 128, 2, 3, pre_a=1, single_tile=1),
+        C.UNTUNED_SMALL_M,
+        C.SCALED_MM,
+    ]
+    for terms in (1, 2):
+        for group in (0, 128):
+            out.append(C.W8A8Config(128, 128, 4, 3, terms=terms, group=group))
+    out.append(C.W8A8Config(64, 128, 2, 3, terms=1, group=0, promote=32))
+    out.append(C.W8A8Config(256, 128, 8, 3, terms=2, group=128))
     return out
 
 
-def gpu_info() -> dict[str, object]:
-    info: dict[str, object] = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-    }
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = None
-    try:
-        info["nvidia_smi"] = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit",
-                "--format=csv,noheader",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        info["nvidia_smi"] = None
-    return info
+def _run_into(choice: C.Choice, a: torch.Tensor, q, s, out: torch.Tensor) -> None:
+    """Write ``choice``'s result into ``out`` (the kernels store into it directly)."""
+    if isinstance(choice, C.W8A16Config):
+        w8a16_matmul(a, q, s, choice, out=out)
+    elif isinstance(choice, C.W8A8Config):
+        w8a8_matmul(a, q, s, choice, out=out)
+    else:
+        out.copy_(scaled_mm_head(a, q, s))
 
 
-# ----------------------------------------------------------------------------------- data
-class Problem:
-    """Rotated weight buffers (bf16 + their fp8 copies) and activations for one N."""
-
-    def __init__(self, n: int, copies: int):
-        self.n = n
-        gen = torch.Generator(device="cuda").manual_seed(1234 + n)
-        self.w = [
-            (torch.randn(n, K, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
-            for _ in range(copies)
-        ]
-        self.qs = [F.quantize_rowwise(w) for w in self.w]
-        self.gen = gen
-
-    def act(self, m: int) -> torch.Tensor:
-        return torch.randn(m, K, device="cuda", generator=self.gen).to(torch.bfloat16)
-
-
-def copies_for(n: int) -> int:
-    """Enough fp8 buffers that their total is >= 4x L2 (and at least 2)."""
-    return max(2, -(-4 * L2_BYTES // (n * K)))
-
-
-def naive_scaled_mm(a: torch.Tensor, q: torch.Tensor, s_row: torch.Tensor) -> torch.Tensor:
-    """Per-token fp8 activations in torch ops, then torch._scaled_mm rowwise (the naive path)."""
-    af = a.float()
-    sa = (af.abs().amax(dim=1, keepdim=True) / F.E4M3_MAX).clamp_min(1e-12)
-    aq = (af / sa).clamp(-F.E4M3_MAX, F.E4M3_MAX).to(torch.float8_e4m3fn)
-    return torch._scaled_mm(aq, q.t(), scale_a=sa, scale_b=s_row, out_dtype=torch.bfloat16)
-
-
-def bytes_moved(n: int, m: int, wbytes: int) -> int:
-    """Fewest bytes: weight once (+ fp32 row scales for fp8), activations once, logits once."""
-    scales = 4 * n if wbytes == 1 else 0
-    return n * K * wbytes + scales + m * K * 2 + m * n * 2
-
-
-# -------------------------------------------------------------------------------- checking
-def check_kernel(cfgs: list[F.KernelConfig]) -> list[dict[str, object]]:
-    """Poisoned outputs, ragged N, M = 1..300, against a float64 reference."""
+def run_checks(workers: int) -> list[dict[str, Any]]:
+    """Ragged N, M = 1..300, a zero weight row and a zero activation row, NaN-poisoned
+    outputs; error vs the exact product of the operands each path quantizes."""
     out = []
+    limit = C.device_smem_limit()
     gen = torch.Generator(device="cuda").manual_seed(7)
-    for n, m in [
-        (1000, 1),
-        (1000, 5),
-        (777, 17),
-        (4099, 40),
-        (2048, 80),
-        (3000, 144),
-        (1500, 300),
-        (64640, 120),
-    ]:
+    shapes = [(1000, 1), (777, 17), (4099, 40), (2048, 80), (3000, 144), (1500, 300)]
+    S.precompile([(c, min(m, 256), n) for n, m in shapes for c in check_configs()], K, workers)
+    for n, m in shapes:
         w = torch.randn(n, K, device="cuda", generator=gen) * 0.02
-        w[3] = 0.0  # a zero row
-        q, s = F.quantize_rowwise(w)
+        w[3] = 0.0
+        q, s = quantize_rowwise(w)
         a = torch.randn(m, K, device="cuda", generator=gen).to(torch.bfloat16)
-        ref = F.fp8_head_matmul_ref(a, q, s)
-        for cfg in cfgs:
-            y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-            err: float | str
+        if m > 1:
+            a[0] = 0.0  # a zero row (an all-zero single row would leave no reference norm)
+        for choice in check_configs():
+            if not C.fits(choice, min(m, 256), limit) or (choice == C.SCALED_MM and n % 16):
+                continue
+            num = C.numerics_of(choice)
+            if num.terms == 0:
+                ref = fp8_head_matmul_ref(a, q, s)
+            else:
+                ref = w8a8_ref(a, q, s, num.terms, num.group)
+            rec: dict[str, Any] = {"n": n, "m": m, "choice": C.choice_to_json(choice)}
             try:
-                F.fp8_head_matmul(a, q, s, cfg, out=y)
+                y = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                _run_into(choice, a, q, s, y)
                 torch.cuda.synchronize()
                 unwritten = int(torch.isnan(y).sum())
-                err = float((y.double() - ref).norm() / ref.norm())
-            except Exception as exc:  # report and go on: one bad config must not end a run
-                unwritten, err = -1, f"{type(exc).__name__}: {str(exc)[:200]}"
-            ok = isinstance(err, float) and unwritten == 0 and err < 4e-3
-            out.append(
-                {
-                    "n": n,
-                    "m": m,
-                    "cfg": cfg.as_dict(),
-                    "rel_err": err,
-                    "unwritten": unwritten,
-                    "ok": ok,
-                }
-            )
-            print(
-                f"check n={n} m={m} {cfg} rel_err={err} unwritten={unwritten} "
-                f"{'OK' if ok else 'FAIL'}",
-                flush=True,
-            )
+                rel = float((y.double().nan_to_num() - ref).norm() / ref.norm())
+                tol = 4e-3 if num.terms == 0 else 1.5e-2
+                rec.update(rel_err=rel, unwritten=unwritten, ok=rel < tol and unwritten == 0)
+            except Exception as exc:
+                rec.update(error=f"{type(exc).__name__}: {str(exc)[:200]}", ok=False)
+            out.append(rec)
+            print(f"check {json.dumps(rec)}", flush=True)
     return out
 
 
-# --------------------------------------------------------------------------------- tuning
-def candidate_configs(grid: str, m: int) -> list[F.KernelConfig]:
-    """Search space per M. On the H200 (experimental/fp8-head-lab-notes.md) BK=256 and
-    5 stages lost in run 1, pre-widened A wins from M >= 10 (run 2), BN=64 / 4 warps from
-    M = 48 (runs 7-8) and <= 2 warps (mma.sync) up to M = 48 (runs 10-11).
-    """
-    if grid == "mma2":  # BN < 64 per warpgroup -> mma.sync; W then reaches it by LDS.64/LDSM
-        return [
-            F.KernelConfig(bn, bk, nw, 3, pre_a=1 if m > 5 else 0, single_tile=st)
-            for bn, nw in ((32, 1), (32, 2), (32, 4), (64, 1), (64, 2), (128, 2))
-            for bk in (128, 256)
-            for st in (0, 1)
-            if not st or F.m_tiles(m, True) != F.m_tiles(m)
-        ]
-    # (BN, BK, warps, stages, pre_a, single_tile) choices
-    if grid == "coarse":
-        space = [(64, 128, 256), (128, 256), (4, 8), (3, 5), (0,), (0,)]
-    elif grid == "fine" and m <= 40:
-        space = [(64, 128), (64, 128), (4, 8), (2, 3), (1,) if m > 5 else (0, 1), (0,)]
-    elif grid == "fine":
-        space = [(128, 256), (64, 128), (4, 8), (2, 3), (1,), (0,)]
-    elif grid == "big":  # run 7 found BN=64 / 4 warps best up to M=64: try it beyond
-        space = [(64,), (64, 128), (4,), (2, 3), (1,), (0, 1)]
-    elif m <= 5:  # "final"
-        space = [(64, 128, 256), (128,), (4, 8), (3,), (0, 1), (0,)]
-    elif m <= 40:
-        space = [(64, 128, 256), (128,), (4, 8), (2, 3), (1,), (0, 1)]
-    else:
-        space = [(128, 256), (64,), (4, 8), (2, 3), (1,), (0, 1)]
-    cfgs = []
-    for bn, bk, nw, ns, pre, st in itertools.product(*space):
-        if st and F.m_tiles(m, True) == F.m_tiles(m):
-            continue
-        if m > 64 and bn == 64 and nw == 8:
-            continue
-        cfgs.append(F.KernelConfig(bn, bk, nw, ns, pre_a=pre, single_tile=st))
-    return cfgs
-
-
-def time_ours(prob: Problem, a: torch.Tensor, cfg: F.KernelConfig, reps: int) -> float:
-    calls = [lambda q=q, s=s: F.fp8_head_matmul(a, q, s, cfg) for q, s in prob.qs]
-    return graph_time_us(calls, rounds=2, reps=reps)
-
-
-def tune_one(
-    prob: Problem, m: int, cfgs: list[F.KernelConfig], deadline: float
-) -> tuple[F.KernelConfig | None, float, list[dict[str, object]]]:
-    a = prob.act(m)
-    q0, s0 = prob.qs[0]
-    ref = a.float() @ (q0.float() * s0[:, None]).t()
-    best: tuple[F.KernelConfig | None, float] = (None, float("inf"))
-    log = []
-    for cfg in cfgs:
-        if time.time() > deadline:
-            print(f"tune: budget spent at n={prob.n} m={m}", flush=True)
-            break
-        try:
-            y = F.fp8_head_matmul(a, q0, s0, cfg)
-            err = float((y.float() - ref).norm() / ref.norm())
-            if not err < 4e-3:
-                raise RuntimeError(f"wrong result rel_err={err}")
-            t = time_ours(prob, a, cfg, reps=7)
-        except Exception as exc:
-            log.append({"cfg": cfg.as_dict(), "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
-            continue
-        log.append({"cfg": cfg.as_dict(), "us": t})
-        if t < best[1]:
-            best = (cfg, t)
-    print(f"tune n={prob.n} m={m}: best {best[0]} {best[1]:.1f} us ({len(log)} tried)", flush=True)
-    return best[0], best[1], log
-
-
-def dispatch_rows(args: argparse.Namespace) -> list[dict[str, object]]:
-    """Fp8Head (what the overlay calls, shipped configs) vs bf16 at each M, tuned or not."""
-    rows = []
-    for n in args.n:
-        prob = Problem(n, copies_for(n))
-        heads = []
-        for w in prob.w:
-            h = F.Fp8Head.__new__(F.Fp8Head)  # reuse the rotated fp8 copies
-            h.weight, (h.q, h.scale) = w, prob.qs[len(heads)]
-            h.table = F.lookup_table(torch.cuda.get_device_name(), n, K)
-            h.failed = set()
-            heads.append(h)
-        for m in args.m:
+# ----------------------------------------------------------------------------------- cliff
+def run_cliff(ns: list[int], reps: int, workers: int) -> list[dict[str, Any]]:
+    """W8A16 at M = 32..48 with the M = 40 config of the earlier table, same run, variants:
+    masked (the kernel as it was), clamped (rows past M read row M-1: no load mask),
+    padded-launch (the bench appends copies of the last row up to 48 and launches 48 rows),
+    pad_m (the wrapper pads with zero rows to a multiple of 16)."""
+    base = C.W8A16Config(64, 128, 2, 3, pre_a=1)
+    variants = {
+        "masked": base,
+        "clamped": replace(base, clamp_m=1),
+        "padded-launch": base,
+        "pad_m": replace(base, pad_m=1),
+    }
+    cases = [
+        (32, "masked"), (36, "masked"), (40, "masked"), (44, "masked"), (48, "masked"),
+        (36, "clamped"), (40, "clamped"), (44, "clamped"), (48, "clamped"),
+        (40, "padded-launch"),
+        (33, "pad_m"), (36, "pad_m"), (40, "pad_m"), (44, "pad_m"), (47, "pad_m"),
+    ]  # fmt: skip
+    out = []
+    for n in ns:
+        prob = Problem(n, K)
+        launch_m = {v: (48 if v == "padded-launch" else m) for m, v in cases}
+        S.precompile([(variants[v], launch_m[v] if v == "padded-launch" else m, n)
+                      for m, v in cases], K, workers)  # fmt: skip
+        for m, variant in cases:
+            cfg = variants[variant]
             a = prob.act(m)
-            t_bf16 = graph_time_us([lambda w=w, a=a: a @ w.t() for w in prob.w], reps=args.reps)
-            t_head = graph_time_us([lambda h=h, a=a: h(a) for h in heads], reps=args.reps)
-            path = "bf16" if F.pick(heads[0].table, m) == F.BF16 else "fp8"
-            rows.append(
-                {
-                    "n": n,
-                    "m": m,
-                    "bf16_us": t_bf16,
-                    "head_us": t_head,
-                    "path": path,
-                    "speedup": t_bf16 / t_head,
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
+            if variant == "padded-launch":  # rows m..47: copies of row m-1, own memory
+                a = torch.cat([a, a[-1:].expand(48 - m, -1)]).contiguous()
+            t = graph_time_us(prob.calls(cfg, a), reps=reps)
+            t_bf16 = graph_time_us(prob.calls(C.BF16, prob.act(m)), reps=reps)
+            rec = {"n": n, "m": m, "variant": variant, "launched_rows": a.shape[0], "us": t}
+            rec.update(bf16_us=t_bf16, speedup=t_bf16 / t, cfg=cfg.as_dict())
+            out.append(rec)
+            print(f"cliff {json.dumps(rec)}", flush=True)
+        del prob
+        torch.cuda.empty_cache()
+    return out
+
+
+# -------------------------------------------------------------------------------- dispatch
+def run_dispatch(
+    ns: list[int], ms: list[int], reps: int, table_path: Path, untuned: bool, workers: int
+) -> list[dict[str, Any]]:
+    """The overlay's ``Fp8Head`` (table lookup, fallback) vs bf16 and the naive path."""
+    rows = []
+    dev = torch.cuda.get_device_name()
+    limit = C.device_smem_limit()
+    for n in ns:
+        if untuned:
+            table = dict(C.UNTUNED_TABLE)
+        else:
+            table = C.lookup_table(dev, n, K, path=table_path, smem_limit=limit)
+            if table is None:
+                print(f"dispatch: no table entry for {dev} N={n}; skipped", flush=True)
+                continue
+        S.precompile([(C.pick(table, m), m, n) for m in ms], K, workers)
+        prob = Problem(n, K)
+        heads = []
+        for w, (q, s) in zip(prob.w, prob.qs, strict=True):
+            h = Fp8Head.__new__(Fp8Head)  # reuse the rotated fp8 copies
+            h.weight, h.q, h.scale, h.table, h.failed = w, q, s, table, set()
+            heads.append(h)
+        for m in ms:
+            a = prob.act(m)
+            # bf16 before and after the head (A-B-A): clock drift between the two timings
+            # shows up as a spread, not as a speed-up
+            t_bf16_a = graph_time_us(prob.calls(C.BF16, a), reps=reps)
+            t_head = graph_time_us([lambda h=h, a=a: h(a) for h in heads], reps=reps)
+            t_bf16_b = graph_time_us(prob.calls(C.BF16, a), reps=reps)
+            t_bf16 = (t_bf16_a + t_bf16_b) / 2
+            try:
+                t_naive = graph_time_us(prob.calls(C.SCALED_MM, a), reps=reps)
+            except Exception as exc:
+                print(f"naive scaled_mm failed n={n} m={m}: {exc}", flush=True)
+                t_naive = None
+            choice = C.pick(table, m)
+            rec = {
+                "n": n,
+                "m": m,
+                "bf16_us": t_bf16,
+                "bf16_before_after_us": [t_bf16_a, t_bf16_b],
+                "head_us": t_head,
+                "naive_us": t_naive,
+                "path": choice if isinstance(choice, str) else C.family(choice),
+                "choice": C.choice_to_json(choice),
+                "speedup": t_bf16 / t_head,
+                "naive_speedup": t_bf16 / t_naive if t_naive else None,
+                "failed": sorted(heads[0].failed),
+            }
+            rows.append(rec)
+            print(f"dispatch {json.dumps(rec)}", flush=True)
         del prob, heads
         torch.cuda.empty_cache()
     return rows
 
 
-# ------------------------------------------------------------------------------------ main
+def fp8_bytes(n: int, m: int) -> int:
+    """Fewest bytes of an fp8 path: weights once + row scales + activations + logits."""
+    return n * K + 4 * n + m * K * 2 + m * n * 2
+
+
+def print_dispatch(rows: list[dict[str, Any]], ceiling: float, title: str) -> None:
+    print(f"\n{title} (copy ceiling {ceiling:.0f} GB/s)")
+    print("     N |   M |  bf16 us | naive us |  head us | % ceil | path        | head x | naive x")
+    for r in rows:
+        pct = 100 * fp8_bytes(r["n"], r["m"]) / r["head_us"] / 1e3 / ceiling
+        naive = "—" if r["naive_us"] is None else f"{r['naive_us']:8.1f}"
+        nx = "—" if r["naive_speedup"] is None else f"{r['naive_speedup']:.2f}"
+        print(
+            f"{r['n']:>6} | {r['m']:>3} | {r['bf16_us']:8.1f} | {naive:>8} | {r['head_us']:8.1f}"
+            f" | {pct:6.1f} | {r['path']:<11} | {r['speedup']:6.2f} | {nx:>7}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
-    info = gpu_info()
+    info = T.env_info()
     print(json.dumps(info), flush=True)
-    result: dict[str, object] = {
-        "schema_version": 1,
+    result: dict[str, Any] = {
+        "schema_version": 2,
         "gpu": info,
         "k": K,
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(sys.argv),
     }
-    if args.dispatch:
-        rows = dispatch_rows(args)
-        result["dispatch_rows"] = rows
+
+    def save() -> None:
         if args.json:
             args.json.write_text(json.dumps(result, indent=1))
-        print(f"\n{'N':>7} | {'M':>4} | {'bf16 us':>8} | {'head us':>8} | {'path':>5} | x")
-        for r in rows:
-            print(
-                f"{r['n']:>7} | {r['m']:>4} | {r['bf16_us']:8.1f} | {r['head_us']:8.1f} | "
-                f"{r['path']:>5} | {r['speedup']:.2f}"
-            )
-        return 0
-    if args.check:
-        result["checks"] = check_kernel(
-            [
-                F.KernelConfig(128, 128, 4, 3),
-                F.KernelConfig(64, 128, 4, 3, pre_a=1),
-                F.KernelConfig(64, 256, 2, 3),
-                F.KernelConfig(128, 128, 2, 3, pre_a=1, single_tile=1),
-                F.KernelConfig(32, 256, 1, 3, pre_a=1),
-                F.UNTUNED_SMALL_M,
-            ]
-        )
-    copy = copy_ceiling_gbs()
-    ceiling = copy["ceiling"]
+
+    ceiling = copy_ceiling_gbs()
     result["copy_ceiling_gbs"] = ceiling
-    result["copy_kernels_gbs"] = copy
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
-
-    table_out: dict[str, dict[str, object]] = {}
-    rows = []
-    tune_logs: dict[str, object] = {}
-    deadline = time.time() + args.tune_budget_s + 120.0
-    dev = torch.cuda.get_device_name()
-    top_by_m: dict[int, list[F.KernelConfig]] = {}
-    seeds: dict[tuple[int, int], F.KernelConfig] = {}
-    for path in args.seed_json:
-        for row in json.loads(path.read_text()).get("rows", []):
-            if not row.get("cfg"):
-                continue
-            try:
-                seeds[(row["n"], row["m"])] = F.KernelConfig.from_dict(row["cfg"])
-            except ValueError as exc:  # a variant an older version had: skip it, say so
-                print(f"seed {path} n={row['n']} m={row['m']} skipped: {exc}", flush=True)
-    for n in args.n:
-        prob = Problem(n, copies_for(n))
-        w_calls_src = prob.w
-        existing = F.lookup_table(dev, n, K) or {}
-        entry: dict[str, object] = {}
-        for m in args.m:
-            a = prob.act(m)
-            t_bf16 = graph_time_us(
-                [lambda w=w, a=a: a @ w.t() for w in w_calls_src], reps=args.reps
+    if args.check:
+        result["checks"] = run_checks(args.workers)
+        save()
+    if args.cliff:
+        result["cliff"] = run_cliff(args.n, args.dispatch_reps, args.workers)
+        save()
+    if args.tune:
+        t0 = time.time()
+        acc = T.accuracy(args.n[0], K, args.eval_rows) if args.eval_rows else {}
+        result["accuracy"] = acc
+        eligible = {f for f, r in acc.items() if r["eligible"]} or {"w8a16"}
+        print(f"accuracy {json.dumps(acc)}\neligible {sorted(eligible)}", flush=True)
+        save()
+        limit = info["smem_per_block_optin"]
+        deadline = time.time() + args.budget_s
+        entries, rows = {}, []
+        for n in args.n:
+            entry, r, _ = T.tune_shape(
+                n,
+                K,
+                args.m,
+                args.grid,
+                eligible,
+                limit,
+                args.reps,
+                deadline,
+                args.workers,
+                None,  # every shape gets the full search (the shard is what deploys)
+                args.explore,
+                args.w8a8_grid or "",
             )
-            try:
-                t_naive = graph_time_us(
-                    [
-                        lambda q=q, s=s, a=a: naive_scaled_mm(a, q, s.view(1, -1))
-                        for q, s in prob.qs
-                    ],
-                    reps=args.reps,
-                )
-            except Exception as exc:
-                print(f"scaled_mm failed n={n} m={m}: {exc}", flush=True)
-                t_naive = None
-            if args.tune:
-                if m in top_by_m:  # a later N: re-time the first N's best few
-                    cands = top_by_m[m]
-                else:
-                    cands = candidate_configs(args.grid, m)
-                if (n, m) in seeds and seeds[(n, m)] not in cands:
-                    cands = [seeds[(n, m)], *cands]
-                share = args.tune_budget_s / len(args.m) if m not in top_by_m else 30.0
-                cfg, _, log = tune_one(prob, m, cands, min(deadline, time.time() + share))
-                tune_logs[f"{n}x{m}"] = log
-                ranked = sorted((x for x in log if "us" in x), key=lambda x: x["us"])
-                top_by_m.setdefault(
-                    m, [F.KernelConfig.from_dict(x["cfg"]) for x in ranked[: args.transfer_top]]
-                )
-            else:
-                choice = F.pick(existing, m) if existing else F.KernelConfig()
-                if isinstance(choice, F.KernelConfig):
-                    cfg = choice
-                else:  # table says bf16: time the best kernel config we know anyway
-                    cfg = seeds.get((n, m), F.KernelConfig())
-            t_ours = t_ours2 = None
-            if cfg is not None:
-                t_ours = time_ours(prob, a, cfg, args.reps)
-                t_ours2 = time_ours(prob, a, cfg, args.reps)
-            ours_best = min(t for t in (t_ours, t_ours2) if t is not None) if t_ours else None
-            use_bf16 = ours_best is None or ours_best > t_bf16 * 0.98
-            entry[str(m)] = F.BF16 if use_bf16 else cfg.as_dict()
-            t_disp = t_bf16 if use_bf16 else ours_best
-            b8, b16 = bytes_moved(n, m, 1), bytes_moved(n, m, 2)
-            row = {
-                "n": n,
-                "m": m,
-                "bf16_us": t_bf16,
-                "naive_fp8_us": t_naive,
-                "ours_us": t_ours,
-                "ours_repeat_us": t_ours2,
-                "dispatch_us": t_disp,
-                "dispatch": "bf16" if use_bf16 else "fp8",
-                "cfg": cfg.as_dict() if cfg else None,
-                "bf16_gbs": b16 / t_bf16 / 1e3,
-                "ours_gbs": b8 / t_ours / 1e3 if t_ours else None,
-                "ours_pct_copy_ceiling": 100 * b8 / t_ours / 1e3 / ceiling if t_ours else None,
-                "speedup_ours": t_bf16 / t_ours if t_ours else None,
-                "speedup_naive": t_bf16 / t_naive if t_naive else None,
-                "speedup_dispatch": t_bf16 / t_disp,
-                "ours_tflops": 2 * m * n * K / t_ours / 1e6 if t_ours else None,
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        table_out[F.config_key(dev, n, K)] = entry
-        del prob
-        torch.cuda.empty_cache()
-    result["rows"] = rows
-    result["table"] = table_out
-    if tune_logs:
-        result["tune_logs"] = tune_logs
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-    if args.configs_out:
-        data = {
-            "schema_version": 1,
-            "note": "written by bench/kernels/bench_fp8_head.py --tune; 'bf16' = cuBLAS is faster",
-            "entries": table_out,
-        }
-        if args.configs_out.exists():  # merge per (key, M): keep Ms not measured this run
-            old = json.loads(args.configs_out.read_text()).get("entries", {})
-            for key, entry in table_out.items():
-                old.setdefault(key, {}).update(entry)
-                old[key] = dict(sorted(old[key].items(), key=lambda kv: int(kv[0])))
-            data["entries"] = old
-        args.configs_out.write_text(json.dumps(data, indent=1))
-    print_table(rows, ceiling, info)
-    return 0
-
-
-def print_table(rows: list[dict[str, object]], ceiling: float, info: dict[str, object]) -> None:
-    print(f"\n{info['device']} | torch {info['torch']} | copy ceiling {ceiling:.0f} GB/s")
-    hdr = (
-        "N",
-        "M",
-        "bf16 us",
-        "naive us",
-        "ours us",
-        "(rep)",
-        "ours GB/s",
-        "%ceil",
-        "x ours",
-        "x naive",
-        "dispatch",
-        "x disp",
-    )
-    print(" | ".join(f"{h:>9}" for h in hdr))
-
-    def f(v: object, fmt: str) -> str:
-        return "—" if v is None else format(v, fmt)
-
-    for r in rows:
-        print(
-            " | ".join(
-                f"{c:>9}"
-                for c in (
-                    r["n"],
-                    r["m"],
-                    f(r["bf16_us"], ".1f"),
-                    f(r["naive_fp8_us"], ".1f"),
-                    f(r["ours_us"], ".1f"),
-                    f(r["ours_repeat_us"], ".1f"),
-                    f(r["ours_gbs"], ".0f"),
-                    f(r["ours_pct_copy_ceiling"], ".1f"),
-                    f(r["speedup_ours"], ".2f"),
-                    f(r["speedup_naive"], ".2f"),
-                    r["dispatch"],
-                    f(r["speedup_dispatch"], ".2f"),
-                )
-            )
+            entries[C.config_key(info["device"], n, K)] = entry
+            rows += r
+            result["tune_rows"] = rows
+            save()
+        meta = {k: {**info, "accuracy": acc, "command": result["command"]} for k in entries}
+        C.merge_into_file(args.configs_out, entries, meta)
+        result["table"] = entries
+        result["tune_seconds"] = time.time() - t0
+        result["cliffs"] = T.cliffs(rows)
+        save()
+    if args.dispatch:
+        result["dispatch_rows"] = run_dispatch(
+            args.n, args.dispatch_m, args.dispatch_reps, args.configs_out, False, args.workers
         )
+        save()
+    if args.untuned:
+        result["untuned_rows"] = run_dispatch(
+            args.n, args.dispatch_m, args.dispatch_reps, args.configs_out, True, args.workers
+        )
+        save()
+    for r in result.get("cliff", []):
+        print(
+            f"cliff N={r['n']} M={r['m']} {r['variant']} rows={r['launched_rows']}: "
+            f"{r['us']:.1f} us, bf16 {r['bf16_us']:.1f}, {r['speedup']:.2f}x"
+        )
+    for line in result.get("cliffs", []):
+        print(f"tuned speed-up drop > 10%: {line}")
+    if "dispatch_rows" in result:
+        print_dispatch(result["dispatch_rows"], ceiling, f"{info['device']}: overlay head, tuned")
+    if "untuned_rows" in result:
+        print_dispatch(result["untuned_rows"], ceiling, f"{info['device']}: untuned default")
+    return 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Why: vLLM 0.33's DSpark speculator (``v1/worker/gpu/spec_decode/dspark/speculato
 draft step on ``num_reqs * num_speculative_tokens`` rows (5 for one stream, 120 at
 ``--max-num-seqs 24``; ``num_reqs`` is the CUDA-graph-padded batch). That GEMM streams the
 whole bf16 lm_head shard (64640 x 4096 = 530 MB at TP=2) and is bandwidth-bound; an e4m3
-copy with per-row scales halves the bytes (``fp8_head.py`` has the kernel and numerics).
+copy with per-row scales halves the bytes (the ``fp8_head`` package has the kernels, the
+numerics and the per-M choice of GEMM).
 
 What changes: only ``DSparkDeepseekV4ForCausalLM.compute_draft_logits``. It still goes
 through the model's own ``LogitsProcessor`` (TP gather, vocab trim, soft-cap, scale) but

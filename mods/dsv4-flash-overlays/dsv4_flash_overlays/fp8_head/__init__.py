@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: MIT
+"""fp8 DSpark draft head: an e4m3 copy of the lm_head shard and the GEMMs that use it.
+
+Why this exists: the DSpark draft computes full-vocabulary logits every step through the
+bf16 lm_head shard (64640 x 4096 at TP=2). With M = 5 * num_reqs rows that GEMM streams
+the weight; an fp8 copy halves the bytes. Modules:
+
+* ``quant``: quantizers, exact torch emulations and the per-path error bounds;
+* ``w8a16``: Triton kernel, fp8 weights x bf16 activations (fp16 MMA);
+* ``w8a8``: Triton kernel, fp8 weights x activations quantized in the kernel (fp8 MMA);
+* ``configs``: kernel configs, their shared-memory need, the tuned table;
+* ``dispatch``: ``Fp8Head``, which picks per M among W8A16, W8A8, ``torch._scaled_mm``
+  and bf16 cuBLAS from the tuned table;
+* ``tune``: the operator command that measures all of them on this GPU and writes the table
+  (``python -m dsv4_flash_overlays.fp8_head.tune``); ``evalset`` its accuracy check.
+"""
+
+from __future__ import annotations
+
+from .configs import (
+    BF16,
+    CONFIG_PATH,
+    MAX_M_PER_LAUNCH,
+    SCALED_MM,
+    UNTUNED_SMALL_M,
+    UNTUNED_TABLE,
+    KernelConfig,
+    W8A8Config,
+    W8A16Config,
+    config_key,
+    lookup_table,
+    m_tiles,
+    pick,
+    smem_need,
+)
+from .dispatch import Fp8Head, scaled_mm_head
+from .quant import (
+    E4M3_MAX,
+    ActNumerics,
+    ErrorBound,
+    dequantize_rowwise,
+    e4m3_ulp,
+    emulate_kernel,
+    emulate_w8a8,
+    fp8_head_matmul_ref,
+    quantize_act,
+    quantize_rowwise,
+    w8a8_ref,
+)
+from .w8a8 import w8a8_matmul
+from .w8a16 import HAVE_TRITON, w8a16_matmul
+
+fp8_head_matmul = w8a16_matmul  # the name earlier versions used
+
+__all__ = [
+    "BF16",
+    "CONFIG_PATH",
+    "E4M3_MAX",
+    "HAVE_TRITON",
+    "MAX_M_PER_LAUNCH",
+    "SCALED_MM",
+    "UNTUNED_SMALL_M",
+    "UNTUNED_TABLE",
+    "ActNumerics",
+    "ErrorBound",
+    "Fp8Head",
+    "KernelConfig",
+    "W8A16Config",
+    "W8A8Config",
+    "config_key",
+    "dequantize_rowwise",
+    "e4m3_ulp",
+    "emulate_kernel",
+    "emulate_w8a8",
+    "fp8_head_matmul",
+    "fp8_head_matmul_ref",
+    "lookup_table",
+    "m_tiles",
+    "pick",
+    "quantize_act",
+    "quantize_rowwise",
+    "scaled_mm_head",
+    "smem_need",
+    "w8a16_matmul",
+    "w8a8_matmul",
+    "w8a8_ref",
+]

@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: MIT
+"""The tuner's search space and its parallel compile step.
+
+Candidates per M: W8A16 configs, and those of the eligible W8A8 accuracy families, each
+shrunk (fewer stages, shorter K step) until its shared-memory need fits the GPU; they are
+compiled in spawned worker processes into Triton's on-disk cache, so that the timing loop
+in the parent only loads binaries.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from .configs import (
+    GROUP_K,
+    SCALED_MM,
+    UNTUNED_SMALL_M,
+    Choice,
+    W8A8Config,
+    W8A16Config,
+    choice_to_json,
+    family,
+    fits,
+    parse_choice,
+)
+
+
+# ------------------------------------------------------------------------------ candidates
+def family_representatives() -> dict[str, Choice]:
+    """One small config per accuracy family (fits 64 KB of shared memory at M <= 64)."""
+    reps: dict[str, Choice] = {"w8a16": UNTUNED_SMALL_M}
+    for terms in (1, 2):
+        for group in (0, GROUP_K):
+            c = W8A8Config(bn=64, bk=128, num_warps=4, num_stages=2, terms=terms, group=group)
+            reps[family(c)] = c
+    reps[SCALED_MM] = SCALED_MM
+    return reps
+
+
+def w8a16_grid(m: int, grid: str) -> list[W8A16Config]:
+    """Search space per M (H200 runs in experimental/fp8-head-lab-notes.md: mma.sync with
+    <= 2 warps wins up to M ~ 48, BN = 64 with 4 warps above; M padded to a multiple of 16
+    avoids the slow launches at other M)."""
+    if m <= 16:
+        shapes = [(128, 2), (64, 2), (64, 1), (32, 1)]
+        bks, pres, stages = (256, 128), (0, 1), (3,)
+    elif m <= 64:
+        shapes = [(64, 2), (128, 2), (64, 4), (32, 2)]
+        bks, pres, stages = (128, 256), (1,), (3, 4)
+    else:
+        shapes = [(64, 4), (128, 4), (64, 2), (128, 8)]
+        bks, pres, stages = (128,), (1,), (3, 4)
+    # a tuned entry also serves the M below it: at a multiple of 16 padding is free there
+    # and keeps the M in between off the slow launches; elsewhere both are timed
+    pads = (0, 1) if m % 16 else (1,)
+    if grid == "quick":
+        shapes, bks, stages = shapes[:2], bks[:1], stages[:1]
+    return [
+        W8A16Config(bn, bk, nw, ns, pre_a=pre, pad_m=pad)
+        for bn, nw in shapes
+        for bk in bks
+        for pre in pres
+        for ns in stages
+        for pad in pads
+    ]
+
+
+def w8a8_grid(m: int, grid: str, terms: int, group: int) -> list[W8A8Config]:
+    """W8A8 search space: the weight tile straight from shared memory to the MMA, so larger
+    BN (fewer programs, fewer re-reads and re-quantizations of the activations) can pay."""
+    if m < 16:  # W8A16 already streams the weights at the copy ceiling there
+        return []
+    shapes = [(128, 4), (128, 8), (256, 8), (64, 4), (64, 2)]
+    stages = (3, 4)
+    if grid == "quick":
+        shapes, stages = shapes[:3], (3,)
+    return [
+        W8A8Config(bn, 128, nw, ns, terms=terms, group=group) for bn, nw in shapes for ns in stages
+    ]
+
+
+def candidates(
+    m: int, grid: str, eligible: set[str], limit: int, n: int = 16, w8a8_grid_name: str = ""
+) -> list[Choice]:
+    """Every config worth timing at ``m`` on a GPU with ``limit`` bytes of shared memory
+    (``torch._scaled_mm`` needs N % 16 == 0)."""
+    out: list[Choice] = list(w8a16_grid(m, grid))
+    for terms in (1, 2):
+        for group in (0, GROUP_K):
+            rep = W8A8Config(terms=terms, group=group)
+            if family(rep) in eligible:
+                out += w8a8_grid(m, w8a8_grid_name or grid, terms, group)
+    if SCALED_MM in eligible and n % 16 == 0:
+        out.append(SCALED_MM)
+    return list(dict.fromkeys(c for c in (shrink_to_fit(c, m, limit) for c in out) if c))
+
+
+def shrink_to_fit(c: Choice, m: int, limit: int) -> Choice | None:
+    """``c``, or the same config with fewer stages / a shorter K step that fits ``limit``
+    bytes of shared memory at ``m`` (GB10: 99 KB), or None."""
+    while not fits(c, m, limit):
+        if c.num_stages > 2:
+            c = replace(c, num_stages=c.num_stages - 1)
+        elif c.bk > 64 and not getattr(c, "group", 0):
+            c = replace(c, bk=c.bk // 2)
+        else:
+            return None
+    return c
+
+
+# ------------------------------------------------------------------------- parallel compile
+def _compile_one(task: tuple[Any, int, int, int]) -> dict[str, Any]:
+    """Worker: compile one (config, M, N) for this GPU into Triton's cache; its resources."""
+    obj, m, n, k = task
+    choice = parse_choice(obj)
+    try:
+        from .w8a8 import w8a8_matmul
+        from .w8a16 import w8a16_matmul
+
+        a = torch.empty((m, k), dtype=torch.bfloat16, device="cuda")
+        q = torch.empty((n, k), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+        s = torch.empty(n, dtype=torch.float32, device="cuda")
+        fn = w8a16_matmul if isinstance(choice, W8A16Config) else w8a8_matmul
+        kern = fn(a, q, s, choice, compile_only=True)
+        res = {"shared": int(kern.metadata.shared)}
+        try:  # registers and spills are known once the binary is loaded
+            kern._init_handles()
+            res.update(regs=int(kern.n_regs), spills=int(kern.n_spills))
+        except Exception:
+            pass
+        return res
+    except Exception as exc:  # reported, and the config is skipped
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def precompile(tasks: list[tuple[Choice, int, int]], k: int, workers: int) -> dict:
+    """Compile every kernel (config, M, N) in parallel worker processes (Triton's on-disk
+    cache makes the later launches here cheap); {(choice, m, n): resources or error}."""
+    kernels = list(dict.fromkeys((c, m, n) for c, m, n in tasks if not isinstance(c, str)))
+    if workers <= 0 or not kernels:
+        return {}
+    t0 = time.time()
+    ctx = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            jobs = [(choice_to_json(c), m, n, k) for c, m, n in kernels]
+            res = dict(zip(kernels, pool.map(_compile_one, jobs), strict=True))
+    except Exception as exc:  # a broken pool only costs time: compile on first use instead
+        print(f"parallel compile failed ({type(exc).__name__}: {exc}); compiling serially")
+        return {}
+    errs = sum("error" in r for r in res.values())
+    print(f"compiled {len(res)} kernels in {time.time() - t0:.0f} s ({errs} failed)", flush=True)
+    return res

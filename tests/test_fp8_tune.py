@@ -1,0 +1,123 @@
+"""The fp8 tuner's rules (CPU): accuracy eligibility, the choice per M, search space, CLI.
+
+The measurements these rules ran on are recorded in bench/results/fp8_head/ (H200).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from dsv4_flash_overlays.fp8_head import configs as C
+from dsv4_flash_overlays.fp8_head import search, tune
+
+from tests.conftest import REPO
+
+RESULTS = REPO / "bench" / "results" / "fp8_head"
+
+
+def test_w8a8_is_eligible_only_within_a_tenth_of_a_point_of_w8a16():
+    acc = {
+        "w8a16": {"agreement": 0.9800},
+        "w8a8-t2-row": {"agreement": 0.9791},  # 0.09 pp below: eligible
+        "w8a8-t1-row": {"agreement": 0.9789},  # 0.11 pp below: not
+        "w8a8-t2-g128": {"agreement": 0.9900},  # better than W8A16: eligible
+        "scaled_mm": {"error": "RuntimeError: no rowwise scaling on this GPU"},
+    }
+    assert tune.eligibility(acc) == {
+        "w8a16": True,
+        "w8a8-t2-row": True,
+        "w8a8-t1-row": False,
+        "w8a8-t2-g128": True,
+        "scaled_mm": False,
+    }
+    assert not any(
+        tune.eligibility({"w8a16": {"error": "x"}, "w8a8-t2-row": acc["w8a8-t2-row"]}).values()
+    )
+
+
+def test_recorded_h200_accuracy_follows_the_rule():
+    run = json.loads((RESULTS / "fp8_head_run15_bench.json").read_text())
+    acc = run["accuracy"]
+    assert {f: r["eligible"] for f, r in acc.items()} == tune.eligibility(acc)
+    assert acc["w8a8-t2-row"]["eligible"] and not acc["w8a8-t1-row"]["eligible"]
+
+
+def _t(fam: str, us: float, choice: object = None) -> dict:
+    c = choice or (C.W8A16Config(64) if fam == "w8a16" else C.W8A8Config(terms=2))
+    return {"family": fam, "us": us, "choice": C.choice_to_json(c)}
+
+
+def test_choice_is_the_fastest_eligible_path_with_a_margin_over_bf16():
+    timings = [_t("w8a16", 80.0), _t("w8a8-t1-row", 60.0), _t("w8a8-t2-row", 85.0)]
+    timings.append({"family": "w8a16", "error": "OutOfResources"})
+    eligible = {"w8a16", "w8a8-t2-row"}
+    choice, t = tune.choose(100.0, timings, eligible)
+    assert choice == C.W8A16Config(64) and t == 80.0  # t1 is faster but not eligible
+    assert tune.choose(100.0, timings, eligible, repeat=78.0)[1] == 78.0
+    assert tune.choose(90.0, timings, eligible) == (C.BF16, 90.0)  # 80 is not 13% below 90
+    assert tune.choose(100.0, [], eligible) == (C.BF16, 100.0)
+    assert tune.choose(100.0, timings, {"w8a8-t1-row", "w8a16"})[0] == C.W8A8Config(terms=2)
+
+
+def test_search_space_follows_eligibility_shape_and_m():
+    fams = {"w8a16"}
+    assert {
+        C.family(c) for c in search.candidates(40, "full", fams, C.SMEM_LIMIT_BY_SM[(9, 0)])
+    } == fams
+    fams = set(search.family_representatives())
+    at40 = search.candidates(40, "full", fams, C.SMEM_LIMIT_BY_SM[(9, 0)], n=64640)
+    assert {C.family(c) for c in at40} == fams
+    assert C.SCALED_MM not in search.candidates(40, "full", fams, 232448, n=64641)  # N % 16
+    assert not any(isinstance(c, C.W8A8Config) for c in search.candidates(5, "full", fams, 232448))
+    w16 = [c for c in at40 if isinstance(c, C.W8A16Config)]
+    assert {c.pad_m for c in w16} == {0, 1}
+    w16_48 = [
+        c for c in search.candidates(48, "full", fams, 232448) if isinstance(c, C.W8A16Config)
+    ]
+    assert {c.pad_m for c in w16_48} == {1}  # an entry at a multiple of 16 serves the M below it
+    assert len(search.candidates(40, "quick", fams, 232448)) < len(at40)
+
+
+def test_cliffs_flag_drops_over_ten_percent_between_tuned_m():
+    rows = [
+        {"n": 1, "m": 32, "speedup": 1.90},
+        {"n": 1, "m": 40, "speedup": 1.75},
+        {"n": 1, "m": 48, "speedup": 1.50},
+        {"n": 2, "m": 1, "speedup": 1.0},
+    ]
+    assert tune.cliffs(rows) == ["N=1: M 40 -> 48: 1.75x -> 1.50x"]
+
+
+def test_top_candidates_keep_the_best_per_family():
+    row = {"m": 40, "timings": [_t("w8a16", 90), _t("w8a16", 80), _t("w8a16", 85)]}
+    row["timings"].append(_t("w8a8-t2-row", 120))
+    top = tune.top_candidates([row], per_family=1)
+    assert top == {40: [C.W8A16Config(64), C.W8A8Config(terms=2)]}
+
+
+def test_cli_validates_and_needs_a_gpu(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--m", "0"])
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--k", "100"])
+    assert tune.parse_args([]).n == [64640]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert tune.main([]) == 2
+    assert "--gpus all" in capsys.readouterr().err
+
+
+def test_recorded_dispatch_never_picked_a_path_slower_than_bf16():
+    """The final H200 run: every M from 1 to 160 timed through the overlay's head."""
+    run = json.loads((RESULTS / "fp8_head_run15_bench.json").read_text())
+    rows = run["dispatch_rows"]
+    for n in (129280, 64640):
+        ms = sorted(r["m"] for r in rows if r["n"] == n)
+        assert ms[0] == 1 and ms[-1] == 160 and len(ms) >= 25
+    for r in rows:
+        if r["path"] != "bf16":  # the fp8 paths chosen are faster than bf16 ...
+            assert r["speedup"] > 1.0, r
+        else:  # ... and the fallback is the same cuBLAS call (A-B-A spread only)
+            lo, hi = sorted(r["bf16_before_after_us"])
+            assert r["head_us"] > 0.95 * lo and r["head_us"] < 1.05 * hi, r

@@ -72,10 +72,22 @@ def assert_retried_by_conservation(point: dict) -> None:
     assert point["conservation"]["clean"] is True
 
 
+def assert_untouched(rec: dict, recs: dict[str, dict]) -> None:
+    """Our reported request shared the server with no foreign request, by the server's records,
+    and the client's TTFT of it is the server's (2% + 2 ms, or 6 ms: the twin's own Python
+    thread writes late on a loaded box; a foreign prefill step would add 10 ms here)."""
+    for f in recs.values():
+        if f["foreign"]:
+            assert f["finish_ns"] < rec["received_ns"] or f["received_ns"] > rec["finish_ns"], (
+                f,
+                rec,
+            )
+
+
 def assert_ttft_is_the_servers(m: dict, rec: dict) -> None:
-    """The client's TTFT of our clean request vs the server's own record (2% + 2 ms)."""
     server = server_ttft_ms(rec)
-    assert -0.1 < m["ttft_ms"] - server <= 2.0 + 0.02 * server, (m["ttft_ms"], server)
+    slack = max(2.0 + 0.02 * server, 6.0)
+    assert -0.1 < m["ttft_ms"] - server <= slack, (m["ttft_ms"], server)
 
 
 # ---- the guard itself, every moment, with and without per-request acceptance ----------------
@@ -117,6 +129,7 @@ def test_guard_catches_foreign_requests_sampling_cannot_see(moment, which, reque
     assert foreign, "the injection did not happen"
     rec = recs[gp.result.request_id]
     m = request_metrics(gp.result)
+    assert_untouched(rec, recs)
     assert_ttft_is_the_servers(m, rec)
     if max_tokens > 4:
         # acceptance is exactly our own request's: nothing foreign in the deltas
@@ -140,7 +153,9 @@ def test_bench_ctx_retries_a_depth_polluted_inside_its_grace_period(twin, tmp_pa
     assert_retried_by_conservation(pt)
     base = next(p for p in doc["points"] if p.get("role") == "baseline")
     assert base["retries"] == 0
-    rec = twin.records()[pt["metrics"]["request_id"]]
+    recs = twin.records()
+    rec = recs[pt["metrics"]["request_id"]]
+    assert_untouched(rec, recs)
     assert_ttft_is_the_servers(pt["metrics"], rec)
     assert pt["metrics"]["mean_accept_len"] == pytest.approx(record_accept_len([rec]), abs=1e-12)
     server_rate = (rec["completion_tokens"] - 1) / (
@@ -164,6 +179,7 @@ def test_bench_conc_retries_a_level_polluted_between_two_samples(twin, tmp_path,
     ours = [recs[m["request_id"]] for m in pt["metrics"]["requests"]]
     assert pt["metrics"]["mean_accept_len"] == pytest.approx(record_accept_len(ours), abs=1e-12)
     for m, rec in zip(pt["metrics"]["requests"], ours, strict=True):
+        assert_untouched(rec, recs)
         assert_ttft_is_the_servers(m, rec)
 
 
@@ -178,7 +194,9 @@ def test_bench_interfere_retries_a_solo_phase_polluted_inside_its_grace(
     doc = json.loads(out.read_text())
     solo = next(p for p in doc["points"] if p["phase"] == "solo")
     assert_retried_by_conservation(solo)
-    rec = twin.records()[solo["metrics"]["decode"]["request_id"]]
+    recs = twin.records()
+    rec = recs[solo["metrics"]["decode"]["request_id"]]
+    assert_untouched(rec, recs)
     rate = (rec["completion_tokens"] - 1) / ((rec["finish_ns"] - rec["first_token_ns"]) / 1e9)
     assert solo["metrics"]["decode_tok_s"] == pytest.approx(rate, rel=0.02)
     under = next(p for p in doc["points"] if p["phase"] == "under_prefill")
@@ -198,6 +216,7 @@ def test_chat_turn_polluted_just_before_it_is_retried(twin, tmp_path, monkeypatc
     assert_retried_by_conservation(turn0)
     assert "requests finished 2 > ours 1" in turn0["attempts"][0]["reason"]
     recs = twin.records()
+    assert_untouched(recs[turn0["metrics"]["request_id"]], recs)
     assert_ttft_is_the_servers(turn0["metrics"], recs[turn0["metrics"]["request_id"]])
     # the discarded attempt really was slowed: the foreign prefill went first
     foreign = max((r for r in recs.values() if r["foreign"]), key=lambda r: r["received_ns"])

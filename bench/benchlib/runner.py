@@ -190,8 +190,11 @@ class Bench:
 
     def finish(self, summary: dict[str, Any]) -> int:
         """Write the JSON and return the exit code the recorded points add up to."""
-        for line in self.results.conservation_lines() if self.guard.enabled else []:
-            print(line)
+        if self.guard.enabled:
+            for line in self.results.conservation_lines():
+                print(line)
+        else:
+            print("guard disabled (--no-guard): no sampling, no token conservation checked this")
         banner = self.identity.banner() if self.identity is not None else None
         if banner:
             print(banner)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sim.twin import HEADER, OWNED_BY, params, shapes
-from sim.twin.engine import Engine, Request
+from sim.twin.engine import Engine
+from sim.twin.generation import Generation, merge_logprobs
 from sim.twin.injector import ForeignSpec, Injector
 from sim.twin.metrics import Metrics
 from sim.twin.requests_in import BadRequest, Builder
@@ -251,23 +251,21 @@ class Handler(BaseHTTPRequestHandler):
         # n > 1: one engine request per choice (vLLM's ParentRequest children, ids "i_rid").
         ids = [rid] if p.n == 1 else [f"{i}_{rid}" for i in range(p.n)]
         reqs = [srv.builder.build(prompt, p, received_ns, cid, i) for i, cid in enumerate(ids)]
-        merged: queue.Queue = queue.Queue()
-        for i, r in enumerate(reqs):
-            r.events = _Tagged(merged, i)
+        shape = shapes.Shape(rid, model, chat, int(time.time()))
+        gen = Generation(reqs, p, shape, srv.engine, srv.injector, srv.spec_metrics)
         for r in reqs:
             srv.engine.submit(r)
-        gen = _Generation(reqs, merged, p, shapes.Shape(rid, model, chat, int(time.time())))
         if p.stream:
             self._stream(gen)
         else:
             self._collect(gen)
 
-    def _collect(self, gen: _Generation) -> None:
+    def _collect(self, gen: Generation) -> None:
         n = len(gen.reqs)
         text: list[list[str]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
         lps: list[list[dict[str, Any]]] = [[] for _ in range(n)]
-        for i, ev in gen.events(self.server):
+        for i, ev in gen.events():
             if ev[0] == "tokens":
                 text[i].append(ev[1])
                 if gen.p.logprobs is not None:
@@ -278,13 +276,12 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(500, _error(ev[1], 500, "InternalServerError"))
                 return
         choices = [
-            ("".join(text[i]), reasons[i], _merge_logprobs(lps[i], gen.shape.chat))
-            for i in range(n)
+            ("".join(text[i]), reasons[i], merge_logprobs(lps[i], gen.shape.chat)) for i in range(n)
         ]
-        body = gen.shape.full(choices, gen.usage(), gen.metrics(self.server))
+        body = gen.shape.full(choices, gen.usage(), gen.metrics())
         self._json(200, body, headers={"X-Request-Id": gen.rid})
 
-    def _stream(self, gen: _Generation) -> None:
+    def _stream(self, gen: Generation) -> None:
         shape = gen.shape
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -299,7 +296,7 @@ class Handler(BaseHTTPRequestHandler):
                     self._sse(
                         gen.with_usage(shape.chunk({"role": "assistant", "content": ""}, None, i))
                     )
-            for i, ev in gen.events(self.server):
+            for i, ev in gen.events():
                 if ev[0] == "tokens":
                     if ev[1] or not shape.chat:
                         lp = gen.logprobs(i, ev) if gen.p.logprobs is not None else None
@@ -313,97 +310,13 @@ class Handler(BaseHTTPRequestHandler):
                     self._sse(_error(ev[1], 500, "InternalServerError"))
                     break
             if gen.p.include_usage:
-                self._sse(shape.usage_chunk(gen.usage(), gen.metrics(self.server)))
+                self._sse(shape.usage_chunk(gen.usage(), gen.metrics()))
             self._sse(b"[DONE]")
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             for r in gen.reqs:
                 self.server.engine.cancel(r)
             self.close_connection = True
-
-
-class _Tagged:
-    """A child request's event sink: its events go to the response's queue, tagged."""
-
-    def __init__(self, q: queue.Queue, index: int) -> None:
-        self.q, self.index = q, index
-
-    def put(self, ev: tuple) -> None:
-        self.q.put((self.index, ev))
-
-
-class _Generation:
-    """One OpenAI request in flight: its n engine requests and what the response needs."""
-
-    def __init__(
-        self, reqs: list[Request], merged: queue.Queue, p: params.Params, shape: shapes.Shape
-    ) -> None:
-        self.reqs, self.merged, self.p, self.shape = reqs, merged, p, shape
-        self.rid = shape.rid
-        self.sent = [0] * len(reqs)  # tokens handed out per choice (logprob index)
-        self.text_len = [0] * len(reqs)  # characters per choice (completion text_offset)
-
-    def events(self, srv: TwinServer):
-        """(choice, event) until every choice finished or failed; notifies the injector."""
-        open_ = set(range(len(self.reqs)))
-        first = False
-        while open_:
-            try:
-                i, ev = self.merged.get(timeout=1.0)
-            except queue.Empty:
-                if srv.engine.dead:
-                    yield 0, ("error", f"engine dead: {srv.engine.dead}")
-                    return
-                continue
-            if ev[0] == "tokens" and not first:
-                first = True
-                srv.injector.notify("first_token")
-            yield i, ev
-            if ev[0] == "error":
-                return
-            if ev[0] == "finish":
-                open_.discard(i)
-        srv.injector.notify("finish")
-
-    def logprobs(self, i: int, ev: tuple) -> dict[str, Any]:
-        """The logprobs of a token event of choice i (and advance its token count)."""
-        pieces = ev[3] if len(ev) > 3 else [ev[1]]
-        top, req, idx = self.p.logprobs or 0, self.reqs[i], self.sent[i]
-        self.sent[i] += len(pieces)
-        offset = self.text_len[i]
-        self.text_len[i] += len(ev[1])
-        if self.shape.chat:
-            return shapes.chat_logprobs(req, idx, pieces, top)
-        return shapes.completion_logprobs(req, idx, pieces, top, offset)
-
-    def usage(self) -> dict[str, Any]:
-        return shapes.request_usage(self.reqs)
-
-    def with_usage(self, chunk: dict[str, Any]) -> dict[str, Any]:
-        """stream_options.continuous_usage_stats: every chunk carries the usage so far."""
-        if self.p.continuous_usage:
-            chunk["usage"] = shapes.usage(
-                self.reqs[0].prompt_len, sum(r.generated for r in self.reqs)
-            )
-        return chunk
-
-    def metrics(self, srv: TwinServer) -> dict[str, Any] | None:
-        """`metrics.speculative_decoding`, single-choice requests only (as vLLM)."""
-        if srv.spec_metrics == "none" or len(self.reqs) != 1:
-            return None
-        gamma = srv.builder.gamma
-        detailed = srv.spec_metrics == "detailed"
-        return {"speculative_decoding": shapes.spec_metrics(self.reqs[0], gamma, detailed)}
-
-
-def _merge_logprobs(parts: list[dict[str, Any]], chat: bool) -> dict[str, Any] | None:
-    """The per-event logprobs of one choice as the one block a full response carries."""
-    if not parts:
-        return None
-    if chat:
-        return {"content": [c for p in parts for c in p["content"]]}
-    keys = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
-    return {k: [x for p in parts for x in p[k]] for k in keys}
 
 
 class _NotFound(Exception):

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import cli, prompts, report
+from bench.benchlib import argtypes, cli, prompts, report
 from bench.benchlib.guard import InFlightTracker
 from bench.benchlib.response import StreamResult
 from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
@@ -99,19 +99,25 @@ def wave_metrics(results: list[StreamResult]) -> dict[str, Any]:
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--concurrency", default="1,2,4,8,16,24,32", help="levels to sweep")
-    p.add_argument("--max-tokens", type=int, default=256, help="tokens decoded per stream")
-    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length per stream")
+    p.add_argument(
+        "--concurrency",
+        type=argtypes.int_list,
+        default="1,2,4,8,16,24,32",
+        help="levels to sweep (comma-separated streams)",
+    )
+    p.add_argument(
+        "--max-tokens", type=argtypes.positive_int, default=256, help="tokens decoded per stream"
+    )
+    p.add_argument(
+        "--prompt-tokens", type=argtypes.positive_int, default=128, help="prompt length per stream"
+    )
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
-    p = cli.base_parser(__doc__.split("\n\n")[0])
+    p = cli.base_parser(__doc__.split("\n\n")[0], prog=f"python -m {__spec__.name}")
     add_cli_args(p)
     args = p.parse_args(argv)
-    levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    if not levels or min(levels) < 1 or args.runs < 1:
-        p.error("--concurrency needs positive integers, --runs >= 1")
-    return args, levels
+    return args, list(args.concurrency)
 
 
 def run(b: Bench, levels: list[int]) -> dict[int, list[Point]]:

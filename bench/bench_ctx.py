@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import cli, prompts, report
+from bench.benchlib import argtypes, cli, prompts, report
 from bench.benchlib.guard import GuardedPoint, InFlightTracker
 from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
 from bench.benchlib.runner import Bench
@@ -50,20 +50,23 @@ HEADERS = [
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--depths", default="1k,4k,16k,64k,128k", help="prompt depths (tokens)")
-    p.add_argument("--max-tokens", type=int, default=256, help="tokens decoded per request")
-    p.add_argument("--baseline-tokens", type=int, default=32, help="prompt of the TTFT baseline")
-    p.add_argument("--baseline-requests", type=int, default=3, help="baseline TTFT = median of")
+    pos = argtypes.positive_int
+    p.add_argument(
+        "--depths",
+        type=argtypes.size_list,
+        default="1k,4k,16k,64k,128k",
+        help="prompt depths (tokens; 4k = 4096)",
+    )
+    p.add_argument("--max-tokens", type=pos, default=256, help="tokens decoded per request")
+    p.add_argument("--baseline-tokens", type=pos, default=32, help="prompt of the TTFT baseline")
+    p.add_argument("--baseline-requests", type=pos, default=3, help="baseline TTFT = median of")
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
-    p = cli.base_parser(__doc__.split("\n\n")[0])
+    p = cli.base_parser(__doc__.split("\n\n")[0], prog=f"python -m {__spec__.name}")
     add_cli_args(p)
     args = p.parse_args(argv)
-    depths = [prompts.parse_size(d) for d in args.depths.split(",") if d.strip()]
-    if not depths or args.runs < 1:
-        p.error("need at least one depth and --runs >= 1")
-    return args, depths
+    return args, list(args.depths)
 
 
 # ---- measuring ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import cli, prompts, report
+from bench.benchlib import argtypes, cli, prompts, report
 from bench.benchlib.guard import InFlightTracker
 from bench.benchlib.response import StreamResult
 from bench.benchlib.results import Point, PointSummary, summarize_points
@@ -91,18 +91,31 @@ def window_metrics(dec: StreamResult, sent_ns: int, first_ns: int) -> dict[str, 
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prefill-tokens", default="32k", help="prompt of the interfering request")
-    p.add_argument("--decode-tokens", type=int, default=1024, help="tokens of the decode stream")
-    p.add_argument("--lead-ms", type=float, default=1500, help="decode alone before the prefill")
+    p.add_argument(
+        "--prefill-tokens",
+        type=argtypes.size,
+        default="32k",
+        help="prompt of the interfering request (tokens; 32k = 32768)",
+    )
+    p.add_argument(
+        "--decode-tokens",
+        type=argtypes.int_at_least(3),
+        default=1024,
+        help="tokens of the decode stream (>= 3: the rate needs gaps)",
+    )
+    p.add_argument(
+        "--lead-ms",
+        type=argtypes.positive_float,
+        default=1500,
+        help="decode alone before the prefill is sent (> 0)",
+    )
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
-    p = cli.base_parser(__doc__.split("\n\n")[0])
+    p = cli.base_parser(__doc__.split("\n\n")[0], prog=f"python -m {__spec__.name}")
     add_cli_args(p)
     args = p.parse_args(argv)
-    if args.runs < 1:
-        p.error("--runs >= 1")
-    return args, prompts.parse_size(args.prefill_tokens)
+    return args, args.prefill_tokens
 
 
 def solo_metrics(o: dict[str, Any]) -> dict[str, Any]:
@@ -237,7 +250,7 @@ def print_report(summary: InterfereSummary, n_prefill: int) -> None:
 def plot(path: str, summary: InterfereSummary, model: str, n_prefill: int) -> None:
     medians = [s.median("decode_tok_s") for s in summary.phases.values()]
     title = f"bench_interfere {model} (prefill {n_prefill} tok)"
-    report.plot(path, list(summary.phases), [("decode tok/s", {"median": medians})], "phase", title)
+    report.bars(path, list(summary.phases), medians, "decode tok/s (median)", title)
 
 
 def main(argv: list[str] | None = None) -> int:

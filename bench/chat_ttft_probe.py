@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import cli, prompts, report
+from bench.benchlib import argtypes, cli, prompts, report
 from bench.benchlib.guard import GuardedPoint, InFlightTracker
 from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
 from bench.benchlib.runner import Bench
@@ -31,20 +31,23 @@ HEADERS = ["turn", "prompt_tok", "ttft_ms", "ttft_content_ms", "retries", "statu
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--turns", type=int, default=8, help="conversation turns")
-    p.add_argument("--first-tokens", default="4k", help="size of the first user message")
-    p.add_argument("--turn-tokens", default="1k", help="size of each later user message")
-    p.add_argument("--max-tokens", type=int, default=64, help="reply length per turn")
+    pos = argtypes.positive_int
+    p.add_argument("--turns", type=pos, default=8, help="conversation turns")
+    p.add_argument(
+        "--first-tokens", type=argtypes.size, default="4k", help="size of the first user message"
+    )
+    p.add_argument(
+        "--turn-tokens", type=argtypes.size, default="1k", help="size of each later user message"
+    )
+    p.add_argument("--max-tokens", type=pos, default=64, help="reply length per turn")
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, int]:
     """The flags, then the sizes of the first and of each later user message (tokens)."""
-    p = cli.base_parser(__doc__.split("\n\n")[0])
+    p = cli.base_parser(__doc__.split("\n\n")[0], prog=f"python -m {__spec__.name}")
     add_cli_args(p)
     args = p.parse_args(argv)
-    if args.turns < 1 or args.runs < 1:
-        p.error("--turns and --runs must be >= 1")
-    return args, prompts.parse_size(args.first_tokens), prompts.parse_size(args.turn_tokens)
+    return args, args.first_tokens, args.turn_tokens
 
 
 def ask(b: Bench, history: list[dict[str, str]], question: str, label: str) -> GuardedPoint:

@@ -25,6 +25,8 @@ from typing import Any
 
 import requests
 
+from bench.benchlib import argtypes, endpoint
+
 DEFAULT_PROMPTS = Path(__file__).resolve().with_name("quality_ref_dspark.json")
 
 
@@ -73,7 +75,7 @@ def ask(
     except requests.Timeout:
         return None, f"timeout after {timeout_s:g}s"
     except requests.RequestException as e:
-        return None, f"request failed: {e}"
+        return None, f"request to {url}/v1/chat/completions failed: {endpoint.cause(e)}"
     if r.status_code != 200:
         return None, f"HTTP {r.status_code}: {r.text[:200]}"
     try:
@@ -86,15 +88,77 @@ def ask(
     return content, None
 
 
+def load_reference(path: str) -> dict[str, Any]:
+    """The reference prompts file, checked before any request (argparse type: exit 2)."""
+    shape = (
+        'needs {"max_tokens": N, "prompts": [{"name", "prompt", "answer", '
+        '"check": "exact"|"json"}, ...]}'
+    )
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{path} is not valid JSON ({e})") from None
+    prompts = doc.get("prompts") if isinstance(doc, dict) else None
+    ok = (
+        isinstance(prompts, list)
+        and prompts
+        and isinstance(doc.get("max_tokens"), int)
+        and doc["max_tokens"] >= 1
+        and all(
+            isinstance(p, dict)
+            and all(isinstance(p.get(k), str) for k in ("name", "prompt", "answer"))
+            and p.get("check") in ("exact", "json")
+            for p in prompts
+        )
+    )
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{path} {shape}")
+    return doc
+
+
+load_reference.__name__ = "reference prompts file"
+
+
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="OpenAI-compatible endpoint")
+    p.add_argument(
+        "--url",
+        type=endpoint.url_arg(("http", "https")),
+        default="http://127.0.0.1:8000",
+        help="the server's base URL; HOST:PORT and a trailing /v1 are accepted",
+    )
     p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
-    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="reference prompts JSON")
-    p.add_argument("--timeout-s", type=float, default=120, help="per-prompt timeout")
-    p.add_argument("--max-tokens", type=int, default=None, help="override the file's max_tokens")
+    p.add_argument(
+        "--prompts",
+        type=load_reference,
+        default=str(DEFAULT_PROMPTS),
+        help="reference prompts JSON",
+    )
+    p.add_argument(
+        "--timeout-s", type=argtypes.positive_float, default=120, help="per-prompt timeout"
+    )
+    p.add_argument(
+        "--ready-timeout-s",
+        type=argtypes.positive_float,
+        default=30,
+        help="wait this long for /v1/models (progress on stderr)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=argtypes.positive_int,
+        default=None,
+        help="override the file's max_tokens",
+    )
     p.add_argument("--thinking", action="store_true", help="render in thinking mode")
-    p.add_argument("--json", dest="json_path", default=None, help="write verdicts JSON here")
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        type=argtypes.output_file,
+        default=None,
+        help="write verdicts JSON here (its directory must exist)",
+    )
 
 
 @dataclass
@@ -117,6 +181,7 @@ class GateResult:
     max_tokens: int
     thinking: bool
     verdicts: list[Verdict]
+    identity: endpoint.Identity | None = None
 
     @property
     def failed(self) -> list[str]:
@@ -127,6 +192,8 @@ class GateResult:
             "schema_version": 1,
             "url": self.url,
             "model": self.model,
+            "simulator": bool(self.identity and self.identity.simulator),
+            "endpoint": None if self.identity is None else self.identity.to_json(),
             "max_tokens": self.max_tokens,
             "thinking": self.thinking,
             "passed": not self.failed,
@@ -156,14 +223,9 @@ def run_gate(
     return verdicts
 
 
-def first_model(s: requests.Session, url: str, timeout_s: float) -> str:
-    """The first model id of /v1/models (raises what requests or the JSON raise)."""
-    r = s.get(url + "/v1/models", timeout=min(timeout_s, 30))
-    return r.json()["data"][0]["id"]
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog="Exit codes: 0 all passed; 1 a prompt failed or endpoint unreachable; 2 usage.",
@@ -184,26 +246,39 @@ def print_summary(result: GateResult) -> None:
         f"quality gate: {n - len(failed)}/{n} passed"
         + (f"; failed: {', '.join(failed)}" if failed else "")
     )
+    if result.identity is not None and result.identity.simulator:
+        print(
+            "endpoint: SPARK-TWIN SIMULATOR ("
+            + ", ".join(result.identity.evidence)
+            + "): it serves the reference answers from its profile, so a pass here says "
+            "nothing about a model"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    ref = json.loads(Path(args.prompts).read_text())
+    ref = args.prompts
     max_tokens = gate_max_tokens(ref, args)
-    url = args.url.rstrip("/")
+    url = args.url
     s = requests.Session()
     if args.api_key:
         s.headers["Authorization"] = f"Bearer {args.api_key}"
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        model = args.model if args.model is not None else first_model(s, url, args.timeout_s)
-    except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:
-        print(f"FAIL endpoint: cannot list models at {url}/v1/models: {e}")
+        ident = endpoint.wait_ready(s, url, args.ready_timeout_s, log)
+    except endpoint.NotReady as e:
+        print(f"FAIL endpoint: {e}")
         return 1
+    model = args.model if args.model is not None else ident.model
     verdicts = run_gate(s, url, model, ref, max_tokens, args)
-    result = GateResult(url, model, max_tokens, args.thinking, verdicts)
+    result = GateResult(url, model, max_tokens, args.thinking, verdicts, ident)
     print_summary(result)
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(result.to_json(), indent=1) + "\n")
+        try:
+            Path(args.json_path).write_text(json.dumps(result.to_json(), indent=1) + "\n")
+        except OSError as e:
+            print(f"FAIL writing --json {args.json_path}: {e.strerror or e}")
+            return 1
     return 1 if result.failed else 0
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, promm
+from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, conserve, promm
 from bench.benchlib.guard import (
     Attempt,
     GuardConfig,
@@ -293,3 +293,105 @@ def test_points_add_up_to_the_exit_code_and_the_rows():
     assert "runs_ok" not in row.to_json(runs_ok=False)
     assert Tally.of(res.points[:1]).status == "ok"
     assert clean_metrics(res.points) == [{"error": None, "x_ms": 10.0}]
+
+
+# ---- token conservation (the guard's second line of defence) --------------------------------
+def _ours(n: int = 2, prompt: int = 100, completion: int = 40, spec: bool = True) -> list:
+    """n finished requests of ours, each 4 verify steps (3, 2, 5 and 0 accepted of 5 drafts)."""
+    hist = [1, 0, 1, 1, 0, 1]
+    out = []
+    for _ in range(n):
+        r = StreamResult(ok=True, prompt_tokens=prompt, completion_tokens=completion)
+        r.finish_reason = "length"
+        if spec:
+            r.spec_decode = {
+                "acceptance_histogram": hist,
+                "num_spec_steps": 4,
+                "num_draft_tokens": 20,
+            }
+        out.append(r)
+    return out
+
+
+def _deltas(**over) -> dict:
+    d = {
+        "requests_finished": 2.0,
+        "prompt_tokens": 200.0,
+        "generation_tokens": 80.0,
+        "prefix_cache_queries": 200.0,
+        "spec_drafts": 8.0,
+        "spec_draft_tokens": 40.0,
+        "spec_accepted_tokens": 20.0,
+        "accepted_per_pos": [6.0, 6.0, 4.0, 2.0, 2.0],
+    }
+    return d | over
+
+
+def test_conservation_accepts_exactly_our_own_requests():
+    v = conserve.check(_deltas(), conserve.account(_ours()), gamma=5)
+    assert v.clean and v.acceptance == conserve.CONSERVED and not v.unchecked
+    assert {c.verdict for c in v.checks} == {"equal"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "name"),
+    [
+        ("requests_finished", 3.0, "requests finished"),  # a 1-token foreign request
+        ("prompt_tokens", 264.0, "prompt tokens"),
+        ("generation_tokens", 81.0, "generation tokens"),
+        ("prefix_cache_queries", 264.0, "prefix-cache lookups"),  # aborted before its 1st token
+        ("spec_drafts", 9.0, "verify steps"),
+        ("spec_accepted_tokens", 23.0, "accepted drafts"),
+        ("accepted_per_pos", [7.0, 6.0, 4.0, 2.0, 2.0], "accepted at position 0"),
+    ],
+)
+def test_any_excess_over_our_account_is_contamination(field, value, name):
+    v = conserve.check(_deltas(**{field: value}), conserve.account(_ours()), gamma=5)
+    assert not v.clean and v.reason.startswith("conservation: ") and name in v.reason
+
+
+def test_what_conservation_cannot_check_is_said_not_assumed():
+    ours = conserve.account(_ours())
+    off = conserve.check(_deltas(prefix_cache_queries=0.0), ours, gamma=5)
+    assert off.clean and "prefix-cache lookups (no lookups counted: prefix caching is off)" in (
+        off.unchecked
+    )
+    gone = conserve.check(_deltas(requests_finished=None), ours, gamma=5)
+    assert gone.clean and "requests finished (not exported)" in gone.unchecked
+    short = conserve.check(_deltas(prompt_tokens=150.0), ours, gamma=5)
+    assert short.clean and short.unchecked[0].startswith("prompt tokens (server counted less")
+    cut = conserve.account([*_ours(), StreamResult(error="timeout")])
+    assert conserve.check(_deltas(), cut, gamma=5).acceptance == "unchecked: no usage"
+
+
+def test_without_per_request_metrics_acceptance_is_only_bounded():
+    ours = conserve.account(_ours(spec=False))
+    # drafts + accepted (28) <= generation (80) - first tokens (2) + gamma x requests (10)
+    ok = conserve.check(_deltas(), ours, gamma=5)
+    assert ok.clean and ok.acceptance == conserve.BOUNDED
+    assert "BOUNDED only" in conserve.describe([ok.acceptance])
+    over = conserve.check(_deltas(spec_drafts=40.0, spec_accepted_tokens=60.0), ours, gamma=5)
+    assert not over.clean and "verify steps + accepted drafts" in over.reason
+
+
+def test_a_foreign_request_between_two_samples_is_caught_by_conservation():
+    """Invisible to every sample (it never shows in the gauges), visible in every counter."""
+    cfg = dataclasses.replace(FAST_GUARD, retries=1)
+    with MockServer(MockConfig(ttft_s=0.02, step_s=0.01, spec_metrics=True)) as m:
+        calls = []
+
+        def wave(tr: InFlightTracker):
+            calls.append(1)
+            if len(calls) == 1:
+                m.count_foreign(1, prompt_tokens=64, tokens=1)
+            return _wave_of(m.url, 1, max_tokens=12)(tr)
+
+        gp = run_guarded(m.url, wave, cfg)
+    first, second = gp.attempts
+    assert not first.clean and first.reason.startswith("conservation:")
+    assert all(s["running"] <= s["ours"] for s in first.samples)  # sampling saw nothing
+    assert gp.status == "ok" and second.clean and second.conservation.acceptance == "conserved"
+    assert (
+        gp.deltas["requests_finished"] == 1
+        and gp.deltas["prompt_tokens"] == gp.result[0].prompt_tokens
+    )

@@ -1,25 +1,20 @@
 """bench/ against the simulator (python -m sim.twin), whose ground truth is known.
 
-Truth comes from the twin itself: /twin/truth (the closed-form figures of its performance model)
-and /twin/requests (its server-side record of every request: received, first token, tokenize
-time). A fast profile (10 ms verify steps, 100k tok/s prefill) keeps the runs short; the
-performance model is the spark-pair one otherwise.
+Truth comes from the twin itself (tests/support/bench_twin.py): /twin/truth and /twin/requests.
+A fast profile (10 ms verify steps, 100k tok/s prefill) keeps the runs short; the performance
+model is the spark-pair one otherwise.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-import requests
 
 from bench import bench_conc, bench_ctx, bench_interfere, chat_ttft_probe
 from bench.benchlib import EXIT_CONTAMINATED
@@ -27,113 +22,7 @@ from bench.benchlib.cli import base_parser
 from bench.benchlib.guard import GuardConfig, InFlightTracker, run_guarded
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import request_metrics
-
-REPO = Path(__file__).resolve().parents[1]
-FAST = [
-    "--warmups",
-    "0",
-    "--guard-interval-ms",
-    "50",
-    "--guard-grace-ms",
-    "300",
-    "--backoff-s",
-    "0.2",
-    "--settle-ms",
-    "10",
-    "--no-progress",
-]
-PROFILE = f"""profile_version: 1
-name: bench-fast
-base: {REPO}/sim/profiles/spark-pair.yaml
-decode:
-  step_ms_by_batch: {{1: 10.0, 4: 16.0, 16: 40.0, 24: 52.0}}
-  fp8_draft_head_saving_ms: 0.0
-prefill:
-  tok_s: 100000
-  step_base_ms: 10.0
-boot:
-  cold: {{loading_weights_s: 0.0, compiling_s: 0.0, capturing_graphs_s: 0.0}}
-  warm: {{loading_weights_s: 0.0, compiling_s: 0.0, capturing_graphs_s: 0.0}}
-  api_server_s: 0.0
-  jit_stall_s: 0.0
-answers:
-  file: {REPO}/bench/quality_ref_dspark.json
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Twin:
-    """One simulator process on a free port, with the fast profile."""
-
-    def __init__(self, tmp: Path, *flags: str) -> None:
-        prof = tmp / "bench-fast.yaml"
-        prof.write_text(PROFILE)
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, TILELANG_CACHE_DIR=str(tmp / "tilelang"))
-        self.log = open(tmp / f"twin-{self.port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sim.twin",
-                "serve",
-                "dsv4-flash",
-                "--nnodes",
-                "1",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--twin-profile",
-                str(prof),
-                *flags,
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(self.url + "/v1/models", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                pytest.fail(f"twin did not start: {(tmp / f'twin-{self.port}.log').read_text()}")
-            time.sleep(0.2)
-        self.truth = requests.get(self.url + "/twin/truth", timeout=5).json()["derived"]
-
-    def records(self) -> dict[str, dict]:
-        return {r["id"]: r for r in requests.get(self.url + "/twin/requests", timeout=10).json()}
-
-    def foreign(self, n: int, seconds: float) -> None:
-        requests.post(
-            self.url + "/twin/foreign", json={"requests": n, "seconds": seconds}, timeout=5
-        ).raise_for_status()
-
-    def wait_idle(self, timeout_s: float = 30) -> None:
-        from bench.benchlib import promm
-
-        s = requests.Session()
-        deadline = time.monotonic() + timeout_s
-        while promm.scrape(s, self.url).in_flight and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+from tests.support.bench_twin import FAST, Twin, server_ttft_ms
 
 
 @pytest.fixture(scope="module")
@@ -148,10 +37,6 @@ def _keep_switch_interval():
     old = sys.getswitchinterval()
     yield
     sys.setswitchinterval(old)
-
-
-def server_ttft_ms(rec: dict) -> float:
-    return (rec["first_token_ns"] - rec["received_ns"]) / 1e6
 
 
 def assert_ttft_matches(points: list[dict], recs: dict[str, dict]) -> None:

@@ -68,9 +68,13 @@ def test_transport_failures_fail_every_prompt(capsys, mode, needle):
     assert "failed: arithmetic, fact, code_output, counting, strict_json" in out
 
 
-def test_unreachable_endpoint_fails(capsys):
-    assert q.main(["--url", "http://127.0.0.1:9", "--timeout-s", "2"]) == 1
-    assert "FAIL endpoint" in capsys.readouterr().out
+def test_unreachable_endpoint_fails_in_one_line_naming_url_and_cause(capsys):
+    assert q.main(["--url", "http://127.0.0.1:9", "--ready-timeout-s", "1"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [
+        "FAIL endpoint: http://127.0.0.1:9/v1/models not ready after 1 s: "
+        "connection refused (nothing listens there)"
+    ]
 
 
 def test_normalisation_is_narrow():

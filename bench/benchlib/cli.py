@@ -8,9 +8,11 @@ only wires them together. These are the flags of every script; each adds its own
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+
+from bench.benchlib import argtypes as t
+from bench.benchlib import endpoint
 
 EPILOG = (
     "Exit codes: 0 ok; 1 endpoint/request failure; 2 usage; 3 refused: a point "
@@ -19,18 +21,35 @@ EPILOG = (
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    """Endpoint, run protocol, guard, output: the flags common to every serving bench."""
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="OpenAI-compatible endpoint")
+    """Endpoint, run protocol, guard, output: the flags common to every serving bench.
+
+    Values are checked here (argtypes), so a bad one stops the run before any request.
+    """
+    p.add_argument(
+        "--url",
+        type=endpoint.url_arg(),
+        default="http://127.0.0.1:8000",
+        help="the server's base URL; HOST:PORT and a trailing /v1 are accepted",
+    )
     p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
-    p.add_argument("--runs", type=int, default=1, help="measured repeats per point")
-    p.add_argument("--warmups", type=int, default=1, help="unmeasured requests before measuring")
-    p.add_argument("--retries", type=int, default=3, help="retries of a contaminated wave")
-    p.add_argument("--backoff-s", type=float, default=2.0, help="first backoff; doubles per retry")
-    p.add_argument("--guard-interval-ms", type=float, default=150, help="sampling period")
+    p.add_argument("--runs", type=t.positive_int, default=1, help="measured repeats per point")
+    p.add_argument(
+        "--warmups", type=t.nonneg_int, default=1, help="unmeasured requests before measuring"
+    )
+    p.add_argument("--retries", type=t.nonneg_int, default=3, help="retries of a contaminated wave")
+    p.add_argument(
+        "--backoff-s", type=t.nonneg_float, default=2.0, help="first backoff; doubles per retry"
+    )
+    p.add_argument(
+        "--guard-interval-ms",
+        type=t.float_above(1.0, inclusive=True),
+        default=150,
+        help="sampling period (>= 1 ms)",
+    )
     p.add_argument(
         "--guard-grace-ms",
-        type=float,
+        type=t.nonneg_float,
         default=500,
         help="how long a finished request of ours still counts as ours (server gauge lag)",
     )
@@ -40,29 +59,40 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let a contaminated wave run to its end instead of cutting it short",
     )
-    p.add_argument("--timeout-s", type=float, default=900, help="per-request socket timeout")
+    p.add_argument(
+        "--timeout-s", type=t.positive_float, default=900, help="per-request socket timeout"
+    )
     p.add_argument(
         "--settle-ms",
-        type=float,
+        type=t.nonneg_float,
         default=20,
         help="pause between opening connections and sending (server accepts them)",
     )
-    p.add_argument("--ready-timeout-s", type=float, default=60, help="wait for /v1/models")
+    p.add_argument(
+        "--ready-timeout-s", type=t.positive_float, default=60, help="wait for /v1/models"
+    )
     p.add_argument("--seed", type=int, default=0, help="prompt text seed")
     p.add_argument(
         "--chat-template-kwargs",
-        type=json.loads,
+        type=t.json_object,
         default=None,
         help="JSON passed as chat_template_kwargs, e.g. '{\"thinking\": false}'",
     )
-    p.add_argument("--json", dest="json_path", default=None, help="write results JSON here")
-    p.add_argument("--plot", default=None, help="write a PNG plot here (matplotlib)")
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        type=t.output_file,
+        default=None,
+        help="write results JSON here (its directory must exist)",
+    )
+    p.add_argument("--plot", type=t.png_file, default=None, help="write a PNG plot here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
+def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
     """A parser with the shared flags, defaults shown in --help and the exit codes as epilog."""
     p = argparse.ArgumentParser(
+        prog=prog,
         description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=EPILOG,

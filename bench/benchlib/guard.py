@@ -10,6 +10,11 @@ from before connect until `grace` after the stream closed, and each scrape is co
 *peak* of that count over the scrape's own request/response interval. The server's count of our
 requests can then never exceed ours (clean waves are never flagged), while any foreign request
 visible to the server pushes its count above ours (foreign ones always are, while visible).
+
+Sampling cannot see a foreign request that comes and goes between two samples. The second line
+of defence does not depend on timing: once sampling found an attempt clean, the counter deltas
+between its before- and after-scrape must equal what our own requests account for (token
+conservation, conserve.py); any excess marks the attempt contaminated too.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, Generic, TypeVar
 
 import requests
 
-from bench.benchlib import promm
+from bench.benchlib import conserve, promm
 
 T = TypeVar("T")
 
@@ -41,6 +46,7 @@ class InFlightTracker:
         self.started = 0
         self._socks: set[Any] = set()
         self.aborted = False
+        self.results: list[Any] = []  # every finished request of the wave (StreamResult)
 
     def _effective(self, now: int) -> int:
         while self._finished and self._finished[0] + self._grace_ns <= now:
@@ -57,6 +63,11 @@ class InFlightTracker:
         with self._lock:
             self._active -= 1
             self._finished.append(time.monotonic_ns())
+
+    def record(self, result: Any) -> None:
+        """Keep a finished request's result: its usage is what the wave accounts for."""
+        with self._lock:
+            self.results.append(result)
 
     def attach(self, sock: Any) -> None:
         """Register a request's socket, so abort() can end it; refused after an abort."""
@@ -193,12 +204,14 @@ class Attempt:
     reason: str | None
     samples: list[dict[str, Any]]
     duration_s: float
+    conservation: conserve.Verdict | None = None  # None: sampling already rejected it
 
     def to_json(self) -> dict[str, Any]:
         return {
             "clean": self.clean,
             "reason": self.reason,
             "duration_s": round(self.duration_s, 3),
+            "conservation": None if self.conservation is None else self.conservation.to_json(),
             "guard_samples": self.samples,
         }
 
@@ -217,6 +230,12 @@ class GuardedPoint(Generic[T]):
     def retries(self) -> int:
         return max(0, len(self.attempts) - 1)
 
+    @property
+    def conservation(self) -> conserve.Verdict | None:
+        """The clean attempt's conservation verdict (None without a clean, guarded attempt)."""
+        last = self.attempts[-1] if self.attempts and self.status == "ok" else None
+        return None if last is None else last.conservation
+
 
 def run_guarded(
     url: str,
@@ -227,8 +246,10 @@ def run_guarded(
 ) -> GuardedPoint[T]:
     """Run `wave(tracker)` until one attempt is clean, at most 1 + cfg.retries times.
 
-    The wave must pass the tracker to every request it sends. Deltas come from the before/after
-    scrapes of the clean attempt only. With the guard disabled the wave runs once, unchecked.
+    The wave must pass the tracker to every request it sends. An attempt is clean when no sample
+    saw foreign requests in flight *and* the counters between its before- and after-scrape hold
+    nothing but our own requests (conserve.check). Deltas come from the clean attempt only. With
+    the guard disabled the wave runs once, unchecked.
     """
     attempts: list[Attempt] = []
     for attempt in range(cfg.retries + 1 if cfg.enabled else 1):
@@ -260,9 +281,16 @@ def run_guarded(
         post = s.sample("after")
         if post is None and s.reason is None:
             s.reason = "could not scrape /metrics after the wave"
+        verdict, deltas = None, None
+        if s.reason is None and post is not None:
+            # Second line of defence: every counted request and token must be one of ours.
+            deltas = promm.delta(pre, post)
+            verdict = conserve.check(deltas, conserve.account(tracker.results), promm.gamma(post))
+            s.reason = verdict.reason
         clean = s.reason is None
-        attempts.append(Attempt(clean, s.reason, s.samples, (time.monotonic_ns() - t0) / 1e9))
-        if clean and post is not None:
-            return GuardedPoint("ok", result, promm.delta(pre, post), attempts)
+        elapsed = (time.monotonic_ns() - t0) / 1e9
+        attempts.append(Attempt(clean, s.reason, s.samples, elapsed, verdict))
+        if clean and deltas is not None:
+            return GuardedPoint("ok", result, deltas, attempts)
     why = f"all {len(attempts)} attempts contaminated; last: {attempts[-1].reason}"
     return GuardedPoint("contaminated", None, None, attempts, why)

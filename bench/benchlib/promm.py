@@ -25,6 +25,7 @@ COUNTERS = (
     "vllm:spec_decode_num_accepted_tokens_total",
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
+    "vllm:request_success_total",  # summed over its finished_reason label
 )
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 _FAMILIES = (RUNNING, WAITING, PER_POS.removesuffix("_total")) + tuple(
@@ -103,6 +104,7 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:
         "spec_accepted_tokens": d("vllm:spec_decode_num_accepted_tokens_total"),
         "prefix_cache_queries": d("vllm:prefix_cache_queries_total"),
         "prefix_cache_hits": d("vllm:prefix_cache_hits_total"),
+        "requests_finished": d("vllm:request_success_total"),
     }
     drafts, acc, dt = out["spec_drafts"], out["spec_accepted_tokens"], out["spec_draft_tokens"]
     ok = drafts is not None and acc is not None and drafts > 0
@@ -114,4 +116,10 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:
     out["accept_rate_pos"] = (
         [per_pos[p] / drafts for p in sorted(per_pos)] if ok and per_pos else None
     )
+    out["accepted_per_pos"] = [per_pos[p] for p in sorted(per_pos)] if per_pos else None
     return out
+
+
+def gamma(snap: Snapshot) -> int | None:
+    """Draft positions the server exports (vLLM labels every position 0..gamma-1 at start)."""
+    return len([p for p in snap.per_pos if p >= 0]) or None

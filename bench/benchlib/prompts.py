@@ -123,10 +123,3 @@ def calibrated_text(
         if measured is None:
             break
     return prose(n_words, seed), measured
-
-
-def parse_size(s: str) -> int:
-    """'1k' -> 1024, '128k' -> 131072, '1m' -> 1048576, '500' -> 500."""
-    s = s.strip().lower()
-    mult = {"k": 1024, "m": 1024 * 1024}.get(s[-1:], 1)
-    return int(float(s[:-1] if mult > 1 else s) * mult)

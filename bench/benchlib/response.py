@@ -34,6 +34,9 @@ class StreamResult:
     chunk_tokens: list[int] | None = None  # tokens per token event, when logprobs were returned
     prompt_tokens: int | None = None  # from usage (stream_options.include_usage)
     completion_tokens: int | None = None
+    # vLLM's per-request acceptance (`metrics.speculative_decoding` of the usage chunk, sent with
+    # --per-request-spec-decode-metrics): lets the guard conserve the spec-decode counters too.
+    spec_decode: dict | None = None
     content: str = ""
     reasoning: str = ""
     finish_reason: str | None = None
@@ -152,6 +155,9 @@ def _parse_sse(res: StreamResult, body: bytes, stamp_of) -> None:
             if usage:
                 res.prompt_tokens = usage.get("prompt_tokens")
                 res.completion_tokens = usage.get("completion_tokens")
+            metrics = obj.get("metrics")
+            if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
+                res.spec_decode = metrics["speculative_decoding"]
             for ch in obj.get("choices") or []:
                 delta = ch.get("delta")
                 if delta is None:  # /v1/completions

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, SCHEMA_VERSION
+from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, SCHEMA_VERSION, conserve
 from bench.benchlib.cli import log
 from bench.benchlib.guard import GuardedPoint
 from bench.benchlib.stats import summarize
@@ -26,6 +26,7 @@ class Results:
         self.points: list[Point] = []
         self.exit_code = EXIT_OK
         self.exit_reasons: list[str] = []
+        self.verdicts: list[conserve.Verdict] = []  # conservation of every clean point
 
     def add(
         self, label: str, gp: GuardedPoint, metrics: dict[str, Any] | None, **extra: Any
@@ -46,8 +47,13 @@ class Results:
             **extra,
             "metrics": metrics if status == "ok" else None,
             "server_deltas": gp.deltas if status == "ok" else None,
+            "conservation": None,
             "attempts": [a.to_json() for a in gp.attempts],
         }
+        verdict = gp.conservation
+        if status == "ok" and verdict is not None:
+            point["conservation"] = verdict.to_json()
+            self.verdicts.append(verdict)
         if status == "contaminated":
             self.exit_reasons.append(f"{label}: {gp.reason}")
             if self.exit_code == EXIT_OK:
@@ -66,6 +72,37 @@ class Results:
         self.exit_code = EXIT_ERROR
         self.exit_reasons.append(why)
 
+    def conservation(self) -> dict[str, Any]:
+        """What token conservation vouched for over the clean points, and what it could not."""
+        checked: list[str] = []  # in check order, the per-position checks as one
+        for v in self.verdicts:
+            for c in v.checks:
+                name = "accepted per position" if c.name.startswith("accepted at") else c.name
+                if c.verdict == "equal" and name not in checked:
+                    checked.append(name)
+        unchecked = sorted({u for v in self.verdicts for u in v.unchecked})
+        return {
+            "clean_points": len(self.verdicts),
+            "conserved": checked,
+            "unchecked": unchecked,
+            "acceptance": conserve.describe(v.acceptance for v in self.verdicts),
+        }
+
+    def conservation_lines(self) -> list[str]:
+        """The report's footer: the guard's second line of defence and its gaps."""
+        c = self.conservation()
+        if not c["clean_points"]:
+            return ["token conservation: no clean point to check"]
+        lines = [
+            f"token conservation on {c['clean_points']} clean point(s): "
+            + (", ".join(c["conserved"]) or "nothing")
+            + " = our own requests"
+        ]
+        if c["unchecked"]:
+            lines.append("NOT checked by conservation: " + "; ".join(c["unchecked"]))
+        lines.append(c["acceptance"])
+        return lines
+
     def document(self, run: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
         """The result JSON (schema 1): the run's facts, its exit, the summary, every point."""
         return {
@@ -73,6 +110,7 @@ class Results:
             **run,
             "exit_code": self.exit_code,
             "exit_reasons": self.exit_reasons,
+            "conservation": self.conservation(),
             "summary": summary,
             "points": self.points,
         }

@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 
-from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR
+from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, endpoint
 from bench.benchlib.cli import log
 from bench.benchlib.guard import GuardConfig, GuardedPoint, GuardError, InFlightTracker, run_guarded
 from bench.benchlib.kstamp import clock_offset_cached
@@ -49,13 +49,14 @@ class Bench:
 
     def __init__(self, script: str, args: argparse.Namespace) -> None:
         self.script, self.args = script, args
-        self.url = args.url.rstrip("/")
+        self.url = endpoint.normalize(args.url)  # already normalised by --url's type
         self.session = requests.Session()
         if args.api_key:
             self.session.headers["Authorization"] = f"Bearer {args.api_key}"
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.models: Any = None
         self.model: str = args.model or ""
+        self.identity: endpoint.Identity | None = None
         self.guard = GuardConfig(
             enabled=not args.no_guard,
             retries=max(0, args.retries),
@@ -71,22 +72,19 @@ class Bench:
 
     # ---- run protocol -------------------------------------------------------------------
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + self.args.ready_timeout_s
-        last = ""
-        while True:
-            try:
-                r = self.session.get(self.url + "/v1/models", timeout=5)
-                if r.status_code == 200:
-                    self.models = r.json()
-                    if not self.model:
-                        self.model = self.models["data"][0]["id"]
-                    return
-                last = f"HTTP {r.status_code}"
-            except (requests.RequestException, ValueError, KeyError, IndexError) as e:
-                last = str(e)
-            if time.monotonic() > deadline:
-                raise SystemExit(self.fail(f"endpoint not ready after timeout: {last}"))
-            time.sleep(1)
+        """Wait for /v1/models (progress on stderr); one line naming the URL if it never comes."""
+        try:
+            self.identity = endpoint.wait_ready(
+                self.session, self.url, self.args.ready_timeout_s, log
+            )
+        except endpoint.NotReady as e:
+            raise SystemExit(self.fail(str(e))) from None
+        self.models = self.identity.models
+        if not self.model:
+            self.model = self.identity.model
+        banner = self.identity.banner()
+        if banner:
+            log(banner)
 
     def chat_payload(
         self, messages: list[dict[str, Any]], max_tokens: int, fixed_length: bool = True
@@ -178,16 +176,28 @@ class Bench:
             "ended_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "params": {k: v for k, v in vars(self.args).items() if k != "api_key"},
             "guard": vars(self.guard),
+            "endpoint": None if self.identity is None else self.identity.to_json(),
         }
 
     def write_json(self, summary: dict[str, Any]) -> None:
         if not self.args.json_path:
             return
         doc = self.results.document(self.facts(), summary)
-        Path(self.args.json_path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        try:
+            Path(self.args.json_path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        except OSError as e:  # checked writable at start; the directory can still go away
+            self.results.fail(f"cannot write --json {self.args.json_path}: {e.strerror or e}")
 
     def finish(self, summary: dict[str, Any]) -> int:
         """Write the JSON and return the exit code the recorded points add up to."""
+        if self.guard.enabled:
+            for line in self.results.conservation_lines():
+                print(line)
+        else:
+            print("guard disabled (--no-guard): no sampling, no token conservation checked this")
+        banner = self.identity.banner() if self.identity is not None else None
+        if banner:
+            print(banner)
         self.write_json(summary)
         if self.results.exit_code == EXIT_CONTAMINATED:
             log("refused: some points had no clean wave (exit 3); see reasons above")

@@ -145,4 +145,7 @@ def stream_request(
         res.error = res.error or "aborted: the guard saw foreign traffic (wave discarded)"
     res.wake_lag_max_ms = rec.max_lag_ms()
     parse_response(res, rec.stamps(), rec.bufs)
+    record = getattr(tracker, "record", None)
+    if record is not None:
+        record(res)  # the guard's conservation check sums every request of the wave
     return res

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY
-from sim.twin.engine import Engine, Request
+from sim.twin import HEADER, OWNED_BY, params, shapes
+from sim.twin.engine import Engine
+from sim.twin.generation import Generation, merge_logprobs
+from sim.twin.injector import ForeignSpec, Injector
 from sim.twin.metrics import Metrics
 from sim.twin.requests_in import BadRequest, Builder
 
@@ -41,10 +42,24 @@ class TwinServer(ThreadingHTTPServer):
         self.engine, self.builder, self.metrics = engine, builder, metrics
         self.model_names, self.truth = model_names, truth
         self.created = int(time.time())
+        serve_args = truth.get("serve_args") or {}
+        # --per-request-spec-decode-metrics (vllm/config/observability.py): none|summary|detailed
+        self.spec_metrics = str(serve_args.get("per_request_spec_decode_metrics") or "none")
+        self.injector = Injector(self.fire_foreign)
+
+    def fire_foreign(self, spec: ForeignSpec) -> list[str]:
+        """Submit spec.requests phantom requests to the engine now; their ids."""
+        ids = []
+        for i in range(max(spec.requests, 0)):
+            req = self.builder.foreign(spec.seconds, i, spec.tokens, spec.prompt_tokens)
+            self.engine.submit(req)
+            ids.append(req.id)
+        return ids
 
 
-def _error(message: str, code: int, kind: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+def _error(message: str, code: int, kind: str, param: str | None = None) -> dict[str, Any]:
+    """vLLM's ErrorResponse (vllm/entrypoints/serve/engine/protocol.py)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -126,6 +141,7 @@ class Handler(BaseHTTPRequestHandler):
             )
         elif path == "/metrics":
             self._send(200, srv.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+            srv.injector.notify("scrape")
         elif path == "/twin/truth":
             self._json(200, srv.truth)
         elif path == "/twin/requests":
@@ -151,7 +167,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._json(404, _error(f"no route {path}", 404, "NotFoundError"))
         except BadRequest as exc:
-            self._json(400, _error(str(exc), 400, "BadRequestError"))
+            self._json(400, _error(str(exc), 400, exc.kind, exc.param))
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:  # noqa: BLE001 - answer 500 rather than drop the connection
@@ -189,20 +205,36 @@ class Handler(BaseHTTPRequestHandler):
         )
 
     def _foreign(self, body: dict[str, Any]) -> None:
+        """Phantom requests now, or armed: `after` an event, `nth` time, `offset_ms` later."""
         try:
-            n, secs = int(body.get("requests", 1)), float(body.get("seconds", 10))
+            tokens = body.get("tokens")
+            spec = ForeignSpec(
+                requests=int(body.get("requests", 1)),
+                seconds=float(body.get("seconds", 10)),
+                tokens=None if tokens is None else int(tokens),
+                prompt_tokens=int(body.get("prompt_tokens", 64)),
+            )
+            after = body.get("after")
+            nth, offset_s = int(body.get("nth", 1)), float(body.get("offset_ms", 0)) / 1000
         except (TypeError, ValueError):
-            raise BadRequest("foreign needs integer `requests` and number `seconds`") from None
-        ids = []
-        for i in range(max(n, 0)):
-            req = self.server.builder.foreign(secs, i)
-            self.server.engine.submit(req)
-            ids.append(req.id)
-        log.warning("Foreign traffic: %d phantom requests for %.1f s", n, secs)
-        self._json(200, {"ids": ids, "requests": n, "seconds": secs})
+            raise BadRequest(
+                "foreign takes integers `requests`, `tokens`, `prompt_tokens`, `nth` and numbers "
+                "`seconds`, `offset_ms`"
+            ) from None
+        if after is not None:
+            try:
+                self.server.injector.arm(str(after), nth, offset_s, spec)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+            self._json(200, {"armed": True, "after": after, "nth": nth, **vars(spec)})
+            return
+        ids = self.server.fire_foreign(spec)
+        log.warning("Foreign traffic: %d phantom requests for %.1f s", spec.requests, spec.seconds)
+        self._json(200, {"ids": ids, **vars(spec)})
 
     def _generate(self, body: dict[str, Any], chat: bool, received_ns: int) -> None:
         srv = self.server
+        srv.injector.notify("request")
         try:
             model = self._check_model(body)
         except _NotFound as exc:
@@ -213,134 +245,79 @@ class Handler(BaseHTTPRequestHandler):
                 500, _error(f"EngineDeadError: {srv.engine.dead}", 500, "InternalServerError")
             )
             return
+        p = params.parse(body, chat)
+        prompt = srv.builder.render(body, chat, model)
         rid = srv.engine.next_id("chatcmpl" if chat else "cmpl")
-        req = srv.builder.build(body, chat, received_ns, rid)
-        srv.engine.submit(req)
-        shape = _Shape(rid, model, chat, int(time.time()))
-        if body.get("stream"):
-            opts = body.get("stream_options") or {}
-            self._stream(req, shape, bool(opts.get("include_usage")))
+        # n > 1: one engine request per choice (vLLM's ParentRequest children, ids "i_rid").
+        ids = [rid] if p.n == 1 else [f"{i}_{rid}" for i in range(p.n)]
+        reqs = [srv.builder.build(prompt, p, received_ns, cid, i) for i, cid in enumerate(ids)]
+        shape = shapes.Shape(rid, model, chat, int(time.time()))
+        gen = Generation(reqs, p, shape, srv.engine, srv.injector, srv.spec_metrics)
+        for r in reqs:
+            srv.engine.submit(r)
+        if p.stream:
+            self._stream(gen)
         else:
-            self._collect(req, shape)
+            self._collect(gen)
 
-    def _events(self, req: Request):
-        while True:
-            try:
-                ev = req.events.get(timeout=1.0)
-            except queue.Empty:
-                if self.server.engine.dead:
-                    yield ("error", f"engine dead: {self.server.engine.dead}")
-                    return
-                continue
-            yield ev
-            if ev[0] in ("finish", "error"):
-                return
-
-    def _collect(self, req: Request, shape: _Shape) -> None:
-        text, reason = [], None
-        for ev in self._events(req):
+    def _collect(self, gen: Generation) -> None:
+        n = len(gen.reqs)
+        text: list[list[str]] = [[] for _ in range(n)]
+        reasons: list[str | None] = [None] * n
+        lps: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+        for i, ev in gen.events():
             if ev[0] == "tokens":
-                text.append(ev[1])
+                text[i].append(ev[1])
+                if gen.p.logprobs is not None:
+                    lps[i].append(gen.logprobs(i, ev))
             elif ev[0] == "finish":
-                reason = ev[1]
+                reasons[i] = ev[1]
             else:
                 self._json(500, _error(ev[1], 500, "InternalServerError"))
                 return
-        self._json(
-            200, shape.full("".join(text), reason, _usage(req)), headers={"X-Request-Id": req.id}
-        )
+        choices = [
+            ("".join(text[i]), reasons[i], merge_logprobs(lps[i], gen.shape.chat)) for i in range(n)
+        ]
+        body = gen.shape.full(choices, gen.usage(), gen.metrics())
+        self._json(200, body, headers={"X-Request-Id": gen.rid})
 
-    def _stream(self, req: Request, shape: _Shape, include_usage: bool) -> None:
+    def _stream(self, gen: Generation) -> None:
+        shape = gen.shape
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("X-Request-Id", req.id)
+        self.send_header("X-Request-Id", gen.rid)
         self.send_header(*HEADER)
         self.end_headers()
         try:
             if shape.chat:
-                self._sse(shape.chunk({"role": "assistant", "content": ""}, None))
-            for ev in self._events(req):
+                for i in range(len(gen.reqs)):
+                    self._sse(
+                        gen.with_usage(shape.chunk({"role": "assistant", "content": ""}, None, i))
+                    )
+            for i, ev in gen.events():
                 if ev[0] == "tokens":
                     if ev[1] or not shape.chat:
-                        self._sse(shape.chunk(ev[1], None))
+                        lp = gen.logprobs(i, ev) if gen.p.logprobs is not None else None
+                        self._sse(gen.with_usage(shape.chunk(ev[1], None, i, lp)))
+                    else:
+                        gen.logprobs(i, ev)  # keep the token count of choice i right
                 elif ev[0] == "finish":
-                    self._sse(shape.chunk("" if not shape.chat else {"content": ""}, ev[1]))
+                    delta = "" if not shape.chat else {"content": ""}
+                    self._sse(gen.with_usage(shape.chunk(delta, ev[1], i)))
                 else:
                     self._sse(_error(ev[1], 500, "InternalServerError"))
                     break
-            if include_usage:
-                self._sse(shape.usage_chunk(_usage(req)))
+            if gen.p.include_usage:
+                self._sse(shape.usage_chunk(gen.usage(), gen.metrics()))
             self._sse(b"[DONE]")
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            srv = self.server
-            srv.engine.cancel(req)
+            for r in gen.reqs:
+                self.server.engine.cancel(r)
             self.close_connection = True
 
 
 class _NotFound(Exception):
     pass
-
-
-def _usage(req: Request) -> dict[str, Any]:
-    return {
-        "prompt_tokens": req.prompt_len,
-        "total_tokens": req.prompt_len + req.generated,
-        "completion_tokens": req.generated,
-        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
-    }
-
-
-class _Shape:
-    """vLLM's OpenAI response shapes for chat and text completions."""
-
-    def __init__(self, rid: str, model: str, chat: bool, created: int) -> None:
-        self.rid, self.model, self.chat, self.created = rid, model, chat, created
-
-    def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
-
-    def chunk(self, delta: Any, finish: str | None) -> dict[str, Any]:
-        if self.chat:
-            if isinstance(delta, str):
-                delta = {"content": delta}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {
-            "index": 0,
-            "text": delta,
-            "logprobs": None,
-            "finish_reason": finish,
-            "stop_reason": None,
-        }
-        return {**self._head("text_completion"), "choices": [choice]}
-
-    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": usage}
-
-    def full(self, text: str, finish: str | None, usage: dict[str, Any]) -> dict[str, Any]:
-        if self.chat:
-            choice = {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": text,
-                    "reasoning_content": None,
-                    "tool_calls": [],
-                },
-                "logprobs": None,
-                "finish_reason": finish,
-                "stop_reason": None,
-            }
-            return {**self._head("chat.completion"), "choices": [choice], "usage": usage}
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish,
-            "stop_reason": None,
-        }
-        return {**self._head("text_completion"), "choices": [choice], "usage": usage}

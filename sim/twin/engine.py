@@ -7,6 +7,19 @@ then prefill chunks for running and then waiting requests (one request's chunk c
 modelled step time:  step = decode_step(batch) + prefill_tokens / prefill_tok_s.
 At the end of the step it emits tokens (1 + accepted per decoding request, the first token
 for a finished prefill), updates metrics exactly, and wakes the waiting HTTP streams.
+
+Counters move when vLLM 0.33 moves them (a client that checks token conservation relies on it):
+`vllm:prompt_tokens` by the whole prompt, cached tokens included, when the first token comes out
+(vllm/v1/metrics/stats.py IterationStats.update_from_output, is_prefilling); so a request
+aborted before its first token adds no prompt tokens. `vllm:generation_tokens` by every token
+handed out. `vllm:request_success` when a request finishes, never for a client abort
+(vllm/v1/engine/output_processor.py abort_requests records no finished stats).
+`vllm:prefix_cache_queries`/`hits` once per request at admission, and only with prefix caching
+on (vllm/v1/core/kv_cache_manager.py record_prefix_cache_stats; scheduler.py "Record at
+admission"). Accepted drafts are counted before the output is cut at max_tokens/EOS
+(vllm/v1/core/sched/scheduler.py: num_accepted from the sampled ids, then
+_update_request_with_output trims), so accepted tokens can exceed what was emitted by up to
+gamma on a request's last step.
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sim.twin.metrics import Metrics
 from sim.twin.prefix_cache import PrefixCache
@@ -62,7 +76,10 @@ class Request:
     stop: list[str] = field(default_factory=list)
     foreign_until: float | None = None
     canned: list[str] | None = None  # fixed reply, one entry per token (quality answers)
-    events: queue.Queue = field(default_factory=queue.Queue)
+    events: Any = field(default_factory=queue.Queue)  # anything with put(); the HTTP side reads
+    spec_hist: list[int] = field(default_factory=list)  # verify steps by accepted drafts (0..γ)
+    spec_steps: list[int] = field(default_factory=list)  # accepted drafts of each verify step
+    draft_tokens: int = 0
     cached_tokens: int = 0
     computed: int = 0
     generated: int = 0
@@ -194,8 +211,9 @@ class Engine:
             self._admitted_at = max(self._admitted_at, r.submitted_at)
             r.cached_tokens = self.prefix.lookup(r.hashes, r.prompt_len)
             r.computed = r.cached_tokens
-            self.m.prefix_queries.inc(r.prompt_len)
-            self.m.prefix_hits.inc(r.cached_tokens)
+            if self.prefix.enabled:  # vLLM records no lookup when caching is off
+                self.m.prefix_queries.inc(r.prompt_len)
+                self.m.prefix_hits.inc(r.cached_tokens)
             self.running.append(r)
             used += r.prompt_len
             n = chunk_for(r)
@@ -309,22 +327,34 @@ class Engine:
             if r.finish_reason is not None:
                 continue
             drawn = r.drawer.draw()
-            n = self._emit(r, 1 + drawn, end)
-            acc = n - 1
+            # Counted as sampled, before _emit cuts the output at max_tokens/EOS (vLLM does the
+            # same: the spec-decode stats come from the sampled ids, the trim comes after).
             r.verify_steps += 1
-            r.accepted += acc
+            r.accepted += drawn
+            r.draft_tokens += self.cfg.gamma
+            if not r.spec_hist:
+                r.spec_hist = [0] * (self.cfg.gamma + 1)
+            r.spec_hist[drawn] += 1
+            r.spec_steps.append(drawn)
             self.m.drafts.inc()
             self.m.draft_tokens.inc(self.cfg.gamma)
-            self.m.accepted.inc(acc)
-            for k in range(acc):
+            self.m.accepted.inc(drawn)
+            for k in range(drawn):
                 self.m.accepted_pos[k].inc()
+            self._emit(r, 1 + drawn, end)
         for r in list(self.running):
             if r.foreign_until is not None and end >= r.foreign_until and r.finish_reason is None:
                 self._finish(r, "stop", end)
 
     def _emit(self, r: Request, n: int, end: float) -> int:
-        """Emit up to n tokens (length and stop strings cut it short); returns the count."""
+        """Emit up to n tokens (length and stop strings cut it short); returns the count.
+
+        Length/EOS cut before anything is counted (vLLM's scheduler check_stop); a stop string
+        cuts after `vllm:generation_tokens` counted the whole step (vLLM's output processor
+        updates its stats before _trim_surplus_tokens), so usage can be below the counter.
+        """
         n = min(n, r.target_len - r.generated)
+        sampled = n
         parts: list[str] = []
         reason = None
         for i in range(n):
@@ -337,17 +367,19 @@ class Engine:
                     drop = len(tail) - min(hit)  # characters from the stop string on
                     n, reason = i + 1, "stop"
                     joined = "".join(parts)
-                    parts = [joined[: max(len(joined) - drop, 0)]]
+                    text = joined[: max(len(joined) - drop, 0)]
                     break
-        text = "".join(parts)
+        else:
+            text = "".join(parts)
         if r.stop:
             r.text_tail = (r.text_tail + text)[-256:]
         r.generated += n
-        self.m.generation_tokens.inc(n)
+        self.m.generation_tokens.inc(sampled)
         if r.generated > n:  # not the first output: an inter-token gap
             self.m.itl.observe(max(end - r.last_emit, 0.0))
         r.last_emit = end
-        r.events.put(("tokens", text, n))
+        # (kind, text, tokens, each token's piece: logprobs name them)
+        r.events.put(("tokens", text, n, parts))
         if reason is None and r.generated >= r.target_len:
             reason = "length" if r.generated >= r.max_tokens else "stop"
         if reason:

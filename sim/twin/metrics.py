@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 TTFT_BUCKETS = (
     0.001,
     0.005,
@@ -107,6 +108,11 @@ class Metrics:
         self.requests_success = Counter(
             "vllm:request_success", "Finished requests.", lbl + ["finished_reason"], registry=reg
         )
+        # Every reason exported from the start at 0, as vLLM labels them at start-up
+        # (vllm/v1/metrics/loggers.py: `for reason in FinishReason`; the strings are
+        # FINISH_REASON_STRINGS in vllm/v1/engine/__init__.py).
+        for reason in FINISH_REASONS:
+            self.requests_success.labels(finished_reason=reason, **self._lv)
         self.drafts = counter("vllm:spec_decode_num_drafts", "Verify steps (drafts).")
         self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens.")
         self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Accepted drafts.")

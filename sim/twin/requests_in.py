@@ -16,13 +16,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.twin import params
 from sim.twin.engine import FOREVER, Engine, Request
+from sim.twin.params import BadRequest
 from sim.twin.prefix_cache import block_hashes
 from sim.twin.profile import Profile
 from sim.twin.prompting import PromptEncoder, render_chat
 from sim.twin.sampling import AcceptanceDrawer, key_of, natural_length
 
 log = logging.getLogger("twin")
+__all__ = ["BadRequest", "Builder", "Prompt", "load_answers"]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered, tokenized prompt (shared by the n choices of one request)."""
+
+    ids: list[int]
+    digest: str
+    tokenize_ms: float
+    canned: list[str] | None  # the known reply, token by token (quality answers)
 
 
 def load_answers(prof: Profile) -> dict[str, str]:
@@ -42,10 +55,6 @@ def load_answers(prof: Profile) -> dict[str, str]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("answers file %s unusable (%s): replies are generated words only", path, exc)
         return {}
-
-
-class BadRequest(ValueError):
-    """A client error, answered with HTTP 400 and vLLM's error shape."""
 
 
 @dataclass
@@ -68,14 +77,15 @@ class Builder:
         self.eos_lo = int(out.get("eos_min_tokens", 48))
         self.eos_hi = int(out.get("eos_max_tokens", 400))
 
-    def prompt_ids(self, body: dict[str, Any], chat: bool) -> list[int]:
+    def prompt_ids(self, body: dict[str, Any], chat: bool, model: str = "") -> list[int]:
         """Render (chat) and tokenize the prompt; a token-id list prompt is taken as is."""
         if chat:
             kwargs = body.get("chat_template_kwargs") or {}
             thinking = bool(kwargs.get("thinking", kwargs.get("enable_thinking", True)))
             effort = body.get("reasoning_effort") or kwargs.get("reasoning_effort") or "high"
+            msgs = params.chat_messages(body, model)
             try:
-                text = render_chat(body.get("messages"), thinking, effort)
+                text = render_chat(msgs, thinking, effort)
             except ValueError as exc:
                 raise BadRequest(str(exc)) from exc
             return self.encoder.encode(text)
@@ -86,95 +96,105 @@ class Builder:
             return self.encoder.encode(prompt)
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return list(prompt)
+        if "prompt" not in body:
+            raise params.type_error("prompt", "missing", "Field required", body)
         raise BadRequest("prompt must be a string or a list of token ids")
 
-    def build(self, body: dict[str, Any], chat: bool, received_ns: int, rid: str) -> Request:
+    def render(self, body: dict[str, Any], chat: bool, model: str) -> Prompt:
+        """The prompt as the engine gets it, rendered and tokenized once for all n choices."""
         t0 = time.perf_counter()
-        ids = self.prompt_ids(body, chat)
+        ids = self.prompt_ids(body, chat, model)
         tok_ms = (time.perf_counter() - t0) * 1000.0
         n = len(ids)
         if n == 0:
             raise BadRequest("the prompt is empty")
-        if n >= self.max_model_len:
+        if n > self.max_model_len:  # vllm/renderers/params.py _token_len_check
             raise BadRequest(
-                f"This model's maximum context length is {self.max_model_len} "
-                f"tokens. However, your request has {n} input tokens."
-            )
-        room = self.max_model_len - n
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = room
-        try:
-            max_tokens = int(max_tokens)
-        except (TypeError, ValueError):
-            raise BadRequest("max_tokens must be an integer") from None
-        if max_tokens < 1:
-            raise BadRequest("max_tokens must be at least 1")
-        if max_tokens > room:
-            raise BadRequest(
-                f"max_tokens={max_tokens} is too large: the prompt has {n} "
-                f"tokens and the maximum context length is {self.max_model_len}"
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your prompt contains {n} input tokens, which exceeds this limit even without "
+                "any output tokens. Please reduce the length of the input prompt.",
+                "input_tokens",
+                n,
             )
         digest = hashlib.blake2b(array("q", ids).tobytes(), digest_size=8).hexdigest()
-        try:
-            temp = float(body.get("temperature") or 0.0)
-            min_tokens = int(body.get("min_tokens") or 0)
-        except (TypeError, ValueError):
-            raise BadRequest("temperature must be a number and min_tokens an integer") from None
+        canned = self._canned(body) if chat else None
+        return Prompt(ids, digest, tok_ms, canned)
+
+    def build(
+        self,
+        prompt: Prompt,
+        p: params.Params,
+        received_ns: int,
+        rid: str,
+        index: int = 0,
+    ) -> Request:
+        """One engine request: choice `index` of a request with sampling parameters `p`."""
+        n = len(prompt.ids)
+        # vllm/entrypoints/serve/utils/api_utils.py get_max_tokens: what does not fit is cut to
+        # the room left, silently; then SamplingParams wants at least 1.
+        room = self.max_model_len - n
+        max_tokens = room if p.max_tokens is None else min(p.max_tokens, room)
+        if max_tokens < 1:
+            raise BadRequest(
+                f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens
+            )
         variant: object = 0
-        if temp > 0:
-            req_seed = body.get("seed")
-            variant = ("seed", req_seed) if req_seed is not None else ("n", next(self._sampled))
-        key = key_of(self.seed, digest, variant)
-        if body.get("ignore_eos"):
+        if p.temperature > 0:
+            # vllm/v1/engine/parallel_sampling.py: child i of a seeded request uses seed + i.
+            variant = ("seed", p.seed + index) if p.seed is not None else ("n", next(self._sampled))
+        key = key_of(self.seed, prompt.digest, variant)
+        if p.ignore_eos:
             target = max_tokens
         else:
             target = min(max_tokens, natural_length(key, self.eos_lo, self.eos_hi))
-        target = max(target, min(min_tokens, max_tokens))
-        stop = body.get("stop") or []
-        if isinstance(stop, str):
-            stop = [stop]
-        canned = self._canned(body) if chat else None
-        if canned is not None:
-            target = min(len(canned), max_tokens)
+        target = max(target, min(p.min_tokens, max_tokens))
+        if prompt.canned is not None:
+            target = min(len(prompt.canned), max_tokens)
         drawer = AcceptanceDrawer(
             self.prof.cum_accept(self.gamma), self.prof.sampling, key_of(key, "accept")
         )
         return Request(
             id=rid,
             prompt_len=n,
-            hashes=block_hashes(ids, self.block_size),
+            hashes=block_hashes(prompt.ids, self.block_size),
             target_len=target,
             max_tokens=max_tokens,
             out_key=key,
             drawer=drawer,
             received_ns=received_ns,
-            tokenize_ms=tok_ms,
-            stop=[str(s) for s in stop],
-            canned=canned,
+            tokenize_ms=prompt.tokenize_ms,
+            stop=list(p.stop),
+            canned=prompt.canned,
         )
 
     def _canned(self, body: dict[str, Any]) -> list[str] | None:
         """Token pieces of a known answer when the last message is a known prompt."""
         if not self.answers:
             return None
-        msgs = body.get("messages") or []
-        last = msgs[-1] if msgs and isinstance(msgs[-1], dict) else {}
-        answer = self.answers.get(last.get("content")) if last.get("role") == "user" else None
+        msgs = params.chat_messages(body, "")
+        last = msgs[-1] if msgs else {}
+        content = last.get("content")
+        if last.get("role") != "user" or not isinstance(content, str):
+            return None
+        answer = self.answers.get(content)
         return self.encoder.pieces(answer) if answer else None
 
-    def foreign(self, seconds: float, index: int) -> Request:
-        """A phantom request: short prompt, decodes until `seconds` have passed."""
+    def foreign(
+        self, seconds: float, index: int, tokens: int | None = None, prompt_tokens: int = 64
+    ) -> Request:
+        """A phantom request: a short prompt, then decode until `seconds` have passed, or
+        exactly `tokens` tokens (then it finishes by length, like a request with max_tokens)."""
         key = key_of(self.seed, "foreign", time.monotonic_ns(), index)
-        ids = [1000 + (key >> (i % 48)) % 50000 for i in range(64)]
+        ids = [1000 + (key >> (i % 48)) % 50000 for i in range(max(prompt_tokens, 1))]
+        limit = FOREVER if tokens is None else max(int(tokens), 1)
         return Request(
             id=self.engine.next_id("foreign"),
             prompt_len=len(ids),
             hashes=block_hashes(ids, self.block_size),
-            target_len=FOREVER,
-            max_tokens=FOREVER,
+            target_len=limit,
+            max_tokens=limit,
             out_key=key,
             drawer=AcceptanceDrawer(self.prof.cum_accept(self.gamma), self.prof.sampling, key),
             received_ns=time.monotonic_ns(),
-            foreign_until=time.monotonic() + seconds,
+            foreign_until=time.monotonic() + seconds if tokens is None else float("inf"),
         )

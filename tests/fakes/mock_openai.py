@@ -33,9 +33,13 @@ class MockConfig:
     mode: str = "ok"  # ok | slow | http500 | badjson | nogauges
     slow_s: float = 5.0
     model_id: str = "mock-model"  # the one model of /v1/models
+    owned_by: str = "mock"  # its owned_by ("spark-twin-simulator" makes it look like the twin)
+    models_body: dict[str, Any] | None = None  # answer /v1/models with this instead
     running_base: int = 0  # requests the server reports running besides the tests' own
     waiting_base: int = 0  # and waiting
     kernel_stamps: bool = False  # record kernel_ttft_ms per request (Linux SO_TIMESTAMPING)
+    spec_metrics: bool = False  # send per-request spec-decode metrics, as vLLM does with
+    # --per-request-spec-decode-metrics summary (the guard can then conserve acceptance)
 
 
 # Linux SO_TIMESTAMPING (Documentation/networking/timestamping.rst); written out here, not taken
@@ -75,9 +79,13 @@ class MockState:
         self.lock = threading.Lock()
         self.running = 0
         self.foreign_until: list[float] = []
+        # Counted when vLLM 0.33 counts them (see bench/benchlib/conserve.py): lookups at
+        # admission, the prompt at the first token, tokens as they go out, success at the end.
         self.counters = {
             "prompt_tokens": 0.0,
             "generation_tokens": 0.0,
+            "prefix_cache_queries": 0.0,
+            "request_success": 0.0,
             "spec_decode_num_drafts": 0.0,
             "spec_decode_num_draft_tokens": 0.0,
             "spec_decode_num_accepted_tokens": 0.0,
@@ -113,10 +121,11 @@ class MockState:
             'vllm:e2e_request_latency_seconds_sum{model_name="mock"} 1.0',
         ]
         for k, v in c.items():
+            label = ',finished_reason="length"' if k == "request_success" else ""
             lines += [
                 f"# HELP vllm:{k}_total counter",
                 f"# TYPE vllm:{k}_total counter",
-                f'vllm:{k}_total{{engine="0",model_name="mock"}} {v}',
+                f'vllm:{k}_total{{engine="0",model_name="mock"{label}}} {v}',
             ]
         lines += [
             "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total per position",
@@ -167,8 +176,8 @@ class Handler(BaseHTTPRequestHandler):
             # (vllm/entrypoints/serve/instrumentator/health.py).
             self._send(200, b"", "text/plain")
         elif self.path == "/v1/models":
-            doc = {"object": "list", "data": [{"id": st.cfg.model_id, "owned_by": "mock"}]}
-            self._send(200, json.dumps(doc).encode())
+            doc = {"object": "list", "data": [{"id": st.cfg.model_id, "owned_by": st.cfg.owned_by}]}
+            self._send(200, json.dumps(st.cfg.models_body or doc).encode())
         elif self.path == "/metrics":
             self._send(200, st.metrics_text().encode(), "text/plain; version=0.0.4")
         elif self.path == "/mock/requests":
@@ -243,7 +252,8 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(cfg.start_lag_s)
         with st.lock:
             st.running += 1
-            st.counters["prompt_tokens"] += ptoks
+            st.counters["prefix_cache_queries"] += ptoks
+        spec = [0] * 6  # verify steps by accepted drafts (the per-request histogram)
         try:
             base = {"id": rid, "object": "chat.completion.chunk", "model": cfg.model_id}
             self._chunk(base | {"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
@@ -254,6 +264,9 @@ class Handler(BaseHTTPRequestHandler):
             record = {"id": rid, "received_ns": received, "first_token_ns": first_token}
             if cfg.kernel_stamps:
                 _last_departure(self.connection)  # drop the stamps of the head and role chunk
+            with st.lock:
+                st.counters["prompt_tokens"] += ptoks
+                st.counters["generation_tokens"] += 1
             self._chunk(base | {"choices": [{"index": 0, "delta": {"content": "w0"}}]})
             if cfg.kernel_stamps:
                 tx, rx = _last_departure(self.connection), self.rx_kernel_ns
@@ -270,17 +283,31 @@ class Handler(BaseHTTPRequestHandler):
                     st.counters["spec_decode_num_drafts"] += 1
                     st.counters["spec_decode_num_draft_tokens"] += 5
                     st.counters["spec_decode_num_accepted_tokens"] += k - 1
+                    st.counters["generation_tokens"] += k
                     for p in range(k - 1):
                         st.per_pos[p] += 1
+                spec[k - 1] += 1
                 done += k
                 step += 1
             with st.lock:
-                st.counters["generation_tokens"] += done
+                st.counters["request_success"] += 1
             finish = time.monotonic_ns()
             fin = {"index": 0, "delta": {}, "finish_reason": "length"}
             self._chunk(base | {"choices": [fin]})
             usage = {"prompt_tokens": ptoks, "completion_tokens": done}
-            self._chunk(base | {"choices": [], "usage": usage})
+            last = base | {"choices": [], "usage": usage}
+            if cfg.spec_metrics:
+                acc = sum(j * c for j, c in enumerate(spec))
+                last["metrics"] = {
+                    "speculative_decoding": {
+                        "acceptance_histogram": spec,
+                        "num_spec_steps": sum(spec),
+                        "num_accepted_draft_tokens": acc,
+                        "num_draft_tokens": 5 * sum(spec),
+                        "num_spec_tokens": 5,
+                    }
+                }
+            self._chunk(last)
             self._chunk("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
@@ -342,5 +369,17 @@ class MockServer:
             return [dict(r) for r in self.state.records]
 
     def inject_foreign(self, requests: int, seconds: float) -> None:
+        """Foreign requests in flight for `seconds` (the gauge shows them), counted as they
+        arrive: 64 prompt tokens and one token each (counters do not care about timing)."""
         with self.state.lock:
             self.state.foreign_until += [time.monotonic() + seconds] * requests
+        self.count_foreign(requests)
+
+    def count_foreign(self, requests: int, prompt_tokens: int = 64, tokens: int = 1) -> None:
+        """Counters of foreign requests that came and went between two gauge samples."""
+        with self.state.lock:
+            c = self.state.counters
+            c["prefix_cache_queries"] += prompt_tokens * requests
+            c["prompt_tokens"] += prompt_tokens * requests
+            c["generation_tokens"] += tokens * requests
+            c["request_success"] += requests

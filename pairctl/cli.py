@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from pairctl import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE
+from pairctl import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, argcheck
 from pairctl import lifecycle as lc
 from pairctl import preflight as pf
 from pairctl.config import ConfigError, PairConfig, load_env_file
@@ -60,7 +60,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     cfg, recipe, extra = _load(args)
-    sys.stdout.write(render_plan(cfg, recipe, extra))
+    checked = argcheck.require_local(cfg, recipe, extra)  # vLLM's parser, if importable here
+    sys.stdout.write(render_plan(cfg, recipe, extra, argcheck.plan_note(checked)))
     return EXIT_OK
 
 
@@ -78,7 +79,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         return EXIT_OK
     cfg, recipe, extra = _load(args)
     want = shipped_files(OVERLAY_SRC)
-    evidence = gather(cfg, recipe)
+    checked = argcheck.require_local(cfg, recipe, extra)  # else the image's parser, below
+    evidence = gather(cfg, recipe, extra, checked)
     checks = pf.decide(cfg, recipe, extra, evidence, want)
     sys.stdout.write(pf.render(checks))
     if args.json:

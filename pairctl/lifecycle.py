@@ -2,7 +2,12 @@
 
 ``wait_healthy`` watches both ranks while it polls the endpoint: a dead rank ends the wait
 at once (exit 4) with that rank's log tail, instead of letting the survivor sit on ~77 GB
-until the timeout. The phase shown in the progress line is read from the logs.
+until the timeout. The phase shown in the progress line is read from the logs with the
+needles of pairctl.bootlog (messages vLLM 0.33 really prints).
+
+Every HTTP request to the pair's own endpoint ignores HTTP(S)_PROXY (a proxy on the
+operator's machine must not sit between the launcher and its own pair) and sends the
+pair's VLLM_API_KEY when one is set.
 """
 
 from __future__ import annotations
@@ -15,52 +20,56 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT
+from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT, bootlog
+from pairctl.bootlog import phase_of
 from pairctl.config import PairConfig
 from pairctl.docker import State, inspect, logs_tail, pair_containers, remove_pair
+from pairctl.image import ImageFacts, parse_inspect
 from pairctl.nodes import Node, nodes
-from pairctl.plan import LABEL_PLAN, build_rank, container_name, mask_argv, plan_hash
-from pairctl.recipe import Recipe
-
-# Log line substring → phase shown while waiting (docs/INTERFACES.md; real vLLM logs match).
-PHASES: tuple[tuple[str, str], ...] = (
-    ("Loading weights", "loading weights"),
-    ("Compiling", "compiling"),
-    ("torch.compile", "compiling"),
-    ("Capturing CUDA graphs", "capturing CUDA graphs"),
-    ("Waiting for rank 1 to join", "waiting for rank 1"),
-    ("Starting vLLM API server", "starting API server"),
-    ("Application startup complete.", "API server up"),
-    ("Worker ready", "worker ready"),
+from pairctl.plan import (
+    CACHE_VARS,
+    ENTRYPOINT,
+    LABEL_PLAN,
+    build_rank,
+    container_name,
+    mask_argv,
+    plan_hash,
+    resolve_image,
 )
+from pairctl.recipe import Recipe
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def phase_of(text: str) -> str:
-    """The phase of the last log line that names one; 'starting' if none yet."""
-    phase = "starting"
-    for line in text.splitlines():
-        for needle, name in PHASES:
-            if needle in line:
-                phase = name
-    return phase
-
-
 JOIN_HINT_AFTER_S = 90.0
 
 
-def join_hint(head_phase: str, waited_s: float, cfg: PairConfig) -> str | None:
-    """A hint once the head has waited long for rank 1 (the DistStoreError family)."""
-    if head_phase != "waiting for rank 1" or waited_s < JOIN_HINT_AFTER_S:
+def join_hint(head_phase: str, worker_phase: str, waited_s: float, cfg: PairConfig) -> str | None:
+    """A hint once the head has waited long in distributed init (the DistStoreError family).
+
+    ``head_phase`` is the head's bootlog phase; only ``rendezvous`` (its worker logged
+    ``distributed_init_method=...`` and has not yet been assigned its rank, see
+    pairctl.bootlog) means rank 1 has not joined. Rank 1's own phase says which side to fix.
+    """
+    if head_phase != bootlog.RENDEZVOUS or waited_s < JOIN_HINT_AFTER_S:
         return None
+    target = f"{cfg.master_addr}:{cfg.MASTER_PORT}"
+    if worker_phase == bootlog.RENDEZVOUS:
+        why = (
+            f"rank 1 is in distributed init too, but cannot reach {target} (the head's "
+            f"TCP store) or the head's ZeroMQ ports over {cfg.NCCL_SOCKET_IFNAME}: check the "
+            "firewall, MASTER_ADDR and PF-NCCL-IFACE"
+        )
+    else:
+        why = (
+            f"rank 1 has not reached distributed init (its phase: {worker_phase}); when it "
+            f"does it must reach {target}"
+        )
     return (
-        f"hint: rank 1 has not joined after {waited_s:.0f}s: it must reach "
-        f"{cfg.master_addr}:{cfg.MASTER_PORT} and the head's ZeroMQ ports over "
-        f"{cfg.NCCL_SOCKET_IFNAME}; check firewall, MASTER_ADDR and PF-NCCL-IFACE, and "
-        "`launch/dspark_launch.sh logs --rank 1`"
+        f"hint: rank 1 has not joined after {waited_s:.0f}s: rank 0 waits in "
+        f"torch.distributed init for it; {why}. See `launch/dspark_launch.sh logs --rank 1`"
     )
 
 
@@ -85,15 +94,29 @@ class Health:
     detail: str
 
 
-def probe_health(base: str, timeout: float = 3.0) -> Health:
-    """GET /health then /v1/models; healthy only when both answer 200 with a model."""
+def session(api_key: str = ""):  # -> requests.Session (lazy import)
+    """A session for the pair's own endpoint: no proxy from the environment, the key if set."""
     import requests  # lazy: only steps that talk HTTP pay for the import
 
+    s = requests.Session()
+    s.trust_env = False  # HTTP_PROXY/HTTPS_PROXY/NO_PROXY and .netrc are not for our pair
+    if api_key:
+        s.headers["Authorization"] = f"Bearer {api_key}"
+    return s
+
+
+def probe_health(base: str, timeout: float = 3.0, api_key: str = "") -> Health:
+    """GET /health then /v1/models; healthy only when both answer 200 with a model."""
+    import requests
+
+    s = session(api_key)
     try:
-        r = requests.get(f"{base}/health", timeout=timeout)
+        r = s.get(f"{base}/health", timeout=timeout)
         if r.status_code != 200:
             return Health(False, [], False, f"/health {r.status_code}")
-        r = requests.get(f"{base}/v1/models", timeout=timeout)
+        r = s.get(f"{base}/v1/models", timeout=timeout)
+        if r.status_code == 401:
+            return Health(False, [], False, "/v1/models 401: VLLM_API_KEY differs")
         if r.status_code != 200:
             return Health(False, [], False, f"/v1/models {r.status_code}")
         data = r.json().get("data", [])
@@ -104,13 +127,13 @@ def probe_health(base: str, timeout: float = 3.0) -> Health:
     return Health(bool(models), models, sim, "ok" if models else "no models listed")
 
 
-def metrics(base: str, timeout: float = 3.0) -> dict[str, float]:
+def metrics(base: str, timeout: float = 3.0, api_key: str = "") -> dict[str, float]:
     """running/waiting request gauges from /metrics (sum over label sets)."""
     import requests
 
     out: dict[str, float] = {}
     try:
-        r = requests.get(f"{base}/metrics", timeout=timeout)
+        r = session(api_key).get(f"{base}/metrics", timeout=timeout)
         r.raise_for_status()
     except requests.RequestException:
         return out
@@ -148,10 +171,19 @@ def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
             f"WARN start: {cfg.OVERLAY_DIR} missing on {node.label}: booting without overlays "
             "(run launch/dspark_launch.sh sync-overlays)"
         )
-    mk = node.run(["mkdir", "-p", cfg.TILELANG_CACHE_DIR], timeout=30)
+    caches = [cfg.values[v] for v in CACHE_VARS]
+    mk = node.run(["mkdir", "-p", *caches], timeout=30)
     if mk.rc != 0:
-        log(f"WARN start: mkdir {cfg.TILELANG_CACHE_DIR} on {node.label}: {mk.err.strip()}")
-    rp = build_rank(cfg, recipe, rank, passthrough, overlay=overlay)
+        log(f"WARN start: mkdir {' '.join(caches)} on {node.label}: {mk.err.strip()}")
+    facts = image_facts(node, resolve_image(cfg, recipe))
+    if facts is None:
+        return 1
+    if facts.entrypoint:
+        log(
+            f"start: image ENTRYPOINT {facts.entrypoint} on {node.label} replaced by "
+            f"--entrypoint {ENTRYPOINT}"
+        )
+    rp = build_rank(cfg, recipe, rank, passthrough, overlay=overlay, image_facts=facts)
     log(
         f"start: rank {rank} ({rp.role}) on {node.label}: docker "
         + shlex.join(mask_argv(rp.docker_argv[:4]))
@@ -165,6 +197,18 @@ def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
         )
         return 1
     return EXIT_OK
+
+
+def image_facts(node: Node, image: str) -> ImageFacts | None:
+    """``docker image inspect`` on the node: its PYTHONPATH is kept, its entrypoint noted."""
+    res = node.run(["docker", "image", "inspect", image], timeout=60)
+    facts = parse_inspect(res.out) if res.rc == 0 else None
+    if facts is None:
+        log(
+            f"start: docker image inspect {image} failed on {node.label} (rc={res.rc}): "
+            f"{(res.err or res.out).strip()[-300:]}; pull or load the image there"
+        )
+    return facts
 
 
 def first_dead(dead: list[tuple[Node, str, State]]) -> list[tuple[Node, str, State]]:
@@ -242,7 +286,7 @@ def wait_healthy(
                 print(file=sys.stderr)
             report_dead(dead)
             return EXIT_BOOT
-        h = probe_health(base)
+        h = probe_health(base, api_key=cfg.VLLM_API_KEY)
         elapsed = fmt_elapsed(now - start)
         if h.healthy:
             if tty:
@@ -262,20 +306,17 @@ def wait_healthy(
                 _print_dead(node, container_name(cfg.PAIR_ID, node.rank), "timed out")
             return EXIT_TIMEOUT
         phases = []
+        by_rank: dict[int, str] = {}
         for node in pair:
             text = logs_tail(node, container_name(cfg.PAIR_ID, node.rank), 60)
-            phase = phase_of(text)
-            phases.append(f"rank{node.rank}: {phase}")
+            phase = by_rank[node.rank] = phase_of(text)
+            phases.append(f"rank{node.rank}: {bootlog.shown(phase, node.rank)}")
             if node.rank == 0:
-                if phase != "waiting for rank 1":
+                if phase != bootlog.RENDEZVOUS:
                     waiting_since = None
                 elif waiting_since is None:
                     waiting_since = now
-        hint = join_hint(
-            "waiting for rank 1" if waiting_since is not None else "",
-            now - (waiting_since or now),
-            cfg,
-        )
+        hint = join_hint(by_rank.get(0, ""), by_rank.get(1, ""), now - (waiting_since or now), cfg)
         if hint and not hinted:
             if tty:
                 print(file=sys.stderr)
@@ -301,14 +342,14 @@ def pair_state(cfg: PairConfig) -> dict[str, Any]:
             "error": "" if res.rc == 0 else (res.err or res.out).strip()[-300:],
             "containers": [{"name": c.name, "state": c.state, "labels": c.labels} for c in cs],
         }
-    h = probe_health(endpoint(cfg))
+    h = probe_health(endpoint(cfg), api_key=cfg.VLLM_API_KEY)
     out["health"] = {
         "healthy": h.healthy,
         "models": h.models,
         "simulator": h.simulator,
         "detail": h.detail,
     }
-    out["metrics"] = metrics(endpoint(cfg)) if h.healthy else {}
+    out["metrics"] = metrics(endpoint(cfg), api_key=cfg.VLLM_API_KEY) if h.healthy else {}
     return out
 
 

@@ -56,9 +56,13 @@ def _unshare_pid_ns() -> None:
 
 def run(cdir: Path) -> int:
     """Start the container, record its init pid, wait, record its exit code."""
+    cfg = json.loads((cdir / "config.json").read_text())
+    # `--network none`: a network namespace of its own (loopback only, down), as in docker.
+    net = ["--net"] if cfg["HostConfig"].get("NetworkMode") == "none" else []
     argv = [
         "unshare",
         "--mount",
+        *net,
         "--propagation",
         "private",
         sys.executable,

@@ -13,7 +13,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY
+from sim.twin import HEADER, OWNED_BY, auth
 from sim.twin.engine import Engine, Request
 from sim.twin.metrics import Metrics
 from sim.twin.requests_in import BadRequest, Builder
@@ -41,6 +41,7 @@ class TwinServer(ThreadingHTTPServer):
         self.engine, self.builder, self.metrics = engine, builder, metrics
         self.model_names, self.truth = model_names, truth
         self.created = int(time.time())
+        self.tokens = auth.tokens()
 
 
 def _error(message: str, code: int, kind: str) -> dict[str, Any]:
@@ -96,10 +97,20 @@ class Handler(BaseHTTPRequestHandler):
             b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
         )
 
+    def _authorized(self, method: str, path: str) -> bool:
+        """vLLM's API-key middleware (sim/twin/auth.py); answers 401 itself on a miss."""
+        if auth.allowed(method, path, self.headers.get("Authorization"), self.server.tokens):
+            return True
+        self.close_connection = True  # the unread request body must not become a request
+        self._json(401, auth.UNAUTHORIZED)
+        return False
+
     # -- routes --------------------------------------------------------------------------
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         path = self.path.split("?", 1)[0]
         srv = self.server
+        if not self._authorized("GET", path):
+            return
         if path in ("/health", "/ping"):
             if srv.engine.dead:
                 self._send(503, b"", "text/plain")
@@ -138,6 +149,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server naming
         received_ns = time.monotonic_ns()
         path = self.path.split("?", 1)[0]
+        if not self._authorized("POST", path):
+            return
         try:
             body = self._body()
             if path == "/v1/chat/completions":

@@ -46,6 +46,12 @@ class Env:
         self.log_path = tmp / "calls.jsonl"
         model = tmp / "model"
         model.mkdir()
+        # RDMA devices as the probe sees them: character devices (links to /dev/null, which
+        # any user can make; a real node has /dev/infiniband/uverbs*).
+        rdma = tmp / "infiniband"
+        rdma.mkdir()
+        for name in ("uverbs0", "uverbs1"):
+            (rdma / name).symlink_to("/dev/null")
         (model / "config.json").write_text('{"model_type": "deepseek_v4"}')
         (model / "tokenizer.json").write_text("{}")
         self.values = {
@@ -60,6 +66,11 @@ class Env:
             "MODEL_PATH": str(model),
             "OVERLAY_DIR": str(tmp / "overlays"),
             "TILELANG_CACHE_DIR": str(tmp / "tilelang"),
+            "VLLM_CACHE_ROOT": str(tmp / "cache" / "vllm"),
+            "TRITON_CACHE_DIR": str(tmp / "cache" / "triton"),
+            "FLASHINFER_WORKSPACE_BASE": str(tmp / "cache" / "flashinfer"),
+            "DG_JIT_CACHE_DIR": str(tmp / "cache" / "deep_gemm"),
+            "RDMA_DEVICE_DIR": str(rdma),
             "NCCL_SOCKET_IFNAME": "lo",
             "GLOO_SOCKET_IFNAME": "lo",
             "NCCL_IB_HCA": "",
@@ -116,7 +127,10 @@ class Env:
         )
         self.save()
 
-    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    def run(
+        self, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
+        extra = env or {}
         env = dict(
             os.environ,
             PATH=f"{FAKES}:{os.environ['PATH']}",
@@ -127,7 +141,12 @@ class Env:
             PAIRCTL_PYTHON=sys.executable,
             PAIRCTL_POLL_S="0.2",
             XDG_RUNTIME_DIR=str(self.tmp),
+            # vLLM's parser costs seconds per distinct argv (pairctl.argcheck caches a pass):
+            # share that cache across this test session (pytest's basetemp holds every
+            # test's tmp_path), never the user's own ~/.cache.
+            XDG_CACHE_HOME=str(self.tmp.parent / "xdg-cache"),
         )
+        env.update(extra)
         argv = [str(LAUNCHER)]
         if "--env-file" not in args:
             argv += ["--env-file", str(self.env_file)]

@@ -16,6 +16,7 @@ from pairctl import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, argcheck
 from pairctl import lifecycle as lc
 from pairctl import preflight as pf
 from pairctl.config import ConfigError, PairConfig, load_env_file
+from pairctl.gate import run_gate
 from pairctl.nodes import nodes
 from pairctl.overlays import shipped_files, sync
 from pairctl.plan import (
@@ -149,6 +150,12 @@ def cmd_endpoint(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_gate(args: argparse.Namespace) -> int:
+    """The quality gate against this pair's endpoint (the key by env, no proxy)."""
+    cfg, _, _ = _load(args)
+    return run_gate(cfg)
+
+
 def cmd_sync_overlays(args: argparse.Namespace) -> int:
     cfg, _, _ = _load(args)
     return sync(cfg, Path(args.src))
@@ -207,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--poll", type=float, default=float(os.environ.get("PAIRCTL_POLL_S", "2")))
     add("status", cmd_status, "containers, health, requests")
     add("endpoint", cmd_endpoint, "print the endpoint base URL")
+    add("gate", cmd_gate, "run the quality gate against the endpoint")
     add("lock-path", cmd_lock_path, "print this pair's launcher lock file")
     sp = add("sync-overlays", cmd_sync_overlays, "copy the overlays to both nodes, verified")
     sp.add_argument("--src", default=str(OVERLAY_SRC))

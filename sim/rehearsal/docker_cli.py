@@ -53,9 +53,14 @@ def _status_text(state: dict[str, Any], created: str) -> str:
     return "Created"
 
 
+def process_argv(cfg: dict[str, Any]) -> list[str]:
+    """What the container runs: its ENTRYPOINT, then its CMD (as docker does)."""
+    return list(cfg.get("Entrypoint") or []) + list(cfg["Cmd"])
+
+
 def _ps_row(store: Store, cid: str, no_trunc: bool) -> dict[str, Any]:
     cfg, st = store.config(cid), store.state(cid)
-    command = " ".join(cfg["Cmd"])
+    command = " ".join(process_argv(cfg))
     if not no_trunc and len(command) > 20:
         command = command[:19] + "…"
     created = cfg["Created"]
@@ -121,8 +126,8 @@ def inspect_object(store: Store, cid: str) -> dict[str, Any]:
     return {
         "Id": cid,
         "Created": cfg["Created"],
-        "Path": cfg["Cmd"][0],
-        "Args": cfg["Cmd"][1:],
+        "Path": process_argv(cfg)[0],
+        "Args": process_argv(cfg)[1:],
         "State": {
             "Status": status,
             "Running": status in ("running", "removing"),

@@ -83,8 +83,8 @@ def cmd_run(store: Store, args: list[str]) -> int:
         entry = [run.entrypoint] if run.entrypoint else []
     else:
         entry = list(image.get("Entrypoint") or [])
-    cmd = entry + cmd
-    if not cmd:
+    argv = entry + cmd  # what runs: ENTRYPOINT, then CMD (Config keeps them apart)
+    if not argv:
         raise StoreError(
             "docker: Error response from daemon: no command specified.\nSee 'docker run --help'.",
             code=125,
@@ -168,7 +168,7 @@ def cmd_run(store: Store, args: list[str]) -> int:
         write_json_atomic(cdir / "config.json", config)
         write_json_atomic(cdir / "state.json", {"Status": "created", "ExitCode": 0})
         (cdir / "log").touch()
-    exe = cmd[0]
+    exe = argv[0]
     found = Path(exe).exists() if "/" in exe else shutil.which(exe, path=merged["PATH"])
     if not found:
         write_json_atomic(cdir / "state.json", {"Status": "created", "ExitCode": 127})

@@ -192,7 +192,7 @@ def enter(cdir: Path) -> int:
         )
         return 125
     env = dict(item.split("=", 1) for item in cfg["Env"])
-    cmd = cfg["Cmd"]
+    cmd = list(cfg.get("Entrypoint") or []) + list(cfg["Cmd"])  # ENTRYPOINT, then CMD
     os.chdir(cfg.get("WorkingDir") or "/")
     try:
         os.execvpe(cmd[0], cmd, env)

@@ -91,7 +91,7 @@ def test_real_parser_names_each_typo_and_where_it_came_from() -> None:
 @pytest.mark.needs_vllm
 def test_plan_exits_2_naming_the_bad_extra_flag(tmp_path: Path) -> None:
     pair = Env(tmp_path, free_port())
-    p = pair.run("plan", "--", "--bogus-flag", "1", timeout=300)
+    p = pair.run("plan", "--", "--bogus-flag", "1", timeout=300, env={"PAIRCTL_ARGCHECK": "auto"})
     assert p.returncode == 2, p.stdout + p.stderr
     assert "extra vLLM args after --" in p.stderr and "--bogus-flag 1" in p.stderr
     assert "docker run" not in p.stdout and pair.calls() == []

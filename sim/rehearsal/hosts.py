@@ -117,8 +117,6 @@ class Host:
                 "DSV4R_HOST": self.name,
                 "HOME": "/root",
                 "XDG_RUNTIME_DIR": str(self.runtime_dir),
-                # the launcher's caches (e.g. its vLLM argv check) stay on the host's disk
-                "XDG_CACHE_HOME": str(self.node_view / "xdg-cache"),
             }
         )
         env.update(extra or {})

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pairctl.argcheck import MARK as ARGCHECK_MARK
 from tests.fakes.mock_openai import MockConfig, MockServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +79,16 @@ class Env:
         }
         self.env_file = tmp / "pair.env"
         self.write_env()
-        host = {"addrs": [], "listen": [], "images": {IMAGE: IMAGE_ID}, "containers": []}
+        accepted = {"ok": True, "flag": "", "error": ""}
+        host = {
+            "addrs": [],
+            "listen": [],
+            "images": {IMAGE: IMAGE_ID},
+            "containers": [],
+            "throwaway": {
+                "out": ARGCHECK_MARK + json.dumps({"vllm": "0.33.0", "results": [accepted] * 2})
+            },
+        }
         self.state = {
             "hosts": {
                 "h1": dict(host, addrs=["127.0.0.1"], containers=[]),
@@ -105,7 +115,8 @@ class Env:
         return [r for r in rows if r["tool"] == tool]
 
     def runs(self) -> list[dict]:
-        return [c for c in self.calls() if c["argv"][:1] == ["run"]]
+        """Containers started (`run -d`): a rank. The argv check's `run --rm` is no start."""
+        return [c for c in self.calls() if c["argv"][:1] == ["run"] and "--rm" not in c["argv"]]
 
     def removes(self) -> list[dict]:
         return [c for c in self.calls() if c["argv"][:1] == ["rm"]]
@@ -141,10 +152,12 @@ class Env:
             PAIRCTL_PYTHON=sys.executable,
             PAIRCTL_POLL_S="0.2",
             XDG_RUNTIME_DIR=str(self.tmp),
-            # vLLM's parser costs seconds per distinct argv (pairctl.argcheck caches a pass):
-            # share that cache across this test session (pytest's basetemp holds every
-            # test's tmp_path), never the user's own ~/.cache.
-            XDG_CACHE_HOME=str(self.tmp.parent / "xdg-cache"),
+            # The argv check as on a Spark: the image's parser in a throwaway container,
+            # which the fake docker answers from the host's "throwaway" reply (accepted by
+            # default). The local vLLM parser costs seconds per argv; tests/test_argcheck.py
+            # runs it. Its cache stays in the test's dir, never the user's ~/.cache.
+            PAIRCTL_ARGCHECK="image",
+            XDG_CACHE_HOME=str(self.tmp / "xdg-cache"),
         )
         env.update(extra)
         argv = [str(LAUNCHER)]

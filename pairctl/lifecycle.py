@@ -158,24 +158,36 @@ def cleanup(cfg: PairConfig) -> int:
     return rc
 
 
+# What `start` needs to know on the node before its `docker run`, in one round trip:
+# whether OVERLAY_DIR is there, the cache dirs (created), and the image's own config.
+_START_SCRIPT = r"""
+if [ -d "$OV" ]; then echo "overlay=yes"; else echo "overlay=no"; fi
+mkdir -p "$@" 2>&1 || echo "mkdir=fail"
+echo "==== image ===="
+docker image inspect "$IMAGE" 2>&1; echo "rc=$?"
+"""
+
+
 def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str]) -> int:
     """docker run one rank on its node (overlay mount only if OVERLAY_DIR exists there)."""
     node = nodes(cfg)[rank]
-    has_ov = node.run(["test", "-d", cfg.OVERLAY_DIR], timeout=30)
-    if has_ov.rc == 255 and node.remote:
-        log(f"start: ssh to {node.label} failed: {has_ov.err.strip()[-300:]}")
+    image = resolve_image(cfg, recipe)
+    caches = [cfg.values[v] for v in CACHE_VARS]
+    head = f"OV={shlex.quote(cfg.OVERLAY_DIR)}\nIMAGE={shlex.quote(image)}\n"
+    head += f"set -- {shlex.join(caches)}\n"
+    res = node.run_script(head + _START_SCRIPT, timeout=60)
+    if res.rc == 255 and node.remote:
+        log(f"start: ssh to {node.label} failed: {res.err.strip()[-300:]}")
         return 1
-    overlay = has_ov.rc == 0
-    if not overlay:
+    before, _, inspected = res.out.partition("==== image ====")
+    if "overlay=yes" not in before:
         log(
             f"WARN start: {cfg.OVERLAY_DIR} missing on {node.label}: booting without overlays "
             "(run launch/dspark_launch.sh sync-overlays)"
         )
-    caches = [cfg.values[v] for v in CACHE_VARS]
-    mk = node.run(["mkdir", "-p", *caches], timeout=30)
-    if mk.rc != 0:
-        log(f"WARN start: mkdir {' '.join(caches)} on {node.label}: {mk.err.strip()}")
-    facts = image_facts(node, resolve_image(cfg, recipe))
+    if "mkdir=fail" in before:
+        log(f"WARN start: mkdir {' '.join(caches)} on {node.label}: {before.strip()[-300:]}")
+    facts = image_facts(node, image, inspected)
     if facts is None:
         return 1
     if facts.entrypoint:
@@ -183,6 +195,7 @@ def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
             f"start: image ENTRYPOINT {facts.entrypoint} on {node.label} replaced by "
             f"--entrypoint {ENTRYPOINT}"
         )
+    overlay = "overlay=yes" in before
     rp = build_rank(cfg, recipe, rank, passthrough, overlay=overlay, image_facts=facts)
     log(
         f"start: rank {rank} ({rp.role}) on {node.label}: docker "
@@ -199,14 +212,15 @@ def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
     return EXIT_OK
 
 
-def image_facts(node: Node, image: str) -> ImageFacts | None:
-    """``docker image inspect`` on the node: its PYTHONPATH is kept, its entrypoint noted."""
-    res = node.run(["docker", "image", "inspect", image], timeout=60)
-    facts = parse_inspect(res.out) if res.rc == 0 else None
+def image_facts(node: Node, image: str, inspected: str) -> ImageFacts | None:
+    """``docker image inspect`` output (then ``rc=N``): its PYTHONPATH is kept, its
+    entrypoint noted; None (and a message) when the image is not on the node."""
+    text, _, rc = inspected.strip().rpartition("rc=")
+    facts = parse_inspect(text) if rc.strip() == "0" else None
     if facts is None:
         log(
-            f"start: docker image inspect {image} failed on {node.label} (rc={res.rc}): "
-            f"{(res.err or res.out).strip()[-300:]}; pull or load the image there"
+            f"start: docker image inspect {image} failed on {node.label} (rc={rc.strip()}): "
+            f"{text.strip()[-300:]}; pull or load the image there"
         )
     return facts
 

@@ -125,8 +125,10 @@ def check_kernel_cma(evs: list[NodeEvidence]) -> Check:
             )
         elif cma_total is None and kernel.startswith(_KNOWN_BAD):
             warns.append(f"rank {rank} ({kernel}): no Cma counters in /proc/meminfo to rule out")
+        elif cma_total is None:
+            ok.append(f"rank {rank} {kernel} (no CMA counters)")
         else:
-            ok.append(f"rank {rank} {kernel} (CmaTotal {cma_total}, CmaFree {cma_free} kB)")
+            ok.append(f"rank {rank} {kernel} (CmaTotal {cma_total} kB, CmaFree {cma_free} kB)")
     if fails:
         return PF_KERNEL_CMA.verdict(FAIL, "; ".join(fails))
     if warns:

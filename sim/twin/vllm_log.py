@@ -204,6 +204,9 @@ LINES: dict[str, Line] = {
         "INFO",
         "[shutdown] Executor: all workers exited gracefully",
     ),
+    "engine_fatal": Line(
+        "vllm/v1/engine/core.py", 1586, "ERROR", "EngineCore encountered a fatal error."
+    ),
     "worker_failed_start": Line(
         "vllm/v1/executor/multiproc_executor.py", 1057, "ERROR", "WorkerProc failed to start."
     ),

@@ -298,7 +298,7 @@ def wait_healthy(
         if dead:
             if tty:
                 print(file=sys.stderr)
-            report_dead(dead)
+            report_dead(dead + _also_dead(cfg, pair, dead))
             return EXIT_BOOT
         h = probe_health(base, api_key=cfg.VLLM_API_KEY)
         elapsed = fmt_elapsed(now - start)
@@ -343,6 +343,29 @@ def wait_healthy(
             log(line)
             last_line, last_print = line.split("] ", 1)[1], now
         time.sleep(poll_s)
+
+
+ALSO_DEAD_AFTER_S = 1.0
+
+
+def _also_dead(
+    cfg: PairConfig, pair: tuple[Node, ...], dead: list[tuple[Node, str, State]]
+) -> list[tuple[Node, str, State]]:
+    """The other rank, if it died too: one look after a second. A rank that crashes takes
+    its peer down within moments, and the poll may have seen the peer go first (its
+    inspect ran later); the first to die is the cause, so it must be in the report."""
+    gone = {n.rank for n, _, _ in dead}
+    rest = [n for n in pair if n.rank not in gone]
+    if not rest:
+        return []
+    time.sleep(ALSO_DEAD_AFTER_S)
+    more = []
+    for node in rest:
+        name = container_name(cfg.PAIR_ID, node.rank)
+        st = inspect(node, name)
+        if st is not None and not st.running:
+            more.append((node, name, st))
+    return more
 
 
 def pair_state(cfg: PairConfig) -> dict[str, Any]:

@@ -247,7 +247,7 @@ def test_head_crash_after_rank1_joined_tears_down_both(fresh: hosts.Pair) -> Non
     assert rc == EXIT_BOOT, out
     assert "rank 0" in out and "FAIL" in out
     # the head's log tail shows rank 1 had joined: vLLM's line after the rendezvous
-    assert "rank 0 in world size 2 is assigned as" in out
+    assert "rank 0 in world size 2 is assigned as" in out, out
     assert_no_orphans(pair)
 
 

@@ -516,3 +516,24 @@ def test_join_hint_only_after_a_long_wait() -> None:
     hint = join_hint("rendezvous", "loading weights", 120, cfg)
     assert hint and "has not reached distributed init (its phase: loading weights)" in hint
     assert "PF-NCCL-IFACE" not in hint
+
+
+def test_a_peer_that_died_a_moment_later_is_reported_too(monkeypatch) -> None:
+    """The poll saw rank 1 dead first (its inspect ran later); one more look finds rank 0,
+    which went first: both reach the report, ordered by when they died."""
+    from pairctl import lifecycle
+    from pairctl.docker import State
+    from pairctl.nodes import nodes
+
+    cfg = parse_env(ENV)
+    n0, n1 = nodes(cfg)
+    head = State(True, False, "exited", 1, "2026-11-30T10:02:20.100000000Z")
+    monkeypatch.setattr(lifecycle, "inspect", lambda node, name: head)
+    monkeypatch.setattr(lifecycle.time, "sleep", lambda s: None)
+    worker = (n1, "w", State(True, False, "exited", 1, "2026-11-30T10:02:20.300000000Z"))
+    more = lifecycle._also_dead(cfg, (n0, n1), [worker])
+    assert [(n.rank, st) for n, _, st in more] == [(0, head)]
+    assert [d[0].rank for d in lifecycle.first_dead([worker, *more])] == [0, 1]
+    running = State(True, True, "running", None)
+    monkeypatch.setattr(lifecycle, "inspect", lambda node, name: running)
+    assert lifecycle._also_dead(cfg, (n0, n1), [worker]) == []

@@ -382,8 +382,8 @@ cmd_up() {
 run_gate() {
   local url
   url="$(pairctl endpoint)"
-  local -a gate=("${PYTHON}" -m bench.quality_ref_dspark --url "${url}")
-  if ! "${gate[@]}"; then
+  # pairctl gate runs bench.quality_ref_dspark with the pair's VLLM_API_KEY (by env).
+  if ! pairctl gate; then
     err "quality gate FAILED against ${url} (endpoint left running for inspection)"
     exit "${EXIT_GATE}"
   fi

@@ -13,12 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-from pairctl import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, ops
+from pairctl import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, argcheck, ops
 from pairctl import lifecycle as lc
 from pairctl import preflight as pf
 from pairctl import status as pst
 from pairctl.argtypes import non_negative_int, positive_float, positive_int
 from pairctl.config import ConfigError, PairConfig, check_port_clash, load_env_file
+from pairctl.gate import run_gate
 from pairctl.overlays import shipped_files
 from pairctl.plan import (
     build_rank,
@@ -64,7 +65,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     cfg, recipe, extra = _load(args)
-    sys.stdout.write(render_plan(cfg, recipe, extra))
+    checked = argcheck.require_local(cfg, recipe, extra)  # vLLM's parser, if importable here
+    sys.stdout.write(render_plan(cfg, recipe, extra, argcheck.plan_note(checked)))
     return EXIT_OK
 
 
@@ -99,7 +101,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     if args.json:
         writable_file(args.json, "--json")
     want = shipped_files(OVERLAY_SRC)
-    checks, evidence = runner.run(cfg, recipe, extra, want, ops.print_check, ops.progress)
+    checked = argcheck.require_local(cfg, recipe, extra)  # else the image's parser, in gather
+    checks, evidence = runner.run(
+        cfg, recipe, extra, want, ops.print_check, ops.progress, local_argv=checked
+    )
     sys.stdout.write(pf.summary(checks))
     if args.json:
         Path(args.json).write_text(json.dumps(pf.as_json(checks, evidence), indent=2) + "\n")
@@ -163,6 +168,12 @@ def cmd_endpoint(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_gate(args: argparse.Namespace) -> int:
+    """The quality gate against this pair's endpoint (the key by env, no proxy)."""
+    cfg, _, _ = _load(args)
+    return run_gate(cfg)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pairctl", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -219,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--count", type=positive_int, default=None, help="--watch: stop after N")
     add("endpoint", cmd_endpoint, "print the endpoint base URL")
+    add("gate", cmd_gate, "run the quality gate against the endpoint")
     add("lock-path", cmd_lock_path, "print this pair's launcher lock file")
     sp = add("sync-overlays", op(ops.sync_overlays), "copy the overlays to both nodes, verified")
     sp.add_argument("--src", default=str(OVERLAY_SRC))

@@ -59,6 +59,29 @@ VARS: tuple[Var, ...] = (
         "abspath",
         "persistent TileLang JIT cache on both nodes",
     ),
+    # The other JIT caches a restart would otherwise rebuild (pairctl.plan.CACHE_VARS):
+    # each is mounted at the same path and set under its own name in the container.
+    Var("VLLM_CACHE_ROOT", "/home/bird/.cache/vllm", "abspath", "vLLM compile cache"),
+    Var("TRITON_CACHE_DIR", "/home/bird/.triton/cache", "abspath", "Triton kernel cache"),
+    Var(
+        "FLASHINFER_WORKSPACE_BASE",
+        "/home/bird/.cache/flashinfer-base",
+        "abspath",
+        "FlashInfer JIT workspace base (its cache is BASE/.cache/flashinfer)",
+    ),
+    Var("DG_JIT_CACHE_DIR", "/home/bird/.cache/deep_gemm", "abspath", "DeepGEMM JIT cache"),
+    Var(
+        "RDMA_DEVICE_DIR",
+        "/dev/infiniband",
+        "abspath",
+        "host dir of the RDMA devices (uverbs*) passed to the container as /dev/infiniband",
+    ),
+    Var(
+        "MODEL_REVISION",
+        "",
+        "revision_or_empty",
+        "Hugging Face commit of the model files (40 hex); preflight checks both nodes have it",
+    ),
     Var("NCCL_SOCKET_IFNAME", None, "iflist", "NCCL bootstrap/socket interface(s)"),
     Var("GLOO_SOCKET_IFNAME", None, "iflist", "Gloo interface (torch.distributed CPU side)"),
     Var("NCCL_IB_HCA", "", "hca_or_empty", "2-rail HCA list, one port per card; empty = NCCL auto"),
@@ -69,6 +92,13 @@ VARS: tuple[Var, ...] = (
         "pin NCCL's RoCE GID index (0-255); empty = NCCL picks RoCEv2 itself (preferred)",
     ),
     Var("HF_TOKEN", "", "any", "optional Hugging Face token (never printed)", secret=True),
+    Var(
+        "VLLM_API_KEY",
+        "",
+        "token_or_empty",
+        "bearer token the endpoint requires on /v1 (never printed)",
+        secret=True,
+    ),
 )
 VAR_NAMES = tuple(v.name for v in VARS)
 SECRET_NAMES = frozenset(v.name for v in VARS if v.secret)
@@ -78,6 +108,7 @@ _PAIR_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
 _WORD_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 _IF_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*$")
+_REV_RE = re.compile(r"^[0-9a-f]{40}$")
 _HCA_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?::\d+)?(?:,[A-Za-z0-9._-]+(?::\d+)?)*$")
 
 
@@ -121,6 +152,11 @@ def _check(kind: str, value: str) -> str | None:
         return None
     if kind == "hca":
         return None if _HCA_RE.match(value) else "must look like dev[:port],dev[:port]"
+    if kind == "revision":
+        return None if _REV_RE.match(value) else "must be a 40-hex commit hash (or empty)"
+    if kind == "token":
+        ok = value.isprintable() and " " not in value
+        return None if ok else "must be one printable word (no spaces)"
     raise AssertionError(f"unknown kind {kind}")
 
 

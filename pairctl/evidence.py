@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pairctl.docker import Container
+from pairctl.image import ImageFacts
+from pairctl.probe_host import IbPort, Link
 from pairctl.roce import Gid
 
 
@@ -41,6 +43,17 @@ class NodeEvidence:
     overlay_dir: bool = False
     overlay_files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
     roce_gids: list[Gid] = field(default_factory=list)
+    image_facts: ImageFacts | None = None  # docker image inspect IMAGE (None: not found)
+    kernel: str = ""  # uname -r
+    gpu: str = ""  # nvidia-smi's GPU name ("" none visible)
+    meminfo: dict[str, int] = field(default_factory=dict)  # /proc/meminfo, kB
+    rdma_dir: bool = False  # RDMA_DEVICE_DIR exists
+    uverbs: list[str] = field(default_factory=list)  # uverbs* character devices in it
+    links: list[Link] = field(default_factory=list)  # netdev MTU and operstate
+    ibports: list[IbPort] = field(default_factory=list)  # RDMA port state and netdev
+    cache_dirs: dict[str, bool] = field(default_factory=dict)  # cache var -> writable
+    model_revision: str = ""  # HF commit of MODEL_PATH ("" unknown)
+    earlyoom: bool = False  # an earlyoom process runs
     rc: int | None = None
     stderr: str = ""
     reachable: bool = False
@@ -64,7 +77,26 @@ class NodeEvidence:
             for c in kw.get("containers", [])
         ]
         kw["roce_gids"] = [g if isinstance(g, Gid) else Gid(**g) for g in kw.get("roce_gids", [])]
+        kw["links"] = [x if isinstance(x, Link) else Link(**x) for x in kw.get("links", [])]
+        kw["ibports"] = [x if isinstance(x, IbPort) else IbPort(**x) for x in kw.get("ibports", [])]
+        facts = kw.get("image_facts")
+        if isinstance(facts, Mapping):
+            kw["image_facts"] = ImageFacts(**facts)
         return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ArgvCheck:
+    """Both ranks' vLLM argv, read by vLLM's own parser (pairctl.argcheck)."""
+
+    where: str = ""  # which parser: "this machine's vLLM 0.33.0" or "image sha256:... on ..."
+    ran: bool = False
+    detail: str = ""  # why it did not run, or that it passed before (cached)
+    errors: list[str] = field(default_factory=list)  # one explained rejection per bad flag
+
+    @property
+    def ok(self) -> bool:
+        return self.ran and not self.errors
 
 
 @dataclass(frozen=True)
@@ -77,6 +109,7 @@ class Evidence:
     nodes: dict[str, NodeEvidence] = field(  # keys "0", "1" (JSON object keys)
         default_factory=lambda: {"0": NodeEvidence(), "1": NodeEvidence()}
     )
+    argv_check: ArgvCheck = field(default_factory=ArgvCheck)
 
     @property
     def rank0(self) -> NodeEvidence:
@@ -94,4 +127,5 @@ class Evidence:
             resolved=dict(data.get("resolved", {})),
             image=str(data.get("image", "")),
             nodes={r: NodeEvidence.from_dict(n) for r, n in data["nodes"].items()},
+            argv_check=ArgvCheck(**data.get("argv_check", {})),
         )

@@ -2,7 +2,12 @@
 
 ``wait_healthy`` watches both ranks while it polls the endpoint: a dead rank ends the wait
 at once (exit 4) with that rank's log tail, instead of letting the survivor sit on ~77 GB
-until the timeout. The phase shown in the progress line is read from the logs.
+until the timeout. The phase shown in the progress line is read from the logs with the
+needles of pairctl.bootlog (messages vLLM 0.33 really prints).
+
+Every HTTP request to the pair's own endpoint ignores HTTP(S)_PROXY (a proxy on the
+operator's machine must not sit between the launcher and its own pair) and sends the
+pair's VLLM_API_KEY when one is set.
 """
 
 from __future__ import annotations
@@ -13,52 +18,55 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT
+from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT, bootlog
+from pairctl.bootlog import phase_of
 from pairctl.config import PairConfig
 from pairctl.docker import State, inspect, logs_tail, remove_pair
+from pairctl.image import ImageFacts, parse_inspect
 from pairctl.nodes import Node, nodes
-from pairctl.plan import build_rank, container_name, mask_argv, plan_hash
-from pairctl.recipe import Recipe
-
-# Log line substring → phase shown while waiting (docs/INTERFACES.md; real vLLM logs match).
-PHASES: tuple[tuple[str, str], ...] = (
-    ("Loading weights", "loading weights"),
-    ("Compiling", "compiling"),
-    ("torch.compile", "compiling"),
-    ("Capturing CUDA graphs", "capturing CUDA graphs"),
-    ("Waiting for rank 1 to join", "waiting for rank 1"),
-    ("Starting vLLM API server", "starting API server"),
-    ("Application startup complete.", "API server up"),
-    ("Worker ready", "worker ready"),
+from pairctl.plan import (
+    CACHE_VARS,
+    ENTRYPOINT,
+    build_rank,
+    container_name,
+    mask_argv,
+    plan_hash,
+    resolve_image,
 )
+from pairctl.recipe import Recipe
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def phase_of(text: str) -> str:
-    """The phase of the last log line that names one; 'starting' if none yet."""
-    phase = "starting"
-    for line in text.splitlines():
-        for needle, name in PHASES:
-            if needle in line:
-                phase = name
-    return phase
-
-
 JOIN_HINT_AFTER_S = 90.0
 
 
-def join_hint(head_phase: str, waited_s: float, cfg: PairConfig) -> str | None:
-    """A hint once the head has waited long for rank 1 (the DistStoreError family)."""
-    if head_phase != "waiting for rank 1" or waited_s < JOIN_HINT_AFTER_S:
+def join_hint(head_phase: str, worker_phase: str, waited_s: float, cfg: PairConfig) -> str | None:
+    """A hint once the head has waited long in distributed init (the DistStoreError family).
+
+    ``head_phase`` is the head's bootlog phase; only ``rendezvous`` (its worker logged
+    ``distributed_init_method=...`` and has not yet been assigned its rank, see
+    pairctl.bootlog) means rank 1 has not joined. Rank 1's own phase says which side to fix.
+    """
+    if head_phase != bootlog.RENDEZVOUS or waited_s < JOIN_HINT_AFTER_S:
         return None
+    target = f"{cfg.master_addr}:{cfg.MASTER_PORT}"
+    if worker_phase == bootlog.RENDEZVOUS:
+        why = (
+            f"rank 1 is in distributed init too, but cannot reach {target} (the head's "
+            f"TCP store) or the head's ZeroMQ ports over {cfg.NCCL_SOCKET_IFNAME}: check the "
+            "firewall, MASTER_ADDR and PF-NCCL-IFACE"
+        )
+    else:
+        why = (
+            f"rank 1 has not reached distributed init (its phase: {worker_phase}); when it "
+            f"does it must reach {target}"
+        )
     return (
-        f"hint: rank 1 has not joined after {waited_s:.0f}s: it must reach "
-        f"{cfg.master_addr}:{cfg.MASTER_PORT} and the head's ZeroMQ ports over "
-        f"{cfg.NCCL_SOCKET_IFNAME}; check firewall, MASTER_ADDR and PF-NCCL-IFACE, and "
-        "`launch/dspark_launch.sh logs --rank 1`"
+        f"hint: rank 1 has not joined after {waited_s:.0f}s: rank 0 waits in "
+        f"torch.distributed init for it; {why}. See `launch/dspark_launch.sh logs --rank 1`"
     )
 
 
@@ -83,15 +91,29 @@ class Health:
     detail: str
 
 
-def probe_health(base: str, timeout: float = 3.0) -> Health:
-    """GET /health then /v1/models; healthy only when both answer 200 with a model."""
+def session(api_key: str = ""):  # -> requests.Session (lazy import)
+    """A session for the pair's own endpoint: no proxy from the environment, the key if set."""
     import requests  # lazy: only steps that talk HTTP pay for the import
 
+    s = requests.Session()
+    s.trust_env = False  # HTTP_PROXY/HTTPS_PROXY/NO_PROXY and .netrc are not for our pair
+    if api_key:
+        s.headers["Authorization"] = f"Bearer {api_key}"
+    return s
+
+
+def probe_health(base: str, timeout: float = 3.0, api_key: str = "") -> Health:
+    """GET /health then /v1/models; healthy only when both answer 200 with a model."""
+    import requests
+
+    s = session(api_key)
     try:
-        r = requests.get(f"{base}/health", timeout=timeout)
+        r = s.get(f"{base}/health", timeout=timeout)
         if r.status_code != 200:
             return Health(False, [], False, f"/health {r.status_code}")
-        r = requests.get(f"{base}/v1/models", timeout=timeout)
+        r = s.get(f"{base}/v1/models", timeout=timeout)
+        if r.status_code == 401:
+            return Health(False, [], False, "/v1/models 401: VLLM_API_KEY differs")
         if r.status_code != 200:
             return Health(False, [], False, f"/v1/models {r.status_code}")
         data = r.json().get("data", [])
@@ -119,23 +141,45 @@ def cleanup(cfg: PairConfig) -> int:
     return rc
 
 
+# What `start` needs to know on the node before its `docker run`, in one round trip:
+# whether OVERLAY_DIR is there, the cache dirs (created), and the image's own config.
+_START_SCRIPT = r"""
+if [ -d "$OV" ]; then echo "overlay=yes"; else echo "overlay=no"; fi
+mkdir -p "$@" 2>&1 || echo "mkdir=fail"
+echo "==== image ===="
+docker image inspect "$IMAGE" 2>&1; echo "rc=$?"
+"""
+
+
 def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str]) -> int:
     """docker run one rank on its node (overlay mount only if OVERLAY_DIR exists there)."""
     node = nodes(cfg)[rank]
-    has_ov = node.run(["test", "-d", cfg.OVERLAY_DIR], timeout=30)
-    if has_ov.rc == 255 and node.remote:
-        log(f"start: ssh to {node.label} failed: {has_ov.err.strip()[-300:]}")
+    image = resolve_image(cfg, recipe)
+    caches = [cfg.values[v] for v in CACHE_VARS]
+    head = f"OV={shlex.quote(cfg.OVERLAY_DIR)}\nIMAGE={shlex.quote(image)}\n"
+    head += f"set -- {shlex.join(caches)}\n"
+    res = node.run_script(head + _START_SCRIPT, timeout=60)
+    if res.rc == 255 and node.remote:
+        log(f"start: ssh to {node.label} failed: {res.err.strip()[-300:]}")
         return 1
-    overlay = has_ov.rc == 0
-    if not overlay:
+    before, _, inspected = res.out.partition("==== image ====")
+    if "overlay=yes" not in before:
         log(
             f"WARN start: {cfg.OVERLAY_DIR} missing on {node.label}: booting without overlays "
             "(run launch/dspark_launch.sh sync-overlays)"
         )
-    mk = node.run(["mkdir", "-p", cfg.TILELANG_CACHE_DIR], timeout=30)
-    if mk.rc != 0:
-        log(f"WARN start: mkdir {cfg.TILELANG_CACHE_DIR} on {node.label}: {mk.err.strip()}")
-    rp = build_rank(cfg, recipe, rank, passthrough, overlay=overlay)
+    if "mkdir=fail" in before:
+        log(f"WARN start: mkdir {' '.join(caches)} on {node.label}: {before.strip()[-300:]}")
+    facts = image_facts(node, image, inspected)
+    if facts is None:
+        return 1
+    if facts.entrypoint:
+        log(
+            f"start: image ENTRYPOINT {facts.entrypoint} on {node.label} replaced by "
+            f"--entrypoint {ENTRYPOINT}"
+        )
+    overlay = "overlay=yes" in before
+    rp = build_rank(cfg, recipe, rank, passthrough, overlay=overlay, image_facts=facts)
     log(
         f"start: rank {rank} ({rp.role}) on {node.label}: docker "
         + shlex.join(mask_argv(rp.docker_argv[:4]))
@@ -149,6 +193,19 @@ def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
         )
         return 1
     return EXIT_OK
+
+
+def image_facts(node: Node, image: str, inspected: str) -> ImageFacts | None:
+    """``docker image inspect`` output (then ``rc=N``): its PYTHONPATH is kept, its
+    entrypoint noted; None (and a message) when the image is not on the node."""
+    text, _, rc = inspected.strip().rpartition("rc=")
+    facts = parse_inspect(text) if rc.strip() == "0" else None
+    if facts is None:
+        log(
+            f"start: docker image inspect {image} failed on {node.label} (rc={rc.strip()}): "
+            f"{text.strip()[-300:]}; pull or load the image there"
+        )
+    return facts
 
 
 def first_dead(dead: list[tuple[Node, str, State]]) -> list[tuple[Node, str, State]]:
@@ -224,9 +281,9 @@ def wait_healthy(
         if dead:
             if tty:
                 print(file=sys.stderr)
-            report_dead(dead)
+            report_dead(dead + _also_dead(cfg, pair, dead))
             return EXIT_BOOT
-        h = probe_health(base)
+        h = probe_health(base, api_key=cfg.VLLM_API_KEY)
         elapsed = fmt_elapsed(now - start)
         if h.healthy:
             if tty:
@@ -246,20 +303,17 @@ def wait_healthy(
                 _print_dead(node, container_name(cfg.PAIR_ID, node.rank), "timed out")
             return EXIT_TIMEOUT
         phases = []
+        by_rank: dict[int, str] = {}
         for node in pair:
             text = logs_tail(node, container_name(cfg.PAIR_ID, node.rank), 60)
-            phase = phase_of(text)
-            phases.append(f"rank{node.rank}: {phase}")
+            phase = by_rank[node.rank] = phase_of(text)
+            phases.append(f"rank{node.rank}: {bootlog.shown(phase, node.rank)}")
             if node.rank == 0:
-                if phase != "waiting for rank 1":
+                if phase != bootlog.RENDEZVOUS:
                     waiting_since = None
                 elif waiting_since is None:
                     waiting_since = now
-        hint = join_hint(
-            "waiting for rank 1" if waiting_since is not None else "",
-            now - (waiting_since or now),
-            cfg,
-        )
+        hint = join_hint(by_rank.get(0, ""), by_rank.get(1, ""), now - (waiting_since or now), cfg)
         if hint and not hinted:
             if tty:
                 print(file=sys.stderr)
@@ -272,6 +326,29 @@ def wait_healthy(
             log(line)
             last_line, last_print = line.split("] ", 1)[1], now
         time.sleep(poll_s)
+
+
+ALSO_DEAD_AFTER_S = 1.0
+
+
+def _also_dead(
+    cfg: PairConfig, pair: tuple[Node, ...], dead: list[tuple[Node, str, State]]
+) -> list[tuple[Node, str, State]]:
+    """The other rank, if it died too: one look after a second. A rank that crashes takes
+    its peer down within moments, and the poll may have seen the peer go first (its
+    inspect ran later); the first to die is the cause, so it must be in the report."""
+    gone = {n.rank for n, _, _ in dead}
+    rest = [n for n in pair if n.rank not in gone]
+    if not rest:
+        return []
+    time.sleep(ALSO_DEAD_AFTER_S)
+    more = []
+    for node in rest:
+        name = container_name(cfg.PAIR_ID, node.rank)
+        st = inspect(node, name)
+        if st is not None and not st.running:
+            more.append((node, name, st))
+    return more
 
 
 def current_plan(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:

@@ -123,7 +123,7 @@ def watchdog(args: argparse.Namespace, cfg: PairConfig, recipe: Recipe, extra: l
     base = lc.endpoint(cfg)
     dog = watch.Watchdog(
         wc,
-        probe=lambda: watch.probe_token(base, wc.probe_timeout_s),
+        probe=lambda: watch.probe_token(base, wc.probe_timeout_s, cfg.VLLM_API_KEY),
         restart=watch.launcher_restart(args.launcher, common, args.timeout, extra, say),
         log=say,
         busy=lambda: watch.lock_busy(lock_path(cfg)),

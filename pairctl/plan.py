@@ -1,8 +1,10 @@
 """What ``up`` runs on each node: the exact ``docker run`` argv per rank.
 
-Kept pure (config + recipe in, argv out) so ``plan`` prints precisely what ``up`` executes
-and tests can pin every flag. Containers carry the pair labels from docs/INTERFACES.md;
-cleanup selects on them, which is what makes the seed's cross-pair incident impossible.
+Kept pure (config + recipe + what the image says in, argv out) so ``plan`` prints precisely
+what ``up`` executes and tests can pin every flag. Containers carry the pair labels from
+docs/INTERFACES.md; cleanup selects on them, which is what makes the seed's cross-pair
+incident impossible. docs/FIDELITY.md sets every flag of the line beside what the peers
+that run this model on real Spark pairs pass.
 """
 
 from __future__ import annotations
@@ -13,10 +15,28 @@ import shlex
 from dataclasses import dataclass, replace
 
 from pairctl.config import SECRET_NAMES, ConfigError, PairConfig
+from pairctl.image import ImageFacts, pythonpath
 from pairctl.nodes import ssh_argv
 from pairctl.recipe import Mount, Recipe, serve_argv, substitute
 
 OVERLAY_MOUNT = "/opt/dsv4-flash-overlays"
+# The RDMA devices NCCL opens (uverbs*); without them it falls back to TCP sockets, which
+# NCCL_NET=IB in the recipe turns into a loud failure instead.
+RDMA_MOUNT = "/dev/infiniband"
+# Set explicitly: an image built on vllm-openai has ENTRYPOINT ["vllm", "serve"], which
+# would turn our `vllm serve MODEL ...` into `vllm serve vllm serve MODEL ...`.
+ENTRYPOINT = "vllm"
+# Host caches mounted at the same path and exported under the same name (env file
+# variables): a recreated container keeps its compiled kernels and graphs.
+CACHE_VARS = (
+    "TILELANG_CACHE_DIR",
+    "VLLM_CACHE_ROOT",
+    "TRITON_CACHE_DIR",
+    "FLASHINFER_WORKSPACE_BASE",
+    "DG_JIT_CACHE_DIR",
+)
+# Secrets only the API server (rank 0) needs.
+HEAD_ONLY_SECRETS = ("VLLM_API_KEY",)
 LABEL_PAIR = "dsv4.pair"
 LABEL_RANK = "dsv4.rank"
 LABEL_ROLE = "dsv4.role"
@@ -51,6 +71,8 @@ class RankPlan:
     # Secret env values travel in the docker client's environment (``-e NAME`` in argv),
     # never on a command line where ps, ssh logs or shell history could see them.
     secret_env: tuple[tuple[str, str], ...] = ()
+    # The image facts the line was built from (None: not inspected, see render_plan).
+    image_facts: ImageFacts | None = None
 
 
 def with_recipe_defaults(cfg: PairConfig, recipe: Recipe) -> PairConfig:
@@ -97,8 +119,18 @@ def vllm_args(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str]
     return argv
 
 
-def container_env(cfg: PairConfig, recipe: Recipe, rank: int, overlay: bool) -> dict[str, str]:
-    """Recipe env with placeholders filled; empty values are dropped (e.g. NCCL_IB_HCA='')."""
+def container_env(
+    cfg: PairConfig,
+    recipe: Recipe,
+    rank: int,
+    overlay: bool,
+    image: ImageFacts | None = None,
+) -> dict[str, str]:
+    """Recipe env with placeholders filled; empty values are dropped (e.g. NCCL_IB_HCA='').
+
+    With the overlays, PYTHONPATH is the image's own PYTHONPATH (``image``, read on the
+    node) with the overlay mount appended.
+    """
     values = _placeholders(cfg, rank)
     env: dict[str, str] = {}
     for k, v in recipe.env.items():
@@ -106,9 +138,10 @@ def container_env(cfg: PairConfig, recipe: Recipe, rank: int, overlay: bool) -> 
         if val != "":
             env[k] = val
     if overlay:
-        env["PYTHONPATH"] = OVERLAY_MOUNT
-    if cfg.HF_TOKEN:
-        env["HF_TOKEN"] = cfg.HF_TOKEN
+        env["PYTHONPATH"] = pythonpath(image, OVERLAY_MOUNT)
+    for name in sorted(SECRET_NAMES):
+        if cfg.values.get(name) and (rank == 0 or name not in HEAD_ONLY_SECRETS):
+            env[name] = cfg.values[name]
     return env
 
 
@@ -124,24 +157,31 @@ def plan_hash(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:
 
 
 def build_rank(
-    cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str], overlay: bool = True
+    cfg: PairConfig,
+    recipe: Recipe,
+    rank: int,
+    passthrough: list[str],
+    overlay: bool = True,
+    image_facts: ImageFacts | None = None,
 ) -> RankPlan:
-    """The docker run argv for one rank; ``overlay`` False drops the overlay mount."""
+    """The docker run argv for one rank; ``overlay`` False drops the overlay mount.
+
+    ``image_facts``: what ``docker image inspect`` says about the image on this rank's node
+    (its PYTHONPATH is kept); None when it was not read (``plan``).
+    """
     if rank not in (0, 1):
         raise ConfigError(f"rank must be 0 or 1, not {rank}")
     role = "head" if rank == 0 else "worker"
     name = container_name(cfg.PAIR_ID, rank)
     image = resolve_image(cfg, recipe)
     values = _placeholders(cfg, rank)
-    mounts = [
-        Mount(cfg.MODEL_PATH, cfg.MODEL_PATH, ro=True),
-        Mount(cfg.TILELANG_CACHE_DIR, cfg.TILELANG_CACHE_DIR),
-    ]
+    mounts = [Mount(cfg.MODEL_PATH, cfg.MODEL_PATH, ro=True)]
+    mounts += [Mount(cfg.values[v], cfg.values[v]) for v in CACHE_VARS]
     if overlay:
         mounts.append(Mount(cfg.OVERLAY_DIR, OVERLAY_MOUNT, ro=True))
     for m in recipe.mounts:
         mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
-    env = container_env(cfg, recipe, rank, overlay)
+    env = container_env(cfg, recipe, rank, overlay, image_facts)
     vargs = vllm_args(cfg, recipe, rank, passthrough)
     argv: list[str] = [
         "run",
@@ -162,6 +202,10 @@ def build_rank(
         "all",
         "--ipc",
         "host",
+        "--device",
+        f"{cfg.RDMA_DEVICE_DIR}:{RDMA_MOUNT}",
+        "--entrypoint",
+        ENTRYPOINT,
     ]
     if recipe.shm_size:
         argv += ["--shm-size", recipe.shm_size]
@@ -179,7 +223,7 @@ def build_rank(
         else:
             argv += ["-e", f"{k}={v}"]
     argv.append(image)
-    argv += vargs
+    argv += vargs[1:]  # the entrypoint is `vllm`: the command starts at `serve`
     return RankPlan(
         rank=rank,
         role=role,
@@ -191,6 +235,7 @@ def build_rank(
         vllm_argv=tuple(vargs),
         docker_argv=tuple(argv),
         secret_env=tuple(secrets),
+        image_facts=image_facts,
     )
 
 
@@ -209,8 +254,14 @@ def mask_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
-def render_plan(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:
-    """Human-readable plan: per rank, the docker line, env, mounts and vLLM args (masked)."""
+def render_plan(
+    cfg: PairConfig, recipe: Recipe, passthrough: list[str], argv_note: str = ""
+) -> str:
+    """Human-readable plan: per rank, the docker line, env, mounts and vLLM args (masked).
+
+    ``plan`` contacts no node, so what only a node can tell (the image's own PYTHONPATH
+    and entrypoint) is stated as an assumption; ``up`` reads it on each node.
+    """
     lines = [
         f"# pair {cfg.PAIR_ID}: recipe {recipe.name} ({recipe.path}), "
         f"env {cfg.env_file}, plan {plan_hash(cfg, recipe, passthrough)}",
@@ -220,7 +271,13 @@ def render_plan(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:
         f"{LABEL_PAIR}={cfg.PAIR_ID}), start rank 1, start rank 0, wait for health",
         f"# if OVERLAY_DIR ({cfg.OVERLAY_DIR}) is missing on a node, that node boots "
         "without the overlay mount and PYTHONPATH (warning)",
+        "# assumed (plan contacts no node): the image sets no PYTHONPATH. up reads the "
+        "image's Config.Env on each node (docker image inspect) and appends "
+        f"{OVERLAY_MOUNT} to its PYTHONPATH; --entrypoint {ENTRYPOINT} replaces any image "
+        "ENTRYPOINT",
     ]
+    if argv_note:
+        lines.append(f"# {argv_note}")
     for rank in (1, 0):
         rp = build_rank(cfg, recipe, rank, passthrough)
         where = "local (SPARK1)" if rank == 0 else f"ssh {cfg.ssh_target()} (SPARK2)"

@@ -1,9 +1,12 @@
 """Evidence collection for preflight: one POSIX sh script per node, parsed into dataclasses.
 
-The script only reads (plus ``mkdir -p`` of the TileLang cache dir, which preflight
-creates when missing). Its output is plain sections, parsed into ``pairctl.evidence``
-records, so recorded evidence replays in unit tests of the decisions in
-``pairctl.preflight``.
+The script only reads (plus ``mkdir -p`` of the JIT cache dirs, which preflight creates
+when missing). Its output is plain sections, parsed into ``pairctl.evidence`` records, so
+recorded evidence replays in unit tests of the decisions in ``pairctl.preflight``. The
+host sections (kernel, memory, RDMA devices, links, caches, model revision, earlyoom) are
+``pairctl.probe_host``'s; the RoCE GID table is ``pairctl.roce``'s. After the probes,
+``gather`` has vLLM's own parser read the argv (``pairctl.argcheck``): locally when vLLM is
+importable here, else the image's parser in a throwaway container on SPARK1.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 
+from pairctl import argcheck, probe_host
 from pairctl.config import PairConfig
 from pairctl.docker import parse_ps
-from pairctl.evidence import Evidence, NodeEvidence
+from pairctl.evidence import ArgvCheck, Evidence, NodeEvidence
+from pairctl.image import parse_inspect
 from pairctl.nodes import SSH_CONNECT_TIMEOUT_S, Node, nodes
-from pairctl.plan import LABEL_PAIR, is_secret, resolve_image
+from pairctl.plan import CACHE_VARS, LABEL_PAIR, is_secret, resolve_image
 from pairctl.recipe import Recipe
 from pairctl.roce import PROBE_SECTION as _ROCE_SECTION
 from pairctl.roce import parse_gids
@@ -38,7 +43,7 @@ done
 sec listen; ss -Htln 2>/dev/null | awk '{print $4}'; echo "rc=$?"
 sec docker_ps
 docker ps -a --no-trunc --filter "label=$LABEL" --format '{{json .}}' 2>&1; echo "rc=$?"
-sec image; docker image inspect --format '{{.Id}}' "$IMAGE" 2>&1; echo "rc=$?"
+sec image; docker image inspect "$IMAGE" 2>&1; echo "rc=$?"
 sec model
 if [ -d "$MODEL" ]; then echo "dir=yes"; else echo "dir=no"; fi
 for f in $MODEL_FILES; do
@@ -53,9 +58,9 @@ if [ -d "$OV" ]; then
   (cd "$OV" && find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
      ! -path '*.egg-info/*' ! -path './build/*' -exec sha256sum {} + 2>/dev/null | sort -k2)
 else echo "dir=no"; fi
-"""  # the RoCE GID table and the end marker follow
+"""  # the RoCE GID table, the host facts and the end marker follow
 
-_SCRIPT += _ROCE_SECTION + "sec end\n"
+_SCRIPT += _ROCE_SECTION + probe_host.PROBE_SECTION + "sec end\n"
 
 
 def probe_script(cfg: PairConfig, image: str) -> str:
@@ -67,6 +72,9 @@ def probe_script(cfg: PairConfig, image: str) -> str:
         "MODEL_FILES": " ".join(MODEL_FILES),
         "TL": cfg.TILELANG_CACHE_DIR,
         "OV": cfg.OVERLAY_DIR,
+        "RDMA": cfg.RDMA_DEVICE_DIR,
+        # the TileLang cache has its own section (PF-TILELANG-CACHE)
+        "CACHES": " ".join(f"{v}={cfg.values[v]}" for v in CACHE_VARS[1:]),
     }
     head = "".join(f"{k}={shlex.quote(v)}\n" for k, v in binds.items())
     return head + _SCRIPT
@@ -126,6 +134,8 @@ def parse_probe(text: str) -> NodeEvidence:
     _, listen = _rc(sec.get("listen", []))
     ps_rc, ps_lines = _rc(sec.get("docker_ps", []))
     img_rc, img = _rc(sec.get("image", []))
+    facts = parse_inspect("\n".join(img)) if img_rc == 0 else None
+    rdma = sec.get("rdma", [])
     model = sec.get("model", [])
     ov = sec.get("overlays", [])
     return NodeEvidence(
@@ -138,14 +148,25 @@ def parse_probe(text: str) -> NodeEvidence:
         docker_ps_rc=ps_rc,
         containers=parse_ps("\n".join(ps_lines)),
         docker_ps_error="" if ps_rc == 0 else " ".join(ps_lines)[:300],
-        image_id=img[0] if img_rc == 0 and img else None,
+        image_id=facts.id if facts else None,
         image_error="" if img_rc == 0 else " ".join(img)[:300],
+        image_facts=facts,
         model_dir="dir=yes" in model,
         model_files=_digests(model),
         tilelang_ok=(sec.get("tilelang") or [""])[0] == "ok",
         overlay_dir="dir=yes" in ov,
         overlay_files=_digests(ov),
         roce_gids=parse_gids(sec.get("roce_gids", [])),
+        kernel=(sec.get("kernel") or [""])[0],
+        gpu=(sec.get("gpu") or [""])[0],
+        meminfo=probe_host.parse_meminfo(sec.get("meminfo", [])),
+        rdma_dir="dir=yes" in rdma,
+        uverbs=sorted(x for x in rdma if not x.startswith("dir=")),
+        links=probe_host.parse_links(sec.get("links", [])),
+        ibports=probe_host.parse_ibports(sec.get("ibports", [])),
+        cache_dirs=probe_host.parse_caches(sec.get("caches", [])),
+        model_revision=probe_host.parse_model_rev(sec.get("model_rev", [])),
+        earlyoom=bool(sec.get("earlyoom")),
     )
 
 
@@ -169,9 +190,27 @@ def resolve(host: str) -> str | None:
         return None
 
 
-# Stages of gather(), in the order their evidence can arrive ("rank0"/"rank1" either way).
-NAMES, RANK0, RANK1 = "names", "rank0", "rank1"
+# Stages of gather(), in the order their evidence can arrive ("rank0"/"rank1" either way;
+# "argv" right after "rank0", whose image facts the image's parser needs).
+NAMES, RANK0, RANK1, ARGV = "names", "rank0", "rank1", "argv"
 HEARTBEAT_S = 5.0
+
+
+def check_argv(
+    node: Node,
+    cfg: PairConfig,
+    recipe: Recipe,
+    passthrough: list[str],
+    image: str,
+    ev0: NodeEvidence,
+    local: ArgvCheck | None,
+) -> ArgvCheck:
+    """The argv check's evidence: the local result if there was one, else the image's."""
+    if local is not None:
+        return local
+    if ev0.image_facts is None:
+        return ArgvCheck("image", False, f"{image} is not on rank 0, so its parser cannot run")
+    return argcheck.run_in_image(node, cfg, recipe, passthrough, image, ev0.image_facts.id)
 
 
 def gather(
@@ -180,6 +219,8 @@ def gather(
     on_stage: Callable[[str, Evidence], None] | None = None,
     progress: Callable[[str], None] | None = None,
     probe_rank1: bool = True,
+    passthrough: list[str] | None = None,
+    local_argv: ArgvCheck | None = None,
 ) -> Evidence:
     """Evidence from both nodes plus local name resolution (secrets masked in ``config``).
 
@@ -188,6 +229,10 @@ def gather(
     their evidence is in; ``progress`` hears what is being waited on, with a heartbeat
     every ``HEARTBEAT_S`` seconds. ``probe_rank1=False`` leaves rank 1 unreached (for steps
     that only need to know who this machine is).
+
+    ``passthrough`` not None asks for the argv check: ``local_argv`` when a local vLLM
+    already read both ranks' argv, else the image's own parser on SPARK1 once rank 0's
+    probe has shown the image (stage ``ARGV``).
     """
     say = progress or (lambda _msg: None)
     image = resolve_image(cfg, recipe)
@@ -204,6 +249,12 @@ def gather(
     )
     if on_stage:
         on_stage(NAMES, ev)
+    want_argv = passthrough is not None
+    if want_argv and local_argv is not None:
+        ev = replace(ev, argv_check=local_argv)
+        want_argv = False
+        if on_stage:
+            on_stage(ARGV, ev)
     waits = {RANK0: f"rank 0 (this machine, {n0.addr})"}
     if probe_rank1:
         waits[RANK1] = (
@@ -212,7 +263,7 @@ def gather(
         )
     say("probing " + " and ".join(waits.values()))
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {pool.submit(collect, n0, cfg, image): RANK0}
         if probe_rank1:
             futures[pool.submit(collect, n1, cfg, image)] = RANK1
@@ -221,8 +272,17 @@ def gather(
             done, pending = wait(pending, timeout=HEARTBEAT_S, return_when=FIRST_COMPLETED)
             for fut in sorted(done, key=lambda f: futures[f]):
                 stage = futures[fut]
-                key = "0" if stage == RANK0 else "1"
-                ev = replace(ev, nodes={**ev.nodes, key: fut.result()})
+                if stage == ARGV:
+                    ev = replace(ev, argv_check=fut.result())
+                else:
+                    key = "0" if stage == RANK0 else "1"
+                    ev = replace(ev, nodes={**ev.nodes, key: fut.result()})
+                if stage == RANK0 and want_argv:
+                    waits[ARGV] = f"the image's vLLM parser on rank 0 ({image})"
+                    argv = list(passthrough or [])
+                    job = pool.submit(check_argv, n0, cfg, recipe, argv, image, ev.rank0, None)
+                    futures[job] = ARGV
+                    pending.add(job)
                 if on_stage:
                     on_stage(stage, ev)
             if pending and not done:

@@ -23,6 +23,10 @@ TOP_KEYS = {"recipe_version", "name", "description", "container", "env", "serve"
 CONTAINER_KEYS = {"image", "shm_size", "ulimits", "mounts"}
 # The launcher sets these per rank from the env file; a recipe must not.
 LAUNCHER_OWNED = {"model", "node-rank", "headless", "master-addr", "master-port", "config"}
+# Secrets never go on a command line (ps, ssh logs, docker inspect's Args would show them):
+# the API key travels as VLLM_API_KEY, which vLLM 0.33 reads
+# (vllm/entrypoints/serve/middleware/register.py).
+SECRET_FLAGS = {"api-key": "VLLM_API_KEY"}
 _FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER_RE = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
@@ -128,6 +132,8 @@ def parse_recipe(data: Any, path: str = "<recipe>") -> Recipe:
             )
         if k in LAUNCHER_OWNED:
             raise _err(path, f"serve key {k!r} is set by the launcher per rank; remove it")
+        if k in SECRET_FLAGS:
+            raise _err(path, _secret_flag_msg(k))
     port = serve.get("port", 8000)
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
         raise _err(path, f"serve.port {port!r} must be a port number")
@@ -156,6 +162,13 @@ def load_recipe(path: str | Path) -> Recipe:
     return parse_recipe(data, str(p))
 
 
+def _secret_flag_msg(key: str) -> str:
+    return (
+        f"--{key} would put a secret on the command line; set {SECRET_FLAGS[key]} in the "
+        "env file instead (passed to the container by name, never printed)"
+    )
+
+
 def check_passthrough(args: list[str]) -> None:
     """Extra vLLM args may override tuning, not the pair's wiring (that lives in .env)."""
     owned = {f"--{k}" for k in LAUNCHER_OWNED} | {"--port"}
@@ -164,6 +177,8 @@ def check_passthrough(args: list[str]) -> None:
         if flag in owned:
             where = "PORT in the env file" if flag == "--port" else "the env file"
             raise ConfigError(f"extra vLLM arg {flag} is set by the launcher; use {where}")
+        if flag.startswith("--") and flag[2:].replace("_", "-") in SECRET_FLAGS:
+            raise ConfigError("extra vLLM args: " + _secret_flag_msg(flag[2:].replace("_", "-")))
 
 
 def substitute(text: str, values: dict[str, str], where: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_OK
 from pairctl.config import PairConfig, load_env_file
 from pairctl.docker import inspect, pair_containers
-from pairctl.lifecycle import endpoint, probe_health
+from pairctl.lifecycle import endpoint, probe_health, session
 from pairctl.nodes import Node, nodes
 from pairctl.plan import LABEL_PLAN, container_name, plan_hash, with_recipe_defaults
 from pairctl.recipe import load_recipe
@@ -141,13 +141,13 @@ def rank_status(node: Node, pair_id: str, now: datetime) -> RankStatus:
     )
 
 
-def scrape(base: str, timeout: float = 3.0) -> tuple[MetricsSample | None, str]:
-    """GET /metrics once; (sample, "") or (None, what went wrong)."""
+def scrape(base: str, timeout: float = 3.0, api_key: str = "") -> tuple[MetricsSample | None, str]:
+    """GET /metrics once; (sample, "") or (None, what went wrong). No proxy, the pair's key."""
     import requests  # lazy: only steps that talk HTTP pay for the import
 
     url = f"{base}/metrics"
     try:
-        r = requests.get(url, timeout=timeout)
+        r = session(api_key).get(url, timeout=timeout)
         r.raise_for_status()
         return MetricsSample(parse(r.text), time.monotonic()), ""
     except requests.RequestException as exc:
@@ -185,11 +185,12 @@ def collect(
     Returns the status and the newest /metrics sample (pass it back as ``previous``).
     """
     base = endpoint(cfg)
-    h = probe_health(base)
+    key = cfg.VLLM_API_KEY
+    h = probe_health(base, api_key=key)
     ep = EndpointStatus(f"{base}/v1", h.healthy, h.detail, h.models, h.simulator)
     first, err = (None, "")
     if h.healthy and previous is None and interval_s > 0:
-        first, err = scrape(base)
+        first, err = scrape(base, api_key=key)
     now = datetime.now(UTC)
     pair = nodes(cfg)
     with ThreadPoolExecutor(max_workers=2) as pool:  # rank 1's ssh runs alongside rank 0
@@ -199,7 +200,7 @@ def collect(
         prev = previous or first
         if prev is not None and previous is None:
             time.sleep(max(0.0, interval_s - (time.monotonic() - prev.t)))
-        last, err = scrape(base)
+        last, err = scrape(base, api_key=key)
         if last is not None:
             dt = last.t - prev.t if prev is not None else None
             serving = figures(last.scrape, prev.scrape if prev else None, dt)

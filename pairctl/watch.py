@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pairctl import EXIT_OK
+from pairctl.lifecycle import session
 
 # What `up`'s exit codes mean (docs/INTERFACES.md), for the watchdog's log lines.
 UP_EXIT = {
@@ -49,19 +50,22 @@ def stamp() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def probe_token(base: str, timeout: float) -> str | None:
-    """Generate one token (greedy 1-token completion). None when it worked, else why not."""
+def probe_token(base: str, timeout: float, api_key: str = "") -> str | None:
+    """Generate one token (greedy 1-token completion). None when it worked, else why not.
+
+    Asked without any proxy and with the pair's API key (``lifecycle.session``)."""
     import requests
 
+    s = session(api_key)
     try:
-        r = requests.get(f"{base}/v1/models", timeout=timeout)
+        r = s.get(f"{base}/v1/models", timeout=timeout)
         if r.status_code != 200:
             return f"GET {base}/v1/models: HTTP {r.status_code}"
         data = r.json().get("data") or []
         if not data:
             return f"GET {base}/v1/models: no model listed"
         model = data[0]["id"]
-        r = requests.post(
+        r = s.post(
             f"{base}/v1/completions",
             json={"model": model, "prompt": "1 2 3", "max_tokens": 1, "temperature": 0},
             timeout=timeout,

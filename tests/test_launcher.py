@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.fakepair import FAKES, LAUNCHER, SECRET, Env, free_port, pair_endpoint
+from tests.fakes.fakepair import FAKES, LAUNCHER, REPO, SECRET, Env, free_port, pair_endpoint
 
 
 @pytest.fixture()
@@ -281,13 +281,31 @@ def test_generated_docker_lines_parse_with_real_docker_client(pair: Env) -> None
             check=True,
         ).stdout.decode()
         argv = out.rstrip("\0").split("\0")
-        env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
-        p = subprocess.run(
-            [docker, *argv], capture_output=True, text=True, env=env, timeout=30, check=False
-        )
-        msg = p.stdout + p.stderr
-        assert "unknown flag" not in msg and "invalid argument" not in msg, msg
-        assert "Cannot connect to the Docker daemon" in msg or "docker.sock" in msg, msg
+        _assert_real_client_parses(docker, argv)
+    # the throwaway container preflight runs the image's own vLLM parser in
+    from pairctl.argcheck import container_argv, rank_argvs
+    from pairctl.config import load_env_file
+    from pairctl.recipe import load_recipe
+
+    cfg = load_env_file(pair.env_file)
+    recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
+    line = container_argv(cfg, "img:1", rank_argvs(cfg, recipe, []))
+    _assert_real_client_parses(docker, line[1:])
+
+
+def _assert_real_client_parses(docker: str, argv: list[str]) -> None:
+    """The real client parsed every flag and stopped where it needs a daemon: connecting, or
+    (with --device) asking the daemon's OS to validate the device paths."""
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    p = subprocess.run(
+        [docker, *argv], capture_output=True, text=True, env=env, timeout=30, check=False
+    )
+    msg = p.stdout + p.stderr
+    assert "unknown flag" not in msg and "invalid argument" not in msg, msg
+    assert any(
+        m in msg
+        for m in ("Cannot connect to the Docker daemon", "docker.sock", "unknown server OS")
+    ), msg
 
 
 def test_shellcheck_clean() -> None:

@@ -69,11 +69,19 @@ def test_auto_with_differing_indices_warns() -> None:
     assert status == WARN and "differs" in detail
 
 
-def test_port_without_ipv4_gid_fails() -> None:
+def test_second_half_without_ipv4_warns_a_node_without_any_fails() -> None:
+    """eugr/spark-vllm-docker docs/NETWORKING.md assigns an IP to one PCIe half only: the
+    other half of the port then has no IPv4 GID, which is no reason to stop the pair."""
     tables = both(3, 3)
     tables[1] = [g for g in tables[1] if not (g.dev == "roceP2p1s0f1" and g.gid == V4)]
     status, detail = gid_verdict(HCA, "", tables)
-    assert status == FAIL and "rank 1 roceP2p1s0f1:1" in detail
+    assert status == WARN and "rank 1 roceP2p1s0f1:1" in detail and "twin half" in detail
+    tables[1] = [g for g in tables[1] if g.gid != V4]
+    status, detail = gid_verdict(HCA, "", tables)
+    assert status == FAIL and "no RoCEv2 IPv4 GID on any port" in detail
+    assert "rank 1 rocep1s0f1:1, rank 1 roceP2p1s0f1:1" in detail
+    # a pinned index is still checked on the half that has the address
+    assert gid_verdict(HCA, "5", both(3, 3))[0] == FAIL
 
 
 def test_no_rdma_devices_skips() -> None:
@@ -85,6 +93,8 @@ def test_empty_hca_list_checks_every_port_found() -> None:
     tables = [table("rocep1s0f0", 3) + table("rocep1s0f1", 3)]
     assert gid_verdict("", "", tables)[0] == PASS
     tables[0] = [g for g in tables[0] if not (g.dev == "rocep1s0f0" and g.gid == V4)]
+    assert gid_verdict("", "", tables)[0] == WARN  # the unused port has no address
+    tables[0] = [g for g in tables[0] if g.gid != V4]
     assert gid_verdict("", "", tables)[0] == FAIL
 
 

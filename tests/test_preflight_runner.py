@@ -12,8 +12,10 @@ import pytest
 
 from pairctl import probe
 from pairctl.config import parse_env
-from pairctl.evidence import Evidence, NodeEvidence
+from pairctl.evidence import ArgvCheck, Evidence, NodeEvidence
+from pairctl.plan import with_recipe_defaults
 from pairctl.preflight import CHECKS, FAIL, PASS, SKIP, WARN, Need, decide, runner
+from pairctl.preflight.check import Inputs
 from pairctl.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +57,9 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
     emitted: list[str] = []
     seen_at: dict[str, list[str]] = {}
 
-    def fake_gather(cfg, recipe, on_stage, progress, probe_rank1=True):
+    def fake_gather(
+        cfg, recipe, on_stage, progress, probe_rank1=True, passthrough=None, local_argv=None
+    ):
         ev = Evidence(config=dict(cfg.values), resolved=resolved, image="img:1")
         seen_at["before"] = list(emitted)
         on_stage(probe.NAMES, ev)
@@ -65,6 +69,10 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
             ev = replace(ev, nodes={**ev.nodes, key: n})
             on_stage(stage, ev)
             seen_at[stage] = list(emitted)
+            if stage == "rank0" and passthrough is not None:  # the image's parser, as gather
+                ev = replace(ev, argv_check=ArgvCheck("image img:1", True))
+                on_stage(probe.ARGV, ev)
+                seen_at[probe.ARGV] = list(emitted)
         return ev
 
     return fake_gather, emitted, seen_at
@@ -108,13 +116,14 @@ def test_without_rank1_probe_rank1_checks_are_decided_at_the_end(monkeypatch) ->
 
 def test_unresolvable_spark1_turns_its_passes_into_skips(monkeypatch) -> None:
     resolved = dict(RESOLVED, SPARK1=None)
-    checks, _, _, _ = run_staged(monkeypatch, resolved, node("10.0.0.1"), node("10.0.0.2"))
+    checks, evidence, _, _ = run_staged(monkeypatch, resolved, node("10.0.0.1"), node("10.0.0.2"))
     specs = {s.id: s for s in CHECKS}
+    inputs = Inputs(with_recipe_defaults(CFG, RECIPE), RECIPE, (), evidence, {"a.py": "x"})
     for c in checks:
         if Need.RANK0 in specs[c.id].needs:
             assert c.status in (SKIP, FAIL, WARN), c
-            if c.status == SKIP and c.id != "PF-ROCE-GID":
-                assert "SPARK1 (10.0.0.1) does not resolve" in c.detail, c
+            if specs[c.id].run(inputs).status == PASS:  # the check alone would have passed
+                assert c.status == SKIP and "SPARK1 (10.0.0.1) does not resolve" in c.detail, c
         assert "None" not in c.detail, c
     by = {c.id: c for c in checks}
     assert by["PF-SELF-IS-SPARK1"].status == FAIL and "SPARK1 does not resolve" in (

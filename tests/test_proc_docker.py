@@ -277,6 +277,12 @@ def _cmdline(p: Path) -> bytes:
     [
         (["run", "-d", "--network", "host", "--bogus", "img", "x"], "unknown flag: --bogus"),
         (["run", "-d", "--network", "host", "--rm", "img", "x"], "outside the subset"),
+        (["run", "--network", "none", "img", "x"], "only `docker run -d`"),
+        (["run", "--rm", "--network", "bridge", "img", "x"], "--network none"),
+        (
+            ["run", "-d", "--network", "host", "--device", "/nonexistent/ib", "img", "x"],
+            'adding custom device "/nonexistent/ib"',
+        ),
         (["run", "-d", "-Z", "img", "x"], "unknown shorthand flag: 'Z' in -Z"),
         (["run", "-d", "--network", "host", "nope:1", "x"], "Unable to find image 'nope:1'"),
         (["run", "-d", "--network", "host", "--shm-size", "lots", "img", "x"], "invalid size"),
@@ -368,7 +374,11 @@ def _real_verdict(argv: list[str]) -> bool:
         timeout=30,
         env={**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"},
     )
-    return "Cannot connect to the Docker daemon" in res.stderr
+    # Flags parsed; stopped where a daemon is needed: connecting, or (with --device) asking
+    # the daemon's OS to validate the device paths.
+    return any(
+        m in res.stderr for m in ("Cannot connect to the Docker daemon", "unknown server OS")
+    )
 
 
 def _our_verdict(argv: list[str]) -> bool:
@@ -406,6 +416,18 @@ FLAG_CORPUS = [
     "image inspect",
     "ps extra",
     "rm",
+    # the launcher's rank line since the RDMA devices and the explicit entrypoint
+    "run -d --name n --label dsv4.pair=p --network host --gpus all --ipc host "
+    "--device /dev/infiniband:/dev/infiniband --entrypoint vllm --ulimit memlock=-1 "
+    "-v /c/vllm:/c/vllm -v /c/triton:/c/triton -e VLLM_CACHE_ROOT=/c/vllm -e NCCL_NET=IB "
+    "-e VLLM_API_KEY img serve /m --port 8000",
+    "run -d --network host --device /dev/infiniband img x",
+    "run -d --network host --entrypoint= img x",
+    # the throwaway argv check: attached, removed after, no network, the image's python3
+    "run --rm --label dsv4.pair=p --label dsv4.role=argcheck --network none --gpus all "
+    "-e VLLM_LOGGING_LEVEL=ERROR --entrypoint python3 img -c 'print(1)' '[[\"m\"]]'",
+    "run --rm --entrypoint",
+    "run --rm --device",
 ]
 
 
@@ -436,3 +458,112 @@ def test_unit_test_fake_docker_parses_like_the_runtime(tmp_path: Path, line: str
         assert "See 'docker" not in res.stderr, res.stderr
     else:
         assert res.returncode == 125 and want in res.stderr, res
+
+
+@needs_root
+def test_device_is_recorded_and_entrypoint_replaces_the_images(state: Path, tmp_path: Path) -> None:
+    """`--device` of an existing path is recorded (the runtime exposes nothing inside);
+    `--entrypoint` replaces the image's ENTRYPOINT, `--entrypoint ""` clears it."""
+    docker(state, "load-fake", "img", "1", "--entrypoint", "echo", "--entrypoint", "from-image")
+    run_d(state, "--name", "image-ep", "img", "arg")
+    run_d(
+        state,
+        "--name",
+        "own-ep",
+        "--device",
+        f"{tmp_path}:/dev/infiniband",
+        "--entrypoint",
+        "printf",
+        "img",
+        "%s-%s\\n",
+        "a",
+        "b",
+    )
+    run_d(state, "--name", "no-ep", "--entrypoint=", "img", "echo", "plain")
+    for name, want in (("image-ep", "from-image arg"), ("own-ep", "a-b"), ("no-ep", "plain")):
+        wait_state(state, name, "exited")
+        assert docker(state, "logs", name).stdout.strip() == want, name
+    info = json.loads(docker(state, "inspect", "own-ep").stdout)[0]
+    assert info["HostConfig"]["Devices"] == [
+        {
+            "PathOnHost": str(tmp_path),
+            "PathInContainer": "/dev/infiniband",
+            "CgroupPermissions": "rwm",
+        }
+    ]
+    assert info["Config"]["Entrypoint"] == ["printf"] and info["Path"] == "printf"
+    image = json.loads(docker(state, "image", "inspect", "img").stdout)[0]
+    assert image["Config"]["Entrypoint"] == ["echo", "from-image"]
+
+
+@needs_root
+def test_run_rm_is_attached_isolated_and_removed(state: Path) -> None:
+    """The argv check's throwaway: output on stdout, its exit code, no network, gone after."""
+    docker(state, "load-fake", "img", "1")
+    res = docker(
+        state,
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--label",
+        "dsv4.pair=p",
+        "img",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; cat /proc/net/dev | tail -n +3 | wc -l; exit 3",
+    )
+    assert res.returncode == 3, res.stderr
+    assert res.stdout.split() == ["out", "err", "1"]  # loopback only: its own network
+    assert docker(state, "ps", "-a", "-q").stdout == ""
+
+
+@needs_root
+@pytest.mark.needs_vllm
+def test_argv_check_runs_the_images_own_parser_in_a_throwaway(
+    state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pairctl.argcheck on a host without vLLM: the image's python3 (here: the venv's, which
+    has vLLM 0.33) parses both ranks' argv in a labelled --rm container; a bad flag is named
+    with where it came from, and no container is left behind."""
+    from pairctl.argcheck import run_in_image
+    from pairctl.config import parse_env
+    from pairctl.nodes import Node
+    from pairctl.recipe import load_recipe
+
+    pybin = tmp_path / "image-bin"
+    pybin.mkdir()
+    (pybin / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (pybin / "python3").chmod(0o755)
+    docker(
+        state,
+        "load-fake",
+        "img:1",
+        "ab12",
+        "--env",
+        f"PATH={pybin}:/usr/bin:/bin",
+        "--env",
+        "VLLM_TARGET_DEVICE=cpu",  # this machine has no GPU for the platform
+    )
+    monkeypatch.setenv("PATH", f"{DOCKER.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("DSV4R_DOCKER_STATE", str(state))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    cfg = parse_env(
+        {
+            "PAIR_ID": "p",
+            "SPARK1": "127.0.0.1",
+            "SPARK2": "127.0.0.2",
+            "MODEL_PATH": "/models/dsv4",
+            "NCCL_SOCKET_IFNAME": "lo",
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
+    )
+    recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
+    node = Node(0, "127.0.0.1", cfg)
+    res = run_in_image(node, cfg, recipe, ["--bogus-flag", "1"], "img:1", "sha256:ab12")
+    assert res.ran and "vLLM 0.33.0" in res.where, res
+    assert res.errors == [
+        "both ranks: extra vLLM args after --: vLLM's parser says: unrecognized arguments: "
+        "--bogus-flag 1"
+    ]
+    assert docker(state, "ps", "-a", "-q").stdout == ""

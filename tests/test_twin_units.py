@@ -212,8 +212,6 @@ def test_chat_render_and_real_tokenizer(monkeypatch):
 
 def test_tilelang_marker_makes_the_next_boot_warm(tmp_path, monkeypatch):
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "tl"))
-    prof = profile.load("rehearsal")
-    fast = faults.Faults(slow_boot=0.0)
-    assert serve.boot(prof, fast) is False  # cold: nothing cached yet
+    assert serve.warm_boot() is False  # cold: nothing cached yet
     lifecycle.write_marker()  # what the engine does after its first (stalled) step
-    assert serve.boot(prof, fast) is True
+    assert serve.warm_boot() is True

@@ -1,10 +1,10 @@
-"""Is each node ready to host its rank? Free ports, the socket interfaces, the JIT cache."""
+"""Is each node ready to host its rank? Free ports, the socket interfaces, the JIT caches."""
 
 from __future__ import annotations
 
 from pairctl.config import PairConfig
 from pairctl.evidence import NodeEvidence
-from pairctl.plan import LABEL_PAIR
+from pairctl.plan import CACHE_VARS, LABEL_PAIR
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
 
 PF_PORT_FREE = CheckSpec(
@@ -28,7 +28,7 @@ PF_MASTER_PORT_FREE = CheckSpec(
 )
 
 
-def _own_running(pair_id: str, ev: NodeEvidence) -> list[str]:
+def own_running(pair_id: str, ev: NodeEvidence) -> list[str]:
     return [c.name for c in ev.containers if c.labels.get(LABEL_PAIR) == pair_id and c.running]
 
 
@@ -36,7 +36,7 @@ def check_port(spec: CheckSpec, port: int, pair_id: str, n0: NodeEvidence) -> Ch
     """One port on SPARK1; ``spec`` says which of the two port checks this is."""
     if port not in set(n0.listen_ports):
         return spec.verdict(PASS, f"port {port} free on SPARK1")
-    own = _own_running(pair_id, n0)
+    own = own_running(pair_id, n0)
     if own:
         return spec.verdict(
             WARN,
@@ -99,3 +99,25 @@ def check_tilelang(path: str, n0: NodeEvidence, n1: NodeEvidence) -> Check:
     if bad:
         return PF_TILELANG_CACHE.verdict(FAIL, f"{path} not writable on {', '.join(bad)}")
     return PF_TILELANG_CACHE.verdict(PASS, f"{path} ready on both")
+
+
+PF_JIT_CACHES = CheckSpec(
+    "PF-JIT-CACHES",
+    title="the other JIT caches (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, FLASHINFER_WORKSPACE_BASE, "
+    "DG_JIT_CACHE_DIR) exist (the probe creates them) and are writable on both nodes",
+    remedy="mkdir -p the directory named and fix its owner on that node, or point the "
+    "variable in the env file at a writable directory",
+    needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
+    decide=lambda v: check_jit_caches(v.cfg, v.rank0, v.rank1),
+)
+
+
+def check_jit_caches(cfg: PairConfig, n0: NodeEvidence, n1: NodeEvidence) -> Check:
+    bad = []
+    for rank, ev in ((0, n0), (1, n1)):
+        for var in CACHE_VARS[1:]:  # the TileLang cache is PF-TILELANG-CACHE's
+            if not ev.cache_dirs.get(var, False):
+                bad.append(f"rank {rank}: {var}={cfg.values[var]} not writable")
+    if bad:
+        return PF_JIT_CACHES.verdict(FAIL, "; ".join(bad))
+    return PF_JIT_CACHES.verdict(PASS, f"{len(CACHE_VARS) - 1} cache dirs ready on both")

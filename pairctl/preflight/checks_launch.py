@@ -1,10 +1,12 @@
-"""Does the launch itself stay clear of two known failure modes? Config only, no node."""
+"""Is the launch itself sound? Known failure modes of the config, the argv as vLLM's own
+parser reads it, and an open endpoint."""
 
 from __future__ import annotations
 
 from pairctl.config import PairConfig
+from pairctl.evidence import ArgvCheck
 from pairctl.plan import FORBIDDEN_ENV, build_rank
-from pairctl.preflight.check import FAIL, PASS, Check, CheckSpec, Need, View
+from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need, View
 from pairctl.recipe import Recipe
 
 PF_NO_COMPRESSED_MLA = CheckSpec(
@@ -73,3 +75,56 @@ def check_no_ray(argv: list[str], env: dict[str, str]) -> Check:
             detail += f"; ray env {ray_env}"
         return PF_NO_RAY.verdict(FAIL, detail)
     return PF_NO_RAY.verdict(PASS, "distributed-executor-backend=mp")
+
+
+PF_VLLM_ARGS = CheckSpec(
+    "PF-VLLM-ARGS",
+    title="both ranks' vllm serve argv pass vLLM's own parser, every flag spelled in full: "
+    "the local vLLM's if importable (a rejection is then exit 2 before preflight), else the "
+    "image's, in a throwaway container on SPARK1 (WARN when it could not run)",
+    remedy="fix the recipe key or extra arg named (vllm serve --help=all in the image lists "
+    "the flags); if the image's python3 cannot import vLLM, check the image",
+    needs=(Need.ARGV,),
+    decide=lambda v: check_vllm_args(v.argv_check),
+)
+
+
+def check_vllm_args(res: ArgvCheck) -> Check:
+    if not res.ran:
+        return PF_VLLM_ARGS.verdict(WARN, f"not checked ({res.where or 'no parser'}): {res.detail}")
+    if res.errors:
+        return PF_VLLM_ARGS.verdict(FAIL, f"{res.where}: " + " | ".join(res.errors))
+    note = f"; {res.detail}" if res.detail else ""
+    return PF_VLLM_ARGS.verdict(PASS, f"accepted by {res.where}{note}")
+
+
+def _api_key(v: View) -> Check:
+    argv = list(build_rank(v.cfg, v.recipe, 0, v.passthrough).vllm_argv)
+    host = "0.0.0.0"  # vLLM binds every address when --host is not given
+    for i, a in enumerate(argv):
+        if a == "--host" and i + 1 < len(argv):
+            host = argv[i + 1]
+        elif a.startswith("--host="):
+            host = a.split("=", 1)[1]
+    return check_api_key(host, bool(v.cfg.VLLM_API_KEY))
+
+
+PF_API_KEY = CheckSpec(
+    "PF-API-KEY",
+    title="an endpoint bound to every address (--host 0.0.0.0) requires a key: VLLM_API_KEY "
+    "in the env file (vLLM then wants Authorization: Bearer on /v1); none WARNs",
+    remedy="set VLLM_API_KEY in the env file (the launcher passes it by name and its own "
+    "clients send it), or bind the endpoint to one address with --host",
+    needs=(Need.CONFIG,),
+    decide=_api_key,
+)
+
+
+def check_api_key(host: str, have_key: bool) -> Check:
+    if have_key:
+        return PF_API_KEY.verdict(PASS, f"VLLM_API_KEY set: /v1 on {host} requires it")
+    if host in ("0.0.0.0", "::", ""):
+        return PF_API_KEY.verdict(
+            WARN, f"--host {host or '(all)'} and no VLLM_API_KEY: anyone on the network can use it"
+        )
+    return PF_API_KEY.verdict(PASS, f"bound to {host} only (no key)")

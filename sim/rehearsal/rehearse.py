@@ -3,7 +3,8 @@
 Steps (each prints a progress line):
   1. build two test hosts (network namespaces on a bridge, each with its own sshd, host
      key, hostname and local disk; see sim/rehearsal/hosts.py and provision.py);
-  2. give both the same "image", a fake model dir, a TileLang cache dir; write the pair's
+  2. give both the same "image", a fake model dir, the JIT cache dirs and an RDMA device
+     dir (links to a character device, see pairenv.py); write the pair's
      env file (the variables of .env.example);
   3. copy the overlays to both hosts with launch/dspark_launch.sh sync-overlays (over ssh);
   4. run `launch/dspark_launch.sh up` unchanged, on host 1, with the process runtime as
@@ -190,7 +191,7 @@ def main(argv: list[str]) -> int:
         pair.env_file = pairenv.prepare(pair, args.pair_id)
         say(
             f"image {pairenv.IMAGE} ({pairenv.IMAGE_ID[:19]}…) loaded on both hosts; fake "
-            f"model dir + TileLang cache on each; env file {pair.env_file}"
+            f"model dir, JIT caches and RDMA device dir on each; env file {pair.env_file}"
         )
         sync_overlays(pair)
         launcher(pair, "up", "--timeout", str(int(args.timeout)), timeout=args.timeout + 120)

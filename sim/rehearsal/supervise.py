@@ -56,9 +56,13 @@ def _unshare_pid_ns() -> None:
 
 def run(cdir: Path) -> int:
     """Start the container, record its init pid, wait, record its exit code."""
+    cfg = json.loads((cdir / "config.json").read_text())
+    # `--network none`: a network namespace of its own (loopback only, down), as in docker.
+    net = ["--net"] if cfg["HostConfig"].get("NetworkMode") == "none" else []
     argv = [
         "unshare",
         "--mount",
+        *net,
         "--propagation",
         "private",
         sys.executable,
@@ -188,7 +192,7 @@ def enter(cdir: Path) -> int:
         )
         return 125
     env = dict(item.split("=", 1) for item in cfg["Env"])
-    cmd = cfg["Cmd"]
+    cmd = list(cfg.get("Entrypoint") or []) + list(cfg["Cmd"])  # ENTRYPOINT, then CMD
     os.chdir(cfg.get("WorkingDir") or "/")
     try:
         os.execvpe(cmd[0], cmd, env)

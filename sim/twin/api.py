@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY, params, shapes
+from sim.twin import HEADER, OWNED_BY, auth, params, shapes
 from sim.twin.engine import Engine
 from sim.twin.generation import Generation, merge_logprobs
 from sim.twin.injector import ForeignSpec, Injector
@@ -46,6 +46,7 @@ class TwinServer(ThreadingHTTPServer):
         # --per-request-spec-decode-metrics (vllm/config/observability.py): none|summary|detailed
         self.spec_metrics = str(serve_args.get("per_request_spec_decode_metrics") or "none")
         self.injector = Injector(self.fire_foreign)
+        self.tokens = auth.tokens()
 
     def fire_foreign(self, spec: ForeignSpec) -> list[str]:
         """Submit spec.requests phantom requests to the engine now; their ids."""
@@ -111,10 +112,20 @@ class Handler(BaseHTTPRequestHandler):
             b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
         )
 
+    def _authorized(self, method: str, path: str) -> bool:
+        """vLLM's API-key middleware (sim/twin/auth.py); answers 401 itself on a miss."""
+        if auth.allowed(method, path, self.headers.get("Authorization"), self.server.tokens):
+            return True
+        self.close_connection = True  # the unread request body must not become a request
+        self._json(401, auth.UNAUTHORIZED)
+        return False
+
     # -- routes --------------------------------------------------------------------------
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         path = self.path.split("?", 1)[0]
         srv = self.server
+        if not self._authorized("GET", path):
+            return
         if path in ("/health", "/ping"):
             if srv.engine.dead:
                 self._send(503, b"", "text/plain")
@@ -154,6 +165,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - http.server naming
         received_ns = time.monotonic_ns()
         path = self.path.split("?", 1)[0]
+        if not self._authorized("POST", path):
+            return
         try:
             body = self._body()
             if path == "/v1/chat/completions":

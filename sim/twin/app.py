@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -14,9 +15,10 @@ from sim.twin import LABEL
 from sim.twin import faults as faultmod
 from sim.twin import profile as profmod
 from sim.twin.api import TwinServer
+from sim.twin.boot import api_server_ready, api_server_up
 from sim.twin.cli import ServeArgs
 from sim.twin.engine import Engine, EngineConfig
-from sim.twin.lifecycle import die, fault_at, write_marker
+from sim.twin.lifecycle import ROLE, die, fault_at, write_marker
 from sim.twin.metrics import Metrics
 from sim.twin.overlay_flags import fp8_head_enabled
 from sim.twin.prefix_cache import PrefixCache
@@ -144,21 +146,20 @@ def start_server(
             truth(args, prof, cfg, seed, warm, encoder.cached),
         )
     except OSError as exc:
-        log.error(
-            "cannot listen on %s:%d (%s); is the port free?", args.host, args.port, exc.strerror
-        )
+        # vLLM binds the port in setup_server (vllm/entrypoints/launchers/launcher.py);
+        # the traceback ends in the OSError itself.
+        print(f"OSError: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr, flush=True)
         return 1
     engine.start()
     time.sleep(float(prof.section("boot").get("api_server_s", 0.0)) * faults.slow_boot)
-    log.info("Starting vLLM API server 0 on http://%s:%d", args.host, args.port)
+    api_server_up(args)
     for n, at, dur in faults.foreign:
         threading.Timer(at, _inject, args=(engine, builder, n, dur)).start()
     fault_at(faults, "serving")
-    log.info("Application startup complete.")
+    api_server_ready()
+    ROLE.serving = True
     try:
         server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        log.info("interrupted, shutting down")
     finally:
         engine.stop()
     return 0

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-num-batched-tokens", type=int, default=None)
     a("--long-prefill-token-threshold", type=int, default=0)
     a("--max-model-len", type=int, default=None)
-    a("--gpu-memory-utilization", type=float, default=0.9)
+    a("--gpu-memory-utilization", type=float, default=0.92)  # vllm/config/cache.py
     a("--kv-cache-dtype", default="auto")
     a("--speculative-config", type=_spec_config, default=None)
     a("--tokenizer", default=None)

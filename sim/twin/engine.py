@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.twin import vllm_log
 from sim.twin.metrics import Metrics
 from sim.twin.prefix_cache import PrefixCache
 from sim.twin.profile import Profile
@@ -235,7 +237,7 @@ class Engine:
             self._run()
         except Exception as exc:  # noqa: BLE001 - an engine bug must kill the server loudly
             log.exception("engine core crashed")
-            self._die(f"engine core crashed: {exc}")
+            self._die(f"engine core crashed: {exc}", f"{type(exc).__name__}: {exc}")
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -283,7 +285,9 @@ class Engine:
             self._die(
                 f"execute_model step {self.steps} took longer than "
                 f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={timeout:g} "
-                f"(modelled {dur:.1f} s); raise it (the recipe uses 600)"
+                f"(modelled {dur:.1f} s); raise it (the recipe uses 600)",
+                # vllm/v1/executor/multiproc_executor.py collective_rpc's timeout
+                "TimeoutError: RPC call to execute_model timed out.",
             )
             return False
         end = start + dur
@@ -396,9 +400,13 @@ class Engine:
             self.m.finished(reason)
         r.events.put(("finish", reason))
 
-    def _die(self, why: str) -> None:
+    def _die(self, why: str, exc_line: str) -> None:
+        """The engine core's death as vLLM logs it (vllm/v1/engine/core.py: the fatal-error
+        line, then the traceback, whose last line is ``exc_line``); ``why`` is what the
+        requests in flight are told."""
         self.dead = why
-        log.error("EngineCore died: %s", why)
+        vllm_log.emit("EngineCore", "engine_fatal")
+        print(exc_line, file=sys.stderr, flush=True)
         with self._cond:
             for r in list(self.running) + list(self.waiting) + list(self._arrivals):
                 r.events.put(("error", f"engine dead: {why}"))

@@ -1,6 +1,7 @@
-"""Process plumbing both ranks share: log format, exit, the one SIGTERM path, TileLang
-marker, fault timing. It imports no other twin module except `faults`, so `serve` (boot)
-and `app` (rank 0's server) can both depend on it without depending on each other."""
+"""Process plumbing both ranks share: logging, exit, the one SIGTERM path, TileLang
+marker, fault timing. It imports no other twin module except `faults` and `vllm_log`, so
+`serve` (boot) and `app` (rank 0's server) can both depend on it without depending on
+each other."""
 
 from __future__ import annotations
 
@@ -12,41 +13,81 @@ import threading
 import time
 from pathlib import Path
 
+from sim.twin import vllm_log
 from sim.twin.faults import Faults
 
 log = logging.getLogger("twin")
 MARKER = "spark-twin-tilelang.marker"
 
 
-def setup_logging(rank: int) -> None:
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(
-        logging.Formatter(
-            f"%(levelname)s %(asctime)s [spark-twin rank{rank}] %(message)s", "%m-%d %H:%M:%S"
-        )
-    )
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
+class Role:
+    """Which vLLM process tree this twin stands for, and how far it got (for SIGTERM)."""
+
+    headless = False  # rank 1 (--headless): vllm/entrypoints/cli/serve.py run_headless
+    serving = False  # rank 0 after uvicorn's "Application startup complete."
 
 
-def die(why: str, code: int = 1) -> None:
-    """Exit now (threads and sockets included), like a vLLM rank losing its peer."""
-    log.error(why)
-    for h in log.handlers:
-        h.flush()
+ROLE = Role()
+
+
+def setup_logging() -> None:
+    vllm_log.setup()
+
+
+def die(why: str | None, code: int = 1) -> None:
+    """Exit now (threads and sockets included), like a vLLM rank losing its peer.
+
+    ``why`` is logged as the twin's own line; None when the real lines are already out.
+    """
+    if why is not None:
+        log.error(why)
+    _exit(code)
+
+
+def _exit(code: int) -> None:
+    vllm_log.flush()
     sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(code)
 
 
-def exit_on_sigterm() -> None:
-    """Install the twin's only SIGTERM handler: log, then exit 0 (a clean stop).
+def _on_sigterm(*_: object) -> None:
+    """What vLLM 0.33 prints and does on SIGTERM (`docker stop`), by role and phase.
 
-    Installed once, before the boot phases, as vLLM's `run_server` does before it builds
-    the engine (vllm/entrypoints/launchers/api_server/entry.py; the headless rank in
-    vllm/entrypoints/cli/serve.py), so `docker rm -f`/`stop` is a clean stop in any phase.
+    - headless rank 1: run_headless's handler raises SystemExit (vllm/entrypoints/cli/
+      serve.py); the MultiprocExecutor then stops its worker (multiproc_executor.py
+      `_ensure_worker_termination`) and the process exits 0.
+    - rank 0 serving: serve_http's handler (vllm/entrypoints/launchers/launcher.py) stops
+      the engine client (shutdown_timeout 0 = abort), then uvicorn shuts down; exit 0.
+    - rank 0 booting: run_server's `_interrupt_init` (vllm/entrypoints/launchers/
+      api_server/entry.py) raises KeyboardInterrupt("terminated"), which nothing catches:
+      Python prints the traceback, whose last line is below, and ends by SIGINT (docker
+      reports exit code 130).
     """
-    signal.signal(signal.SIGTERM, lambda *_: die("received SIGTERM, shutting down", 0))
+    if ROLE.headless:
+        vllm_log.emit("MainProcess", "executor_wait_exit", 1)
+        vllm_log.emit("MainProcess", "executor_exited")
+        _exit(0)
+    if ROLE.serving:
+        vllm_log.emit("APIServer", "shutdown_triggered")
+        vllm_log.emit("APIServer", "shutdown_engine", "abort", 0)
+        vllm_log.emit("APIServer", "shutdown_engine_stopped")
+        vllm_log.emit("APIServer", "shutdown_http")
+        vllm_log.emit("APIServer", "shutdown_fastapi")
+        vllm_log.uvicorn("shutting_down")
+        vllm_log.uvicorn("shutdown_wait")
+        vllm_log.uvicorn("shutdown_done")
+        _exit(0)
+    print("KeyboardInterrupt: terminated", file=sys.stderr, flush=True)
+    vllm_log.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def exit_on_sigterm() -> None:
+    """Install the twin's only SIGTERM handler, before the boot phases, as vLLM's
+    `run_server` (and `run_headless`) do, so `docker stop` behaves as vLLM's in any phase."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def tilelang_dir() -> Path:

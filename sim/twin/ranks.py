@@ -1,20 +1,26 @@
 """Two-rank rendezvous over real TCP, and the heartbeat that makes the ranks die together.
 
-Rank 0 listens on --master-addr:--master-port (vLLM's TCP store role) and waits; rank 1
-connects, retrying until it joins (or join_timeout_s passes, like vLLM's DistStoreError).
-After the handshake both sides send a heartbeat line every interval; a closed socket, a
-reset, or silence longer than heartbeat_timeout_s means the peer is gone, and the survivor
-exits non-zero, as a vLLM rank does when its TP peer dies.
+Rank 0 listens on --master-addr:--master-port (the role of torch's TCPStore, which vLLM's
+worker creates in ``init_process_group``) and waits; rank 1 connects, retrying until it
+joins. Like the real store, both sides are silent while they wait; when the wait runs out
+the error carries torch's own wording (TORCH_STORE in vllm_log: the head's DistStoreError,
+the worker's DistNetworkError). After the handshake both sides send a heartbeat line every
+interval; a closed socket, a reset, or silence longer than heartbeat_timeout_s means the
+peer is gone, and the survivor exits non-zero (the twin's simplification: it dies with its
+peer at once).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import socket
 import threading
 import time
 from collections.abc import Callable
+
+from sim.twin.vllm_log import TORCH_STORE
 
 log = logging.getLogger("twin")
 
@@ -99,7 +105,7 @@ class Link:
 
 
 def serve_rendezvous(
-    addr: str, port: int, model: str, join_timeout: float, log_every: float = 5.0
+    addr: str, port: int, model: str, join_timeout: float
 ) -> tuple[socket.socket, dict]:
     """Rank 0: listen and block until rank 1 has connected and said hello."""
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -108,27 +114,23 @@ def serve_rendezvous(
         srv.bind((addr, port))
     except OSError as exc:
         raise RendezvousError(
-            f"cannot listen on master {addr}:{port} ({exc.strerror}); is "
-            f"--master-addr this node's address and the port free?"
+            "torch.distributed.DistNetworkError: "
+            + TORCH_STORE["server_listen"].format(
+                port, 0, -exc.errno, errno.errorcode.get(exc.errno, "?"), exc.strerror
+            )
         ) from exc
     srv.listen(4)
     srv.settimeout(1.0)
-    t0 = last = time.monotonic()
-    log.info("Waiting for rank 1 to join at %s:%d", addr, port)
+    t0 = time.monotonic()
     try:
         while True:
-            now = time.monotonic()
-            if join_timeout > 0 and now - t0 > join_timeout:
+            if join_timeout > 0 and time.monotonic() - t0 > join_timeout:
                 raise RendezvousError(
-                    f"DistStoreError: rank 1 did not join {addr}:{port} within "
-                    f"{join_timeout:.0f} s; start the worker (--node-rank 1 "
-                    "--headless) with the same --master-addr/--master-port"
+                    "torch.distributed.DistStoreError: "
+                    + TORCH_STORE["server_timeout"].format(int(join_timeout), 1, 2)
                 )
-            if now - last >= log_every:
-                log.info("Waiting for rank 1 to join at %s:%d (%.0f s)", addr, port, now - t0)
-                last = now
             try:
-                conn, peer = srv.accept()
+                conn, _ = srv.accept()
             except TimeoutError:
                 continue
             conn.settimeout(5.0)
@@ -146,39 +148,29 @@ def serve_rendezvous(
                 conn.close()
                 raise RendezvousError(why + "; both ranks need the same model path and args")
             conn.sendall((json.dumps({"type": "welcome"}) + "\n").encode())
-            log.info("Rank 1 joined from %s:%d", peer[0], peer[1])
             return conn, hello
     finally:
         srv.close()
 
 
-def join_rendezvous(
-    addr: str, port: int, model: str, join_timeout: float, log_every: float = 5.0
-) -> socket.socket:
+def join_rendezvous(addr: str, port: int, model: str, join_timeout: float) -> socket.socket:
     """Rank 1: connect to rank 0, retrying until it answers (or join_timeout passes)."""
-    t0 = last = time.monotonic()
-    attempt = 0
-    log.info("Connecting to rank 0 at %s:%d", addr, port)
+    t0 = time.monotonic()
     while True:
-        attempt += 1
         try:
             sock = socket.create_connection((addr, port), timeout=2.0)
             sock.sendall((json.dumps({"type": "hello", "rank": 1, "model": model}) + "\n").encode())
             reply = json.loads(sock.makefile("r").readline() or "{}")
             if reply.get("type") == "welcome":
-                log.info("Joined rank 0 at %s:%d (attempt %d)", addr, port, attempt)
                 return sock
             sock.close()
             raise RendezvousError(f"rank 0 rejected this worker: {reply.get('why', reply)}")
         except (OSError, ValueError) as exc:
-            now = time.monotonic()
-            if join_timeout > 0 and now - t0 > join_timeout:
+            if join_timeout > 0 and time.monotonic() - t0 > join_timeout:
                 raise RendezvousError(
-                    f"DistStoreError: could not reach rank 0 at {addr}:{port} "
-                    f"within {join_timeout:.0f} s ({exc}); is the head up "
-                    "and the master port reachable?"
+                    "torch.distributed.DistNetworkError: "
+                    + TORCH_STORE["client_timeout"].format(
+                        f"{int(join_timeout * 1000)}ms", addr, port
+                    )
                 ) from exc
-            if now - last >= log_every:
-                log.info("Still waiting for rank 0 at %s:%d (%s)", addr, port, exc)
-                last = now
             time.sleep(0.5)

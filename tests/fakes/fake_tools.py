@@ -2,10 +2,14 @@
 
 Every call is appended to $FAKE_LOG as a JSON line {"host", "tool", "argv"} so tests can
 assert what was (and was not) run. Per-host state lives in $FAKE_STATE (JSON):
-  {"hosts": {"h1": {"addrs": [...], "listen": [...], "images": {ref: id},
+  {"hosts": {"h1": {"addrs": [...], "listen": [...],
+                    "images": {ref: id | {"Id", "Env", "Entrypoint", "RepoDigests"}},
                     "containers": [{"ID","Name","State","ExitCode","Labels":{},"Logs":[]}],
-                    "run": "running" | "exited"}},
+                    "run": "running" | "exited",
+                    "throwaway": {"out": "...", "rc": 0}}},
    "ssh": {"ADDR": "h2"}, "ssh_fail": ""}
+`docker run --rm` (attached, the launcher's argv check) prints the host's "throwaway" output
+and exits with its rc, standing in for the image's python3; no container is recorded.
 The local host is $FAKE_HOST (default h1); ssh runs the remote command with FAKE_HOST set to
 the mapped host. ssh refuses to run without BatchMode=yes and StrictHostKeyChecking=yes.
 
@@ -95,6 +99,12 @@ def _run(h: dict, rest: list[str]) -> None:
         env[k] = v if eq else os.environ.get(k, "")
     if run.image not in h.get("images", {}):
         die(f"Unable to find image '{run.image}' locally", 125)
+    if run.rm and not run.detach:
+        reply = h.get("throwaway")
+        if reply is None:
+            die("fake docker: no throwaway reply configured for this host", 1)
+        print(reply.get("out", ""))
+        sys.exit(int(reply.get("rc", 0)))
     name = run.name or f"fake_{uuid.uuid4().hex[:8]}"
     if find(h, name):
         die(f'Conflict. The container name "/{name}" is already in use', 125)
@@ -107,7 +117,11 @@ def _run(h: dict, rest: list[str]) -> None:
             "Labels": run.label_dict(),
             "State": "running" if behaviour == "running" else "exited",
             "ExitCode": 0 if behaviour == "running" else 1,
-            "Logs": ["SPARK-TWIN SIMULATOR", "Loading weights"]
+            "Logs": [
+                "(SparkTwin pid=7) INFO 11-30 10:00:00 [spark-twin] SPARK-TWIN SIMULATOR",
+                "(Worker_TP0 pid=7) INFO 11-30 10:00:01 [model_runner.py:399] "
+                "Loading model from scratch...",
+            ]
             + ([] if behaviour == "running" else ["RuntimeError: rank crashed (fake)"]),
             "Cmd": run.cmd,
             "Env": env,
@@ -173,10 +187,21 @@ def _image(h: dict, rest: list[str]) -> None:
     for ref in ins.refs:
         if ref not in images:
             die(f"Error: No such image: {ref}")
+    found = []
+    for ref in ins.refs:
+        img = images[ref] if isinstance(images[ref], dict) else {"Id": images[ref]}
+        found.append(
+            {
+                "Id": img["Id"],
+                "RepoTags": [ref],
+                "RepoDigests": img.get("RepoDigests", []),
+                "Config": {"Env": img.get("Env", []), "Entrypoint": img.get("Entrypoint")},
+            }
+        )
     if ins.format == "{{.Id}}":
-        print("\n".join(images[ref] for ref in ins.refs))
+        print("\n".join(i["Id"] for i in found))
     else:
-        print(json.dumps([{"Id": images[ref], "RepoTags": [ref]} for ref in ins.refs]))
+        print(json.dumps(found))
 
 
 def _logs(h: dict, rest: list[str]) -> None:

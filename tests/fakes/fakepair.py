@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pairctl.argcheck import MARK as ARGCHECK_MARK
 from tests.fakes.mock_openai import MockConfig, MockServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +47,12 @@ class Env:
         self.log_path = tmp / "calls.jsonl"
         model = tmp / "model"
         model.mkdir()
+        # RDMA devices as the probe sees them: character devices (links to /dev/null, which
+        # any user can make; a real node has /dev/infiniband/uverbs*).
+        rdma = tmp / "infiniband"
+        rdma.mkdir()
+        for name in ("uverbs0", "uverbs1"):
+            (rdma / name).symlink_to("/dev/null")
         (model / "config.json").write_text('{"model_type": "deepseek_v4"}')
         (model / "tokenizer.json").write_text("{}")
         self.values = {
@@ -60,6 +67,11 @@ class Env:
             "MODEL_PATH": str(model),
             "OVERLAY_DIR": str(tmp / "overlays"),
             "TILELANG_CACHE_DIR": str(tmp / "tilelang"),
+            "VLLM_CACHE_ROOT": str(tmp / "cache" / "vllm"),
+            "TRITON_CACHE_DIR": str(tmp / "cache" / "triton"),
+            "FLASHINFER_WORKSPACE_BASE": str(tmp / "cache" / "flashinfer"),
+            "DG_JIT_CACHE_DIR": str(tmp / "cache" / "deep_gemm"),
+            "RDMA_DEVICE_DIR": str(rdma),
             "NCCL_SOCKET_IFNAME": "lo",
             "GLOO_SOCKET_IFNAME": "lo",
             "NCCL_IB_HCA": "",
@@ -67,7 +79,16 @@ class Env:
         }
         self.env_file = tmp / "pair.env"
         self.write_env()
-        host = {"addrs": [], "listen": [], "images": {IMAGE: IMAGE_ID}, "containers": []}
+        accepted = {"ok": True, "flag": "", "error": ""}
+        host = {
+            "addrs": [],
+            "listen": [],
+            "images": {IMAGE: IMAGE_ID},
+            "containers": [],
+            "throwaway": {
+                "out": ARGCHECK_MARK + json.dumps({"vllm": "0.33.0", "results": [accepted] * 2})
+            },
+        }
         self.state = {
             "hosts": {
                 "h1": dict(host, addrs=["127.0.0.1"], containers=[]),
@@ -94,7 +115,8 @@ class Env:
         return [r for r in rows if r["tool"] == tool]
 
     def runs(self) -> list[dict]:
-        return [c for c in self.calls() if c["argv"][:1] == ["run"]]
+        """Containers started (`run -d`): a rank. The argv check's `run --rm` is no start."""
+        return [c for c in self.calls() if c["argv"][:1] == ["run"] and "--rm" not in c["argv"]]
 
     def removes(self) -> list[dict]:
         return [c for c in self.calls() if c["argv"][:1] == ["rm"]]
@@ -117,9 +139,15 @@ class Env:
         self.save()
 
     def run(
-        self, *args: str, timeout: float = 60, path_first: Path | None = None
+        self,
+        *args: str,
+        timeout: float = 60,
+        path_first: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess:
-        """Run the launcher; ``path_first`` puts a test's own stand-ins before the fakes."""
+        """Run the launcher; ``path_first`` puts a test's own stand-ins before the fakes,
+        ``env`` adds or overrides environment variables."""
+        extra = env or {}
         env = dict(
             os.environ,
             PATH=f"{FAKES}:{os.environ['PATH']}",
@@ -130,9 +158,16 @@ class Env:
             PAIRCTL_PYTHON=sys.executable,
             PAIRCTL_POLL_S="0.2",
             XDG_RUNTIME_DIR=str(self.tmp),
+            # The argv check as on a Spark: the image's parser in a throwaway container,
+            # which the fake docker answers from the host's "throwaway" reply (accepted by
+            # default). The local vLLM parser costs seconds per argv; tests/test_argcheck.py
+            # runs it. Its cache stays in the test's dir, never the user's ~/.cache.
+            PAIRCTL_ARGCHECK="image",
+            XDG_CACHE_HOME=str(self.tmp / "xdg-cache"),
         )
         if path_first is not None:
             env["PATH"] = f"{path_first}:{env['PATH']}"
+        env.update(extra)
         argv = [str(LAUNCHER)]
         if "--env-file" not in args:
             argv += ["--env-file", str(self.env_file)]

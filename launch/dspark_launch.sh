@@ -45,6 +45,7 @@ usage() {
   cat <<USAGE
 Usage: launch/dspark_launch.sh [up|down|status|logs|plan|preflight|sync-overlays] [options]
                                [-- VLLM_ARGS...]
+       launch/dspark_launch.sh fleet plan|up|down|status|prometheus [options]   (--help there)
 
 Run on the rank-0 Spark (SPARK1). One OpenAI endpoint at http://SPARK1:PORT/v1.
 
@@ -327,6 +328,11 @@ cmd_logs() {
 }
 
 main() {
+  if [[ "${1:-}" == "fleet" ]]; then
+    shift
+    pick_python
+    exec "${PYTHON}" -m pairctl.fleet "$@"
+  fi
   parse_args "$@"
   pick_python
   case "${CMD}" in

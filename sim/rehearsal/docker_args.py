@@ -225,7 +225,9 @@ INSPECT_SPEC = FlagSpec(values={"format": ("-f", "--format"), "type": ("--type",
 IMAGE_INSPECT_SPEC = FlagSpec(values={"format": ("-f", "--format")})
 LOGS_SPEC = FlagSpec(bools={"follow": ("-f", "--follow")}, values={"tail": ("-n", "--tail")})
 RM_SPEC = FlagSpec(bools={"force": ("-f", "--force")})
-LOAD_FAKE_SPEC = FlagSpec(values={"env": ("--env", "-e")}, repeat={"env"})
+LOAD_FAKE_SPEC = FlagSpec(
+    values={"env": ("--env", "-e"), "entrypoint": ("--entrypoint",)}, repeat={"env", "entrypoint"}
+)
 
 
 @dataclass(frozen=True)

@@ -145,10 +145,10 @@ def inspect_object(store: Store, cid: str) -> dict[str, Any]:
         "Config": {
             "Hostname": cfg["Hostname"],
             "Env": cfg["Env"],
-            "Cmd": cfg["Cmd"],
+            "Cmd": cfg["Cmd"][len(cfg.get("Entrypoint") or []) :],
             "Image": cfg["Image"],
             "Labels": cfg["Labels"],
-            "Entrypoint": None,
+            "Entrypoint": cfg.get("Entrypoint"),
             "WorkingDir": cfg["WorkingDir"],
         },
         "NetworkSettings": {"Networks": {cfg["HostConfig"]["NetworkMode"]: {}}},
@@ -267,11 +267,14 @@ def cmd_rm(store: Store, args: list[str]) -> int:
 
 
 def cmd_load_fake(store: Store, args: list[str]) -> int:
-    """Harness-only: register IMAGE with ID on this host (`--env K=V` = image ENV)."""
+    """Harness-only: register IMAGE with ID on this host (`--env K=V` = image ENV,
+    `--entrypoint WORD`, repeated = the image's ENTRYPOINT, which `run` puts before its args)."""
     opts, rest = parse_flags(args, LOAD_FAKE_SPEC, "load-fake")
     if len(rest) != 2:
-        raise UsageError("usage: docker load-fake IMAGE ID [--env K=V]...", "load-fake")
-    store.load_image(rest[0], rest[1], opts["env"])
+        raise UsageError(
+            "usage: docker load-fake IMAGE ID [--env K=V]... [--entrypoint WORD]...", "load-fake"
+        )
+    store.load_image(rest[0], rest[1], opts["env"], opts["entrypoint"])
     print(f"Loaded image: {rest[0]}")
     return 0
 
@@ -297,7 +300,8 @@ rehearsal test host (state in $DSV4R_DOCKER_STATE):
   image inspect [--format '{{.Id}}'] IMAGE...
   logs [--tail N] [-f] CONTAINER
   rm -f CONTAINER...
-  load-fake IMAGE ID [--env K=V]...   (harness only: "load" an image with this ID)
+  load-fake IMAGE ID [--env K=V]... [--entrypoint WORD]...
+                                    (harness only: "load" an image with this ID)
 """
 
 

@@ -61,7 +61,7 @@ def cmd_run(store: Store, args: list[str]) -> int:
     """`docker run -d ...`: record the container, start its supervisor, print the ID."""
     run = run_args(args)
     require_contract(run)
-    image_name, cmd = run.image, run.cmd
+    image_name = run.image
     image = store.image(image_name)
     if image is None:
         raise StoreError(
@@ -70,6 +70,9 @@ def cmd_run(store: Store, args: list[str]) -> int:
             "or may require 'docker login'.\nSee 'docker run --help'.",
             code=125,
         )
+    # dockerd runs the image's ENTRYPOINT with the run arguments appended.
+    entrypoint = list(image.get("Entrypoint") or [])
+    cmd = entrypoint + run.cmd
     if not cmd:
         raise StoreError(
             "docker: Error response from daemon: no command specified.\nSee 'docker run --help'.",
@@ -110,6 +113,7 @@ def cmd_run(store: Store, args: list[str]) -> int:
             "Image": image_name,
             "ImageId": image["Id"],
             "Cmd": cmd,
+            "Entrypoint": entrypoint or None,
             "Labels": labels,
             "Env": [f"{k}={v}" for k, v in merged.items()],
             "Mounts": mounts,

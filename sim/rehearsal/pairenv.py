@@ -77,19 +77,30 @@ def make_model_dir(host: Host, lay: Layout) -> Path:
     return target
 
 
-def load_image(host: Host, image_id: str = IMAGE_ID, image: str = IMAGE) -> None:
-    res = host.docker("load-fake", image, image_id)
+def load_image(
+    host: Host, image_id: str = IMAGE_ID, image: str = IMAGE, entrypoint: tuple[str, ...] = ()
+) -> None:
+    extra = [a for word in entrypoint for a in ("--entrypoint", word)]
+    res = host.docker("load-fake", image, image_id, *extra)
     if res.returncode != 0:
         raise RuntimeError(f"load-fake on {host.name} failed: {res.stderr.strip()}")
 
 
-def env_values(pair: Pair, lay: Layout, pair_id: str = "rehearsal") -> dict[str, str]:
-    """The pair's `.env` (variables as documented in .env.example)."""
+def env_values(
+    pair: Pair,
+    lay: Layout,
+    pair_id: str = "rehearsal",
+    head: Host | None = None,
+    worker: Host | None = None,
+) -> dict[str, str]:
+    """The pair's `.env` (variables as documented in .env.example); by default hosts 1 and
+    2 are its nodes (a fleet rehearsal names other hosts for its second pair)."""
+    head, worker = head or pair.h1, worker or pair.h2
     return {
         "PAIR_ID": pair_id,
-        "SPARK1": pair.h1.ip,
-        "SPARK2": pair.h2.ip,
-        "MASTER_ADDR": pair.h1.ip,
+        "SPARK1": head.ip,
+        "SPARK2": worker.ip,
+        "MASTER_ADDR": head.ip,
         "MASTER_PORT": "29501",
         "PORT": "8000",
         "SSH_USER": pair.ssh_user,
@@ -100,8 +111,8 @@ def env_values(pair: Pair, lay: Layout, pair_id: str = "rehearsal") -> dict[str,
         "MODEL_PATH": str(lay.model_path),
         "OVERLAY_DIR": str(lay.overlay_dir),
         "TILELANG_CACHE_DIR": str(lay.tilelang_dir),
-        "NCCL_SOCKET_IFNAME": pair.h1.nic,
-        "GLOO_SOCKET_IFNAME": pair.h1.nic,
+        "NCCL_SOCKET_IFNAME": head.nic,
+        "GLOO_SOCKET_IFNAME": head.nic,
         # No RDMA devices in a netns; empty = NCCL picks (preflight warns, as documented).
         "NCCL_IB_HCA": "",
         # A fake secret, so tests can prove the launcher never prints it.

@@ -105,11 +105,17 @@ class Store:
         path = self._images_path()
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def load_image(self, name: str, image_id: str, env: list[str]) -> None:
+    def load_image(
+        self, name: str, image_id: str, env: list[str], entrypoint: list[str] | None = None
+    ) -> None:
         images = self.images()
         if not image_id.startswith("sha256:"):
             image_id = "sha256:" + image_id
-        images[_normalise_image(name)] = {"Id": image_id, "Env": env}
+        images[_normalise_image(name)] = {
+            "Id": image_id,
+            "Env": env,
+            "Entrypoint": entrypoint or None,
+        }
         write_json_atomic(self._images_path(), images)
 
     def image(self, name: str) -> dict[str, Any] | None:

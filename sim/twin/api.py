@@ -13,7 +13,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY
+from sim.twin import HEADER, OWNED_BY, PAIR_HEADER
 from sim.twin.engine import Engine, Request
 from sim.twin.metrics import Metrics
 from sim.twin.requests_in import BadRequest, Builder
@@ -36,8 +36,10 @@ class TwinServer(ThreadingHTTPServer):
         metrics: Metrics,
         model_names: list[str],
         truth: dict[str, Any],
+        pair_id: str | None = None,
     ) -> None:
         super().__init__(addr, Handler)
+        self.pair_id = pair_id
         self.engine, self.builder, self.metrics = engine, builder, metrics
         self.model_names, self.truth = model_names, truth
         self.created = int(time.time())
@@ -58,6 +60,12 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), fmt % args)
 
     # -- plumbing ------------------------------------------------------------------------
+    def _identity(self) -> None:
+        """The simulator label, and which simulated pair answered (when it knows)."""
+        self.send_header(*HEADER)
+        if self.server.pair_id:
+            self.send_header(PAIR_HEADER, self.server.pair_id)
+
     def _send(
         self,
         code: int,
@@ -68,7 +76,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header(*HEADER)
+        self._identity()
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
@@ -256,7 +264,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("X-Request-Id", req.id)
-        self.send_header(*HEADER)
+        self._identity()
         self.end_headers()
         try:
             if shape.chat:

@@ -142,6 +142,7 @@ def start_server(
             metrics,
             names,
             truth(args, prof, cfg, seed, warm, encoder.cached),
+            pair_id=args.twin_pair_id,
         )
     except OSError as exc:
         log.error(

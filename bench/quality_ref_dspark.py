@@ -90,6 +90,12 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="OpenAI-compatible endpoint")
     p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
+    p.add_argument(
+        "--session-id",
+        default=None,
+        help="send X-Session-ID: ID with every request (a router with session affinity then "
+        "sends the whole gate to one pair)",
+    )
     p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="reference prompts JSON")
     p.add_argument("--timeout-s", type=float, default=120, help="per-prompt timeout")
     p.add_argument("--max-tokens", type=int, default=None, help="override the file's max_tokens")
@@ -194,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     s = requests.Session()
     if args.api_key:
         s.headers["Authorization"] = f"Bearer {args.api_key}"
+    if args.session_id:
+        s.headers["X-Session-ID"] = args.session_id
     try:
         model = args.model if args.model is not None else first_model(s, url, args.timeout_s)
     except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as e:

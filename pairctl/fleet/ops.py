@@ -151,16 +151,6 @@ def pair_launcher(
         RUNNING.done(pair.pair_id)
 
 
-@dataclass
-class Deps:
-    """The side effects ops need, replaceable in unit tests."""
-
-    status: Callable[[PairEntry], PairView] = pair_status
-    env_check: Callable[[Fleet, PairEntry], str | None] = env_file_matches
-    launcher: Callable[[Fleet, PairEntry, str, list[str], Out], tuple[int, str]] = pair_launcher
-    router_view: Callable[[str], rt.RouterView] = rt.view
-
-
 def statuses(fleet: Fleet, deps: Deps) -> dict[str, PairView]:
     with ThreadPoolExecutor(max(1, len(fleet.pairs))) as pool:
         views = list(pool.map(deps.status, fleet.pairs))
@@ -216,7 +206,7 @@ def router_preflight(fleet: Fleet) -> str | None:
     return None
 
 
-def ensure_router(fleet: Fleet, healthy: list[str], out: Out, deps: Deps) -> RouterOutcome:
+def ensure_router(fleet: Fleet, healthy: list[str], out: Out) -> RouterOutcome:
     """Start the router unless it already runs; wait until it sees every healthy pair."""
     m = rt.machine(fleet)
     ro = RouterOutcome()
@@ -260,10 +250,27 @@ def ensure_router(fleet: Fleet, healthy: list[str], out: Out, deps: Deps) -> Rou
     return ro
 
 
+def remove_router(fleet: Fleet) -> tuple[list[str], str | None]:
+    return rt.remove(rt.machine(fleet), fleet.fleet_id)
+
+
+@dataclass
+class Deps:
+    """The side effects ops need, replaceable in unit tests."""
+
+    status: Callable[[PairEntry], PairView] = pair_status
+    env_check: Callable[[Fleet, PairEntry], str | None] = env_file_matches
+    launcher: Callable[[Fleet, PairEntry, str, list[str], Out], tuple[int, str]] = pair_launcher
+    router_view: Callable[[str], rt.RouterView] = rt.view
+    router_preflight: Callable[[Fleet], str | None] = router_preflight
+    router_up: Callable[[Fleet, list[str], Out], RouterOutcome] = ensure_router
+    router_remove: Callable[[Fleet], tuple[list[str], str | None]] = remove_router
+
+
 def up(fleet: Fleet, timeout_s: int, out: Out, deps: Deps | None = None) -> UpResult:
     deps = deps or Deps()
     res = UpResult()
-    why = router_preflight(fleet)
+    why = deps.router_preflight(fleet)
     if why:
         out.say(f"fleet {fleet.fleet_id}: {why}")
         out.say("nothing was started or removed")
@@ -295,7 +302,7 @@ def up(fleet: Fleet, timeout_s: int, out: Out, deps: Deps | None = None) -> UpRe
         res.router.error = "no pair is healthy: the router was not started"
         res.code = EXIT_PAIRS
         return res
-    res.router = ensure_router(fleet, healthy, out, deps)
+    res.router = deps.router_up(fleet, healthy, out)
     if res.router.error:
         res.code = EXIT_ROUTER
     elif not all(o.ok for o in res.pairs):
@@ -315,8 +322,7 @@ def down(fleet: Fleet, router_only: bool, out: Out, deps: Deps | None = None) ->
     """Remove the router (fleet label only), then each pair via its own launcher's `down`."""
     deps = deps or Deps()
     res = DownResult()
-    m = rt.machine(fleet)
-    res.router_removed, err = rt.remove(m, fleet.fleet_id)
+    res.router_removed, err = deps.router_remove(fleet)
     res.router_error = err or ""
     out.tagged("router", err or f"removed {', '.join(res.router_removed) or 'nothing (none ran)'}")
     if not router_only:

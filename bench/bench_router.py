@@ -12,6 +12,10 @@ Per turn: median TTFT and the prefix-cache hit rate, read from the pairs' own /m
 Part 2, overhead: short requests (8 tokens) to one pair, direct vs through the affinity
 router, at each --overhead-concurrency; median TTFT and per-request latency, and the gap.
 
+router_added_ms columns (simulated pairs only): the same gap measured outside the engine,
+client time minus the pair's own record of the request (bench/bench_router_runs.py), which
+the engine's batching cannot blur. Real vLLM keeps no such record: the columns stay empty.
+
 Both routers run locally with the command line the fleet deploys (pairctl.fleet.router).
 Goals (docs/fleet.md): affinity turn-N TTFT within 5% + 2 ms of direct; router overhead
 < 2 ms median per request at c=64. The pairs must be idle (checked; exit 3 otherwise).
@@ -52,6 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--pairs", required=True, help="comma-separated pair endpoints (2 or more)")
     p.add_argument("--router-bin", default=runs.default_router_bin(), help="vllm-router binary")
+    p.add_argument(
+        "--router-cpus",
+        default=None,
+        help="run the routers on these CPUs (taskset -c LIST), as a router host has its own",
+    )
     p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
     p.add_argument("--conversations", type=int, default=16, help="concurrent conversations")
     p.add_argument("--turns", type=int, default=6, help="turns per conversation")
@@ -61,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2, help="repeats of the variant set")
     p.add_argument("--overhead-concurrency", default="1,64", help="concurrency levels of part 2")
     p.add_argument("--overhead-requests", type=int, default=128, help="requests per level/side")
+    p.add_argument(
+        "--overhead-warmups", type=int, default=1, help="unmeasured waves per level/side first"
+    )
     p.add_argument("--skip-multiturn", action="store_true", help="only part 2")
     p.add_argument("--skip-overhead", action="store_true", help="only part 1")
     p.add_argument("--timeout-s", type=float, default=600, help="per-request socket timeout")
@@ -126,16 +138,20 @@ def part2(args: argparse.Namespace, model: str, aff: runs.LocalRouter, home: int
     for c in args.levels:
         waves = max(1, args.overhead_requests // c)
         side = {"direct": runs.OverheadStats(), "router": runs.OverheadStats()}
+        targets = {
+            "direct": (args.pair_urls[pair], {}),
+            "router": (aff.url, {"X-Session-ID": sid}),
+        }
+        for target in targets.values():  # unmeasured: warm connection pools, as in use
+            runs.overhead(target, model, c, args.overhead_warmups, args, runs.OverheadStats())
         for w in range(waves):
             idle_or_exit(sess, args.pair_urls)
             order = ("direct", "router") if w % 2 == 0 else ("router", "direct")
             for name in order:
-                target = (
-                    (args.pair_urls[pair], {})
-                    if name == "direct"
-                    else (aff.url, {"X-Session-ID": sid})
-                )
-                runs.overhead(target, model, c, 1, args, side[name])
+                runs.overhead(targets[name], model, c, 1, args, side[name])
+        recs = runs.server_records(sess, args.pair_urls)
+        for s in side.values():
+            s.settle(recs)
         log(f"overhead c={c}: {waves} waves per side")
         out[c] = side
     return out, args.pair_urls[pair]
@@ -156,6 +172,10 @@ def table1(stats: dict[str, dict[int, runs.TurnStats]]) -> tuple[str, list[dict[
         d = med["direct"]
         rel = {v: (100 * (med[v] / d - 1) if d and med[v] is not None else None) for v in VARIANTS}
         ok = goal_affinity(d, med["affinity"]) if k > 0 else None
+        added = _gap(
+            summarize(stats["affinity"][k].outside_ttft_ms)["median"],
+            summarize(stats["direct"][k].outside_ttft_ms)["median"],
+        )
         rows.append(
             [
                 k,
@@ -167,6 +187,7 @@ def table1(stats: dict[str, dict[int, runs.TurnStats]]) -> tuple[str, list[dict[
                 rel["round_robin"],
                 *(None if hit[v] is None else 100 * hit[v] for v in VARIANTS),
                 {True: "yes", False: "NO", None: "-"}[ok],
+                added,
             ]
         )
         js.append(
@@ -176,6 +197,10 @@ def table1(stats: dict[str, dict[int, runs.TurnStats]]) -> tuple[str, list[dict[
                 "ttft_ms": {v: summarize(stats[v][k].ttft_ms) for v in VARIANTS},
                 "prefix_hit_rate": hit,
                 "affinity_within_goal": ok,
+                "outside_engine_ttft_ms": {
+                    v: summarize(stats[v][k].outside_ttft_ms) for v in VARIANTS
+                },
+                "router_added_ttft_ms_median": added,
                 "errors": {v: stats[v][k].errors for v in VARIANTS},
             }
         )
@@ -191,6 +216,7 @@ def table1(stats: dict[str, dict[int, runs.TurnStats]]) -> tuple[str, list[dict[
         "hit%_aff",
         "hit%_rr",
         "goal",
+        "router_added_ms",
     ]
     return report.table(rows, heads), js
 
@@ -201,6 +227,11 @@ def table2(ov: dict[int, dict[str, runs.OverheadStats]]) -> tuple[str, list[dict
         s = {n: (summarize(side[n].ttft_ms), summarize(side[n].e2e_ms)) for n in side}
         dt_ttft = _gap(s["router"][0]["median"], s["direct"][0]["median"])
         dt_e2e = _gap(s["router"][1]["median"], s["direct"][1]["median"])
+        o = {
+            n: (summarize(side[n].outside_ttft_ms), summarize(side[n].outside_e2e_ms)) for n in side
+        }
+        added_ttft = _gap(o["router"][0]["median"], o["direct"][0]["median"])
+        added_e2e = _gap(o["router"][1]["median"], o["direct"][1]["median"])
         rows.append(
             [
                 c,
@@ -210,6 +241,8 @@ def table2(ov: dict[int, dict[str, runs.OverheadStats]]) -> tuple[str, list[dict
                 s["direct"][1]["median"],
                 s["router"][1]["median"],
                 dt_e2e,
+                added_ttft,
+                added_e2e,
                 s["router"][1]["n"],
                 len(side["direct"].errors) + len(side["router"].errors),
             ]
@@ -221,6 +254,9 @@ def table2(ov: dict[int, dict[str, runs.OverheadStats]]) -> tuple[str, list[dict
                 "router": {"ttft_ms": s["router"][0], "e2e_ms": s["router"][1]},
                 "overhead_ttft_ms_median": dt_ttft,
                 "overhead_e2e_ms_median": dt_e2e,
+                "outside_engine": {n: {"ttft_ms": o[n][0], "e2e_ms": o[n][1]} for n in o},
+                "router_added_ttft_ms_median": added_ttft,
+                "router_added_e2e_ms_median": added_e2e,
                 "errors": {n: side[n].errors for n in side},
             }
         )
@@ -232,6 +268,8 @@ def table2(ov: dict[int, dict[str, runs.OverheadStats]]) -> tuple[str, list[dict
         "direct_e2e_ms",
         "router_e2e_ms",
         "d_e2e_ms",
+        "router_added_ttft_ms",
+        "router_added_e2e_ms",
         "n",
         "errors",
     ]
@@ -252,16 +290,26 @@ def main(argv: list[str] | None = None) -> int:
     except (requests.RequestException, ValueError, KeyError, IndexError) as exc:
         log(f"pair endpoint not ready: {exc}")
         return EXIT_ERROR
+    except SystemExit as exc:  # idle_or_exit: a pair is busy, nothing was measured
+        return int(exc.code or EXIT_ERROR)
     label = " [SIMULATOR: spark twin, not hardware]" if sim else ""
     logdir = Path(tempfile.mkdtemp(prefix="bench-router-"))
-    aff = runs.LocalRouter(args.router_bin, "consistent_hash", args.pair_urls, logdir / "ch.log")
-    rr = runs.LocalRouter(args.router_bin, "round_robin", args.pair_urls, logdir / "rr.log")
+    cpus = args.router_cpus
+    aff = runs.LocalRouter(
+        args.router_bin, "consistent_hash", args.pair_urls, logdir / "ch.log", cpus
+    )
+    rr = runs.LocalRouter(args.router_bin, "round_robin", args.pair_urls, logdir / "rr.log", cpus)
     doc: dict[str, Any] = {
         "script": "bench_router",
         "command_line": [sys.executable, *sys.argv],
         "git_sha": git_sha(),
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": sys.version},
+        "machine": {
+            "node": platform.node(),
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": os.getloadavg(),
+            "python": sys.version,
+        },
         "simulator": sim,
         "params": {k: v for k, v in vars(args).items()},
         "router_logs": str(logdir),

@@ -1,5 +1,12 @@
 """The measurements of bench/bench_router.py: local routers, the pair map, and the waves.
 
+Outside the engine: when the pairs are simulators, each answer's X-Request-Id finds the
+pair's own record of that request (GET /twin/requests: when it was received and when its
+first token and its end were produced, on the same monotonic clock as ours). Client time
+minus engine time is what the HTTP path costs, with or without the router; the difference
+of the two is the router's own added time, free of the batch-to-batch jitter of the
+engine's scheduling (which moves a request's TTFT by a whole step).
+
 Routers are started here with exactly the command line the fleet deploys
 (pairctl.fleet.router.router_args, default tuning), only bound to 127.0.0.1: one with
 `consistent_hash` (affinity on X-Session-ID) and one with `round_robin`. Which pair a
@@ -14,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +52,20 @@ def default_router_bin() -> str:
 class LocalRouter:
     """One vllm-router process on loopback with the fleet's settings and `policy`."""
 
-    def __init__(self, binary: str, policy: str, workers: list[str], log_path: Path) -> None:
+    def __init__(
+        self,
+        binary: str,
+        policy: str,
+        workers: list[str],
+        log_path: Path,
+        cpus: str | None = None,
+    ) -> None:
         self.policy = policy
         self.port, self.metrics_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        pin = ["taskset", "-c", cpus] if cpus else []
         argv = [
+            *pin,
             binary,
             *rt.router_args(
                 workers,
@@ -138,8 +155,12 @@ def which_pair(
     return moved[0]
 
 
-def wave(targets: list[tuple[str, dict[str, str]]], bodies: list[dict], timeout_s: float):
-    """One request per (url, headers) at once, on connections opened beforehand."""
+def wave(
+    targets: list[tuple[str, dict[str, str]]], bodies: list[dict], timeout_s: float
+) -> list[tuple[str, Any]]:
+    """One request per (url, headers) at once, on connections opened beforehand; each
+    carries its own X-Request-Id (vLLM makes it the request id). Returns (id, result)."""
+    ids = [f"br-{uuid.uuid4().hex}" for _ in targets]
     socks = []
     for url, _ in targets:
         try:
@@ -147,14 +168,56 @@ def wave(targets: list[tuple[str, dict[str, str]]], bodies: list[dict], timeout_
         except OSError:
             socks.append(None)
     time.sleep(0.02)
-    return run_threads(
+    results = run_threads(
         [
-            lambda u=u, h=h, b=b, s=s: stream_request(
-                u, CHAT_PATH, b, timeout_s=timeout_s, sock=s, headers=h
+            lambda u=u, h=h, b=b, s=s, i=i: stream_request(
+                u, CHAT_PATH, b, timeout_s=timeout_s, sock=s, headers={**h, "X-Request-Id": i}
             )
-            for (u, h), b, s in zip(targets, bodies, socks, strict=True)
+            for (u, h), b, s, i in zip(targets, bodies, socks, ids, strict=True)
         ]
     )
+    return list(zip(ids, results, strict=True))
+
+
+Stamp = tuple[str | None, int | None, int | None, int | None]  # id, request, first, done
+
+
+def stamps(rid: str, r: Any) -> Stamp:
+    """The engine knows the request as chatcmpl-<our X-Request-Id>."""
+    return (f"chatcmpl-{rid}", r.t_request_ns, r.t_first_token_ns, r.t_done_ns)
+
+
+def server_records(sess: requests.Session, pairs: list[str]) -> dict[str, dict[str, Any]]:
+    """The simulator's per-request records of every pair, by request id ({} for real vLLM)."""
+    out: dict[str, dict[str, Any]] = {}
+    for url in pairs:
+        try:
+            r = sess.get(f"{url}/twin/requests", timeout=30)
+        except requests.RequestException:
+            continue
+        if r.status_code == 200:
+            out.update({rec["id"]: rec for rec in r.json()})
+    return out
+
+
+def outside(st: Stamp, recs: dict[str, dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(TTFT, end-to-end) minus the engine's own share of them, ms; None without a record."""
+    rid, t_req, t_first, t_done = st
+    rec = recs.get(rid or "")
+    if (
+        not rec
+        or None in (t_req, t_first, t_done)
+        or None
+        in (
+            rec.get("received_ns"),
+            rec.get("first_token_ns"),
+            rec.get("finish_ns"),
+        )
+    ):
+        return None, None
+    ttft = (t_first - t_req) - (rec["first_token_ns"] - rec["received_ns"])  # type: ignore[operator]
+    e2e = (t_done - t_req) - (rec["finish_ns"] - rec["received_ns"])  # type: ignore[operator]
+    return ttft / 1e6, e2e / 1e6
 
 
 @dataclass
@@ -166,6 +229,16 @@ class TurnStats:
     hit_tokens: float = 0.0
     query_tokens: float = 0.0
     errors: list[str] = field(default_factory=list)
+    stamps: list[Stamp] = field(default_factory=list)
+    outside_ttft_ms: list[float] = field(default_factory=list)
+
+    def settle(self, recs: dict[str, dict[str, Any]]) -> None:
+        """Turn the stamps into outside-the-engine TTFTs once the records are fetched."""
+        for st in self.stamps:
+            ttft, _ = outside(st, recs)
+            if ttft is not None:
+                self.outside_ttft_ms.append(ttft)
+        self.stamps.clear()
 
     @property
     def hit_rate(self) -> float | None:
@@ -200,15 +273,19 @@ def conversations(
         hit, query = hits(before, after)
         ts.hit_tokens += hit
         ts.query_tokens += query
-        for h, r in zip(hist, results, strict=True):
+        for h, (rid, r) in zip(hist, results, strict=True):
             m = request_metrics(r)
             if not r.ok or m["ttft_ms"] is None:
                 ts.errors.append(f"{variant} turn {k}: {r.error}")
                 h.append({"role": "assistant", "content": "OK."})
                 continue
             ts.ttft_ms.append(m["ttft_ms"])
+            ts.stamps.append(stamps(rid, r))
             ts.prompt_tokens.append(r.prompt_tokens or 0)
             h.append({"role": "assistant", "content": r.content or "OK."})
+    recs = server_records(sess, pairs)
+    for ts in out.values():
+        ts.settle(recs)
 
 
 @dataclass
@@ -218,6 +295,17 @@ class OverheadStats:
     ttft_ms: list[float] = field(default_factory=list)
     e2e_ms: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    stamps: list[Stamp] = field(default_factory=list)
+    outside_ttft_ms: list[float] = field(default_factory=list)
+    outside_e2e_ms: list[float] = field(default_factory=list)
+
+    def settle(self, recs: dict[str, dict[str, Any]]) -> None:
+        for st in self.stamps:
+            ttft, e2e = outside(st, recs)
+            if ttft is not None and e2e is not None:
+                self.outside_ttft_ms.append(ttft)
+                self.outside_e2e_ms.append(e2e)
+        self.stamps.clear()
 
 
 def overhead(
@@ -234,10 +322,11 @@ def overhead(
             payload(model, [{"role": "user", "content": f"{prompts.nonce()}Count to three."}], 8)
             for _ in range(concurrency)
         ]
-        for r in wave([target] * concurrency, bodies, args.timeout_s):
+        for rid, r in wave([target] * concurrency, bodies, args.timeout_s):
             m = request_metrics(r)
             if not r.ok or m["ttft_ms"] is None or m["e2e_ms"] is None:
                 out.errors.append(str(r.error))
                 continue
             out.ttft_ms.append(m["ttft_ms"])
             out.e2e_ms.append(m["e2e_ms"])
+            out.stamps.append(stamps(rid, r))

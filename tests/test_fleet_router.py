@@ -211,3 +211,18 @@ def test_the_twin_exports_every_vllm_metric_the_dashboard_uses(setup: Setup) -> 
     used, _ = dashboard_names()
     missing = {n for n in used if n not in live}
     assert not missing, f"the twin does not export {sorted(missing)}"
+
+
+def test_twin_takes_the_clients_request_id(setup: Setup) -> None:
+    """As vLLM does (vllm/entrypoints/serve/engine/serving.py `_base_request_id`): the
+    request id becomes chatcmpl-<X-Request-Id>; bench/bench_router.py finds records by it."""
+    url = setup.pairs["pair-b"]
+    r = requests.post(
+        f"{url}/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "id?"}], "max_tokens": 2},
+        headers={"X-Request-Id": "fleet-test-7"},
+        timeout=30,
+    )
+    assert r.status_code == 200 and r.json()["id"] == "chatcmpl-fleet-test-7"
+    ids = {rec["id"] for rec in requests.get(f"{url}/twin/requests", timeout=5).json()}
+    assert "chatcmpl-fleet-test-7" in ids

@@ -222,16 +222,22 @@ def run(
     for c in convs:
         c.thread.join(timeout=70)
     turns = [t for c in convs for t in c.turns]
-    rep = Report(victim, home, turns, kill_at, marked)
-    for t in turns:
+    return classify(Report(victim, home, turns, kill_at, marked))
+
+
+def classify(rep: Report) -> Report:
+    """Sort the failed turns (in flight on the victim vs any other) and find who moved."""
+    for t in rep.turns:
         if t.ok:
             continue
-        if t.t0 < kill_at and t.pair in (victim, None):
+        if t.t0 < rep.kill_at and t.pair in (rep.killed, None):
             rep.lost_in_flight.append(t)
         else:
             rep.unexpected.append(t)
-    for c in convs:
-        after = sorted({t.pair or "?" for t in c.turns if t.ok and t.t0 > kill_at})
-        if after != [home[c.session]]:
-            rep.moved[c.session] = after
+    for s, home in rep.home.items():
+        after = sorted(
+            {t.pair or "?" for t in rep.turns if t.session == s and t.ok and t.t0 > rep.kill_at}
+        )
+        if after != [home]:
+            rep.moved[s] = after
     return rep

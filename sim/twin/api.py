@@ -221,7 +221,11 @@ class Handler(BaseHTTPRequestHandler):
                 500, _error(f"EngineDeadError: {srv.engine.dead}", 500, "InternalServerError")
             )
             return
-        rid = srv.engine.next_id("chatcmpl" if chat else "cmpl")
+        # vLLM takes a client's X-Request-Id as the request id and prefixes it
+        # (vllm/entrypoints/serve/engine/serving.py `_base_request_id`).
+        prefix = "chatcmpl" if chat else "cmpl"
+        given = self.headers.get("X-Request-Id")
+        rid = f"{prefix}-{given}" if given else srv.engine.next_id(prefix)
         req = srv.builder.build(body, chat, received_ns, rid)
         srv.engine.submit(req)
         shape = _Shape(rid, model, chat, int(time.time()))

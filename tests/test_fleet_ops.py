@@ -305,3 +305,16 @@ def test_scrape_config_covers_the_router_and_every_pair_head(f: Fleet) -> None:
         (["10.9.0.21:8000"], "pair-b"),
     ]
     assert all(c["labels"]["fleet"] == "test" for c in pairs)
+
+
+def test_interrupt_reaches_a_running_launchers_whole_process_group(f: Fleet) -> None:
+    """Ctrl-C of `fleet up` must reach each booting launcher and its children (the launcher's
+    trap then tears its boot down); they run in sessions of their own, so the fleet sends
+    SIGINT to each process group explicitly."""
+    m = Machine("127.0.0.1", f.ssh, "head")
+    proc = m.popen(["sleep", "30"])
+    running = ops.Running()
+    running.add("pair-x", m, proc.pid)
+    buf = io.StringIO()
+    running.interrupt_all(ops.Out(buf))
+    assert proc.wait(10) != 0 and "interrupting its launcher" in buf.getvalue()

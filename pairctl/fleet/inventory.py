@@ -31,7 +31,7 @@ SUPPORTED_VERSIONS = (1,)
 # consistent_hash keys on X-Session-ID (vllm-project/router src/policies/hash_key.rs), so a
 # conversation stays on the pair that holds its prefix cache. round_robin is offered only to
 # measure what affinity buys (bench/bench_router.py). cache_aware does not key chat requests
-# on the conversation (vllm-project/router PR #213, RFC #219).
+# on the conversation (vllm-project/router#213, #219).
 POLICIES = ("consistent_hash", "round_robin")
 _ID_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")

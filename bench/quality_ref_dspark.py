@@ -131,6 +131,12 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
     p.add_argument(
+        "--session-id",
+        default=None,
+        help="send X-Session-ID: ID with every request (a router with session affinity then "
+        "sends the whole gate to one pair)",
+    )
+    p.add_argument(
         "--prompts",
         type=load_reference,
         default=str(DEFAULT_PROMPTS),
@@ -263,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     s = requests.Session()
     if args.api_key:
         s.headers["Authorization"] = f"Bearer {args.api_key}"
+    if args.session_id:
+        s.headers["X-Session-ID"] = args.session_id
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     try:
         ident = endpoint.wait_ready(s, url, args.ready_timeout_s, log)

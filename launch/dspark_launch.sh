@@ -67,6 +67,7 @@ usage() {
   cat <<USAGE
 Usage: launch/dspark_launch.sh [up|down|status|logs|plan|preflight|sync-overlays|watch]
                                [options] [-- VLLM_ARGS...]
+       launch/dspark_launch.sh fleet plan|up|down|status|prometheus [options]   (--help there)
 
 Run on the rank-0 Spark (SPARK1). One OpenAI endpoint at http://SPARK1:PORT/v1.
 
@@ -444,6 +445,11 @@ cmd_watch() {
 }
 
 main() {
+  if [[ "${1:-}" == "fleet" ]]; then
+    shift
+    pick_python
+    exec "${PYTHON}" -m pairctl.fleet "$@"
+  fi
   parse_args "$@"
   pick_python
   case "${CMD}" in

@@ -94,5 +94,7 @@ def test_the_gate_script_reads_the_key_from_the_env(keyed_twin: str, tmp_path: P
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     ok = subprocess.run(argv, env=dict(env, OPENAI_API_KEY=KEY), capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout[-1500:] + ok.stderr[-1500:]
-    bad = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    # A 401 is final: the gate says so at once instead of waiting out --ready-timeout-s.
+    slow = [*argv, "--ready-timeout-s", "600"]
+    bad = subprocess.run(slow, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "401" in bad.stdout + bad.stderr

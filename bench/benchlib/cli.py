@@ -33,6 +33,12 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
+    p.add_argument(
+        "--session-id",
+        default=None,
+        help="send X-Session-ID: ID with every request, so a router with session affinity "
+        "(launch/dspark_launch.sh fleet) keeps the run on one pair",
+    )
     p.add_argument("--runs", type=t.positive_int, default=1, help="measured repeats per point")
     p.add_argument(
         "--warmups", type=t.nonneg_int, default=1, help="unmeasured requests before measuring"

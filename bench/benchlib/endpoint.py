@@ -117,6 +117,11 @@ def identify(models: Any, headers: Any) -> Identity:
     return Identity(models, data[0]["id"], bool(evidence), evidence)
 
 
+# vLLM's API server answers only once its engine is up (vllm/entrypoints/launchers/api_server/
+# entry.py starts uvicorn after the engine client is built): these are final, not "booting".
+FINAL_STATUSES = (401, 403, 404)
+
+
 class NotReady(RuntimeError):
     """The endpoint did not answer /v1/models in time; the message is one line."""
 
@@ -144,8 +149,10 @@ def wait_ready(
             last = f"HTTP {r.status_code}"
             if r.status_code == 404:
                 last += " (no OpenAI-compatible server at this URL?)"
-            elif r.status_code == 401:
+            elif r.status_code in (401, 403):
                 last += " (set --api-key or OPENAI_API_KEY)"
+            if r.status_code in FINAL_STATUSES:  # an answer waiting will not change
+                raise NotReady(f"{target}: {last}")
         except requests.RequestException as e:
             last = cause(e)
         except ValueError as e:

@@ -53,6 +53,10 @@ class Bench:
         self.session = requests.Session()
         if args.api_key:
             self.session.headers["Authorization"] = f"Bearer {args.api_key}"
+        # X-Session-ID on every request (--session-id): a router keeps the run on one pair.
+        session_id = getattr(args, "session_id", None)
+        self.headers = {"X-Session-ID": session_id} if session_id else {}
+        self.session.headers.update(self.headers)
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.models: Any = None
         self.model: str = args.model or ""
@@ -135,6 +139,7 @@ class Bench:
                     api_key=self.args.api_key,
                     tracker=tracker,
                     sock=s,
+                    headers=self.headers,
                 )
                 for p, s in zip(payloads, socks, strict=True)
             ]

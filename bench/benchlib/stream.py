@@ -49,7 +49,11 @@ class Endpoint:
 
 
 def build_request(
-    ep: Endpoint, path: str, payload: dict[str, Any], api_key: str | None
+    ep: Endpoint,
+    path: str,
+    payload: dict[str, Any],
+    api_key: str | None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[bytes, bytes]:
     """(head, body) of an HTTP/1.1 POST with Connection: close (end of stream = server closes).
 
@@ -67,6 +71,7 @@ def build_request(
     ]
     if api_key:
         lines.append(f"Authorization: Bearer {api_key}")
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode(), body
 
 
@@ -89,16 +94,18 @@ def stream_request(
     api_key: str | None = None,
     tracker: InFlight | None = None,
     sock: socket.socket | None = None,
+    headers: dict[str, str] | None = None,
 ) -> StreamResult:
     """Send one streaming request and return its raw timings; never raises for HTTP/IO errors.
 
     `sock` may be a connection opened beforehand with open_connection(); it is consumed.
+    `headers` are extra request headers (e.g. X-Session-ID for a router's session affinity).
     The tracker counts this request in flight from before the request is written until after the
     socket is closed, which brackets the server's own view of it (it sees us later and forgets
     us earlier).
     """
     ep = Endpoint.parse(url)
-    head, body = build_request(ep, path, payload, api_key)
+    head, body = build_request(ep, path, payload, api_key, headers)
     res = StreamResult()
     rec = kstamp.Receiver()
     if tracker is not None:

@@ -1,6 +1,7 @@
 """One streamed chat request against the pair's endpoint, as a client would send it.
 
-Used by `make rehearse` (prints the reply as it streams) and by the end-to-end tests
+Used by `make rehearse` (prints the reply as it streams), by the fleet rehearsal (turns of
+a conversation through the router, with its X-Session-ID) and by the end-to-end tests
 (assert the endpoint really answers, not just that /health is green).
 """
 
@@ -23,6 +24,7 @@ class ChatResult:
     chunks: int = 0
     usage: dict[str, int] = field(default_factory=dict)
     simulator: bool = False
+    pair: str | None = None  # X-Spark-Pair: which simulated pair answered (fleet rehearsal)
 
 
 def first_model(base_url: str, timeout: float = 10) -> str:
@@ -37,22 +39,32 @@ def stream_chat(
     max_tokens: int = 48,
     on_text: Callable[[str], None] = lambda _t: None,
     timeout: float = 60,
+    *,
+    history: list[dict[str, str]] | None = None,
+    session_id: str | None = None,
+    model: str | None = None,
 ) -> ChatResult:
-    """POST /v1/chat/completions with stream + include_usage; returns the assembled reply."""
-    model = first_model(base_url, timeout)
+    """POST /v1/chat/completions with stream + include_usage; returns the assembled reply.
+
+    `history` (earlier turns) is sent before `prompt`; `session_id` goes in X-Session-ID, the
+    header a router with session affinity keys on.
+    """
+    model = model or first_model(base_url, timeout)
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": [*(history or []), {"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
     result = ChatResult(model=model)
+    headers = {"X-Session-ID": session_id} if session_id else {}
     with requests.post(
-        f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=timeout
+        f"{base_url}/v1/chat/completions", json=body, stream=True, timeout=timeout, headers=headers
     ) as resp:
         resp.raise_for_status()
         result.simulator = resp.headers.get("X-Spark-Twin") == "simulator"
+        result.pair = resp.headers.get("X-Spark-Pair")
         for raw in resp.iter_lines(decode_unicode=True):
             if not raw or not raw.startswith("data:"):
                 continue

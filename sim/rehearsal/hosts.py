@@ -1,7 +1,8 @@
-"""Two rehearsal test hosts on one machine: netns + veth + bridge + a real sshd each.
+"""Rehearsal test hosts on one machine: netns + veth + bridge + a real sshd each.
 
-What a host is made of (prefix `P`, e.g. `dsv4r`; host `N` = 1 or 2):
-- network namespace `P-hN`, with `lo` and one NIC (`P-if0`, the same name on both hosts,
+A pair rehearsal has two hosts, a fleet rehearsal five (two pairs and a router host).
+What a host is made of (prefix `P`, e.g. `dsv4r`; host `N` = 1, 2, ...):
+- network namespace `P-hN`, with `lo` and one NIC (`P-if0`, the same name on every host,
   like the NCCL interface of a real pair) on a veth whose other end `P-hN` sits on the
   bridge `P-br0` (which also has the `.254` address, so the machine itself can reach the
   hosts: tests and the chat request come from there);
@@ -205,7 +206,7 @@ class Host:
 
 @dataclass
 class Pair:
-    """The two hosts plus the ssh client files the launcher on host 1 uses."""
+    """The hosts (two for a pair; more for a fleet) plus the ssh client files they share."""
 
     prefix: str
     base: Path

@@ -96,19 +96,30 @@ def make_model_dir(host: Host, lay: Layout) -> Path:
     return target
 
 
-def load_image(host: Host, image_id: str = IMAGE_ID, image: str = IMAGE) -> None:
-    res = host.docker("load-fake", image, image_id)
+def load_image(
+    host: Host, image_id: str = IMAGE_ID, image: str = IMAGE, entrypoint: tuple[str, ...] = ()
+) -> None:
+    extra = [a for word in entrypoint for a in ("--entrypoint", word)]
+    res = host.docker("load-fake", image, image_id, *extra)
     if res.returncode != 0:
         raise RuntimeError(f"load-fake on {host.name} failed: {res.stderr.strip()}")
 
 
-def env_values(pair: Pair, lay: Layout, pair_id: str = "rehearsal") -> dict[str, str]:
-    """The pair's `.env` (variables as documented in .env.example)."""
+def env_values(
+    pair: Pair,
+    lay: Layout,
+    pair_id: str = "rehearsal",
+    head: Host | None = None,
+    worker: Host | None = None,
+) -> dict[str, str]:
+    """The pair's `.env` (variables as documented in .env.example); by default hosts 1 and
+    2 are its nodes (a fleet rehearsal names other hosts for its second pair)."""
+    head, worker = head or pair.h1, worker or pair.h2
     return {
         "PAIR_ID": pair_id,
-        "SPARK1": pair.h1.ip,
-        "SPARK2": pair.h2.ip,
-        "MASTER_ADDR": pair.h1.ip,
+        "SPARK1": head.ip,
+        "SPARK2": worker.ip,
+        "MASTER_ADDR": head.ip,
         "MASTER_PORT": "29501",
         "PORT": "8000",
         "SSH_USER": pair.ssh_user,
@@ -124,8 +135,8 @@ def env_values(pair: Pair, lay: Layout, pair_id: str = "rehearsal") -> dict[str,
         "FLASHINFER_WORKSPACE_BASE": str(lay.cache_dir / "flashinfer"),
         "DG_JIT_CACHE_DIR": str(lay.cache_dir / "deep_gemm"),
         "RDMA_DEVICE_DIR": str(lay.rdma_dir),
-        "NCCL_SOCKET_IFNAME": pair.h1.nic,
-        "GLOO_SOCKET_IFNAME": pair.h1.nic,
+        "NCCL_SOCKET_IFNAME": head.nic,
+        "GLOO_SOCKET_IFNAME": head.nic,
         # No RDMA devices in a netns; empty = NCCL picks (preflight warns, as documented).
         "NCCL_IB_HCA": "",
         # A fake secret, so tests can prove the launcher never prints it.
@@ -143,14 +154,20 @@ def write_env(path: Path, values: dict[str, str]) -> Path:
     return path
 
 
+def prepare_node(host: Host, lay: Layout) -> None:
+    """What one Spark of a pair has on its disk: model dir, TileLang cache, RDMA devices,
+    the serving image."""
+    make_model_dir(host, lay)
+    host.on_disk(lay.tilelang_dir).mkdir(parents=True, exist_ok=True)
+    make_rdma_dir(host, lay)
+    load_image(host)
+
+
 def prepare(pair: Pair, pair_id: str = "rehearsal") -> Path:
-    """Model dirs + image on both hosts, and the env file; returns the env file path."""
+    """Both nodes prepared (``prepare_node``), and the env file; returns its path."""
     lay = layout(pair)
     for host in pair.hosts:
-        make_model_dir(host, lay)
-        host.on_disk(lay.tilelang_dir).mkdir(parents=True, exist_ok=True)
-        make_rdma_dir(host, lay)
-        load_image(host)
+        prepare_node(host, lay)
     return write_env(pair.base / "client" / f"{pair_id}.env", env_values(pair, lay, pair_id))
 
 

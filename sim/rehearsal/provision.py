@@ -1,7 +1,8 @@
-"""Build and remove the two rehearsal test hosts (`hosts.Host`, `hosts.Pair`).
+"""Build and remove the rehearsal test hosts (`hosts.Host`, `hosts.Pair`): two for a pair,
+five for a fleet (two pairs and a router host, sim/rehearsal/fleet.py).
 
 `build_pair` makes the bridge, one netns + veth per host, keys, sshd configs and sshds,
-and checks ssh from host 1 to both; on any failure it removes what it made. Everything is
+and checks ssh from host 1 to every host; on any failure it removes what it made. Everything is
 removed by `teardown`, and leftovers of a crashed run with the same prefix are removed
 before a new pair is built (`clean_leftovers`). A lock file per prefix stops two live runs
 from sharing names; give a different prefix to run two at once.
@@ -147,14 +148,21 @@ def _sshd_config(pair: Pair, host: Host) -> str:
     )
 
 
-def build_pair(prefix: str = "dsv4r", log: Log = lambda _m: None, nic: str | None = None) -> Pair:
-    """Create both hosts with running sshds; on any failure, remove what was made."""
+def build_pair(
+    prefix: str = "dsv4r",
+    log: Log = lambda _m: None,
+    nic: str | None = None,
+    n_hosts: int = 2,
+) -> Pair:
+    """Create `n_hosts` hosts with running sshds; on any failure, remove what was made."""
     if os.geteuid() != 0:
         raise HarnessError(
             "the rehearsal needs root (ip netns, mounts, sshd); run it as "
             "root or use the CI machine"
         )
     check_prefix(prefix)
+    if not 2 <= n_hosts <= 16:
+        raise HarnessError(f"n_hosts must be 2-16, not {n_hosts}")
     missing = [
         tool
         for tool in ("ip", "unshare", "nsenter", "mount", "ssh", "ssh-keygen", "ss", "flock")
@@ -187,7 +195,7 @@ def build_pair(prefix: str = "dsv4r", log: Log = lambda _m: None, nic: str | Non
                     nic=nic or f"{prefix}-if0",
                     base=base,
                 )
-                for i in (1, 2)
+                for i in range(1, n_hosts + 1)
             ],
         )
     except BaseException:
@@ -258,7 +266,7 @@ def _build(pair: Pair, log: Log) -> None:
                 f"ssh probe {pair.h1.name} -> {target.name} failed: "
                 f"{res.stdout.strip()} {res.stderr.strip()}"
             )
-    log("ssh from host 1 to both hosts works (BatchMode, strict host keys)")
+    log(f"ssh from host 1 to all {len(pair.hosts)} hosts works (BatchMode, strict host keys)")
 
 
 def teardown(pair: Pair, log: Log = lambda _m: None) -> None:
@@ -321,13 +329,15 @@ def find_kept_pair(prefix: str) -> Pair:
     )
 
 
-def build_free_pair(prefix: str, log: Log = lambda _m: None, tries: int = 10) -> Pair:
+def build_free_pair(
+    prefix: str, log: Log = lambda _m: None, tries: int = 10, n_hosts: int = 2
+) -> Pair:
     """Build with `prefix`, or `prefix`1..9 while those are held by live runs (two people
     running the tests at once). A crashed run's prefix is free again and gets cleaned."""
     for k in range(tries):
         candidate = prefix if k == 0 else f"{prefix}{k}"
         try:
-            return build_pair(candidate, log)
+            return build_pair(candidate, log, n_hosts=n_hosts)
         except HarnessError as exc:
             if "another rehearsal with prefix" not in str(exc) or k == tries - 1:
                 raise

@@ -12,5 +12,9 @@ from pathlib import Path
 LABEL = "SPARK-TWIN SIMULATOR"
 OWNED_BY = "spark-twin-simulator"
 HEADER = ("X-Spark-Twin", "simulator")
+# Which simulated pair answered (fleet tests route through a real router and need to see
+# where a request went). Simulator-only: real vLLM has no such header; the twin sends it
+# only when told its pair (`--twin-pair-id` / env TWIN_PAIR_ID).
+PAIR_HEADER = "X-Spark-Pair"
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
 DEFAULT_PROFILE = PROFILES_DIR / "spark-pair.yaml"

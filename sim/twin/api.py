@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY, auth, params, shapes
+from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, shapes
 from sim.twin.engine import Engine
 from sim.twin.generation import Generation, merge_logprobs
 from sim.twin.injector import ForeignSpec, Injector
@@ -37,8 +37,10 @@ class TwinServer(ThreadingHTTPServer):
         metrics: Metrics,
         model_names: list[str],
         truth: dict[str, Any],
+        pair_id: str | None = None,
     ) -> None:
         super().__init__(addr, Handler)
+        self.pair_id = pair_id
         self.engine, self.builder, self.metrics = engine, builder, metrics
         self.model_names, self.truth = model_names, truth
         self.created = int(time.time())
@@ -74,6 +76,12 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), fmt % args)
 
     # -- plumbing ------------------------------------------------------------------------
+    def _identity(self) -> None:
+        """The simulator label, and which simulated pair answered (when it knows)."""
+        self.send_header(*HEADER)
+        if self.server.pair_id:
+            self.send_header(PAIR_HEADER, self.server.pair_id)
+
     def _send(
         self,
         code: int,
@@ -84,7 +92,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header(*HEADER)
+        self._identity()
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.end_headers()
@@ -260,7 +268,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         p = params.parse(body, chat)
         prompt = srv.builder.render(body, chat, model)
-        rid = srv.engine.next_id("chatcmpl" if chat else "cmpl")
+        # vLLM takes a client's X-Request-Id as the request id and prefixes it
+        # (vllm/entrypoints/serve/engine/serving.py `_base_request_id`).
+        prefix = "chatcmpl" if chat else "cmpl"
+        given = self.headers.get("X-Request-Id")
+        rid = f"{prefix}-{given}" if given else srv.engine.next_id(prefix)
         # n > 1: one engine request per choice (vLLM's ParentRequest children, ids "i_rid").
         ids = [rid] if p.n == 1 else [f"{i}_{rid}" for i in range(p.n)]
         reqs = [srv.builder.build(prompt, p, received_ns, cid, i) for i, cid in enumerate(ids)]
@@ -301,7 +313,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("X-Request-Id", gen.rid)
-        self.send_header(*HEADER)
+        self._identity()
         self.end_headers()
         try:
             if shape.chat:

@@ -144,6 +144,7 @@ def start_server(
             metrics,
             names,
             truth(args, prof, cfg, seed, warm, encoder.cached),
+            pair_id=args.twin_pair_id,
         )
     except OSError as exc:
         # vLLM binds the port in setup_server (vllm/entrypoints/launchers/launcher.py);

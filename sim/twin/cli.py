@@ -92,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--twin-seed", type=int, default=None, help="seed for output text and acceptance draws")
     a(
+        "--twin-pair-id",
+        default=os.environ.get("TWIN_PAIR_ID") or None,
+        help="answer with header X-Spark-Pair: ID (simulator-only; env TWIN_PAIR_ID)",
+    )
+    a(
         "--twin-fault",
         default=os.environ.get("TWIN_FAULT") or None,
         help="fault spec, see docs/simulator.md (env TWIN_FAULT)",

@@ -1,0 +1,119 @@
+"""`launch/dspark_launch.sh fleet plan|up|down|status|prometheus` (python -m pairctl.fleet).
+
+A fleet is several pairs behind one vLLM router with conversation affinity (X-Session-ID).
+Every pair is still brought up and down by its own launcher on its own head; the fleet runs
+those side by side and manages the router container (label dsv4.fleet=<fleet_id>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pairctl.config import ConfigError
+from pairctl.fleet import (
+    EXIT_OK,
+    EXIT_PAIRS,
+    EXIT_PREFLIGHT,
+    EXIT_ROUTER,
+    EXIT_USAGE,
+    monitoring,
+    ops,
+    render,
+)
+from pairctl.fleet.inventory import DEFAULT_INVENTORY, load_inventory
+
+EPILOG = f"""exit codes: 0 ok (also: up on a whole fleet, which changes nothing); 1 runtime
+error (down could not reach a machine); 2 usage or inventory error; 3 router host or image
+not ready, or another fleet up/down holds the lock (nothing started or removed); {EXIT_PAIRS}
+some pair(s) did not come up (the rest and the router did; the summary names them);
+{EXIT_ROUTER} the router did not become ready. docs/fleet.md has the details."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="launch/dspark_launch.sh fleet",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--inventory",
+        default=str(DEFAULT_INVENTORY),
+        help="fleet inventory (default: pairs/fleet.yaml; see pairs/fleet.yaml.example)",
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_, parents=[common], description=help_)
+
+    add("plan", "what up would run where; changes nothing, contacts nothing")
+    sp = add(
+        "up",
+        "bring up every pair that is not healthy (in parallel, each with its own "
+        "launcher), then the router; wait until the router counts them healthy",
+    )
+    sp.add_argument(
+        "--timeout",
+        type=int,
+        default=900,
+        help="seconds each pair's launcher waits for health (default 900; first boot ~10 min)",
+    )
+    sp = add("down", "remove the fleet's router container, then run each pair's down")
+    sp.add_argument(
+        "--router-only", action="store_true", help="remove only the router; pairs keep serving"
+    )
+    sp = add("status", "each pair's health and the router's view of it")
+    sp.add_argument("--json", action="store_true", help="machine-readable status on stdout")
+    sp = add("prometheus", "print a Prometheus scrape config for the router and every pair")
+    sp.add_argument("--output", default=None, help="write it to this file instead of stdout")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "up" and args.timeout < 1:
+        print("fleet: --timeout must be at least 1 second", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        fleet = load_inventory(args.inventory)
+    except ConfigError as exc:
+        print(f"fleet: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out = ops.Out()
+    try:
+        if args.cmd == "plan":
+            sys.stdout.write(render.plan(fleet))
+            return EXIT_OK
+        if args.cmd == "prometheus":
+            text = monitoring.render(fleet)
+            if args.output:
+                Path(args.output).write_text(text)
+                print(f"scrape config written to {args.output}", file=sys.stderr)
+            else:
+                sys.stdout.write(text)
+            return EXIT_OK
+        if args.cmd == "status":
+            st = ops.status(fleet)
+            if args.json:
+                print(json.dumps(st.to_json(fleet), indent=1))
+            else:
+                sys.stdout.write(render.status_text(fleet, st))
+            return EXIT_OK
+        with ops.fleet_lock(fleet.fleet_id):
+            if args.cmd == "up":
+                res = ops.up(fleet, args.timeout, out)
+                sys.stdout.write(render.up_summary(fleet, res))
+                return res.code
+            dres = ops.down(fleet, args.router_only, out)
+            sys.stdout.write(render.down_summary(fleet, dres))
+            return dres.code
+    except ops.LockHeld as exc:
+        print(f"fleet: {exc}", file=sys.stderr)
+        return EXIT_PREFLIGHT
+    except KeyboardInterrupt:
+        print("fleet: interrupted (see the lines above for each pair)", file=sys.stderr)
+        return 130

@@ -1,0 +1,101 @@
+"""The fleet's view of one pair, and running that pair's own launcher on its head.
+
+A pair in a fleet is still brought up and down by `launch/dspark_launch.sh` on its head
+(SPARK1), with its own lock, preflight, labels and teardown; the fleet only decides which
+pairs need it and runs those launchers side by side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from pairctl import lifecycle as lc
+from pairctl.fleet.inventory import REPO, Fleet, PairEntry
+from pairctl.fleet.remote import Machine
+from pairctl.status import scrape
+
+
+@dataclass(frozen=True)
+class PairView:
+    """How a pair looks from the fleet: endpoint health and load."""
+
+    pair_id: str
+    endpoint: str
+    healthy: bool
+    detail: str
+    models: tuple[str, ...] = ()
+    simulator: bool = False
+    running: float | None = None
+    waiting: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__, models=list(self.models))
+
+
+def pair_status(pair: PairEntry) -> PairView:
+    """The one place the fleet asks how a pair is (an adapter: keep callers off the details).
+
+    The pair's endpoint as its own launcher sees it: ``lifecycle.probe_health`` (/health +
+    /v1/models, the check `up` uses) and the running/waiting gauges from one /metrics scrape
+    parsed like `status` does (``pairctl.status.scrape``), with the pair's API key and no
+    proxy. Per-rank container state is not asked from here: the fleet host is not the
+    pair's rank 0, and `launch/dspark_launch.sh status` on the head has that view.
+    """
+    key = pair.cfg.VLLM_API_KEY
+    h = lc.probe_health(pair.endpoint, api_key=key)
+    sample = scrape(pair.endpoint, api_key=key)[0] if h.healthy else None
+    load = sample.scrape if sample is not None else None
+    return PairView(
+        pair_id=pair.pair_id,
+        endpoint=pair.endpoint,
+        healthy=h.healthy,
+        detail=h.detail,
+        models=tuple(h.models),
+        simulator=h.simulator,
+        running=load.total("vllm:num_requests_running") if load else None,
+        waiting=load.total("vllm:num_requests_waiting") if load else None,
+    )
+
+
+def head(fleet: Fleet, pair: PairEntry) -> Machine:
+    return Machine(pair.head, fleet.ssh, f"{pair.pair_id} head")
+
+
+def launcher_argv(fleet: Fleet, pair: PairEntry, command: str, *extra: str) -> list[str]:
+    """The pair launcher on its head, with the pair's env file and recipe as the head has them."""
+    if head(fleet, pair).local:
+        repo, env_file, recipe = str(REPO), str(pair.env_file), str(pair.recipe)
+    else:
+        repo, env_file, recipe = fleet.repo_dir, pair.remote_env_file, pair.remote_recipe
+    launcher = f"{repo}/launch/dspark_launch.sh"
+    return [launcher, command, "--env-file", env_file, "--recipe", recipe, *extra]
+
+
+def env_file_matches(fleet: Fleet, pair: PairEntry) -> str | None:
+    """None when the head has the same env file as this machine, else what to do.
+
+    The router sends this pair's traffic to the endpoint in *our* copy; the head boots from
+    *its* copy. If they differ (a stale or hand-edited file), the fleet would route to an
+    endpoint the head does not serve, so `up` refuses that pair until the files agree.
+    """
+    machine = head(fleet, pair)
+    if machine.local:
+        return None
+    want = hashlib.sha256(pair.env_file.read_bytes()).hexdigest()
+    res = machine.run(["sha256sum", "--", pair.remote_env_file], timeout=30)
+    if res.rc == 255:
+        return f"ssh to {pair.head} failed: {res.err.strip()[-300:]}"
+    if res.rc != 0:
+        return (
+            f"{pair.remote_env_file} is missing on {pair.head}: copy {pair.env_file} there "
+            "(the head's launcher reads it)"
+        )
+    got = res.out.split()[0] if res.out.split() else ""
+    if got != want:
+        return (
+            f"{pair.remote_env_file} on {pair.head} differs from {pair.env_file} here: copy "
+            "this machine's file to the head (or fix the inventory), then run fleet up again"
+        )
+    return None

@@ -17,8 +17,17 @@ from pairctl.config import PairConfig
 SSH_CONNECT_TIMEOUT_S = 10
 
 
-def ssh_argv(cfg: PairConfig, remote_cmd: str | None = None) -> list[str]:
-    """ssh argv for SPARK2 with host-key checking on; empty env values mean ssh defaults."""
+def ssh_to(
+    host: str,
+    *,
+    user: str = "",
+    port: str = "",
+    identity_file: str = "",
+    known_hosts_file: str = "",
+    remote_cmd: str | None = None,
+) -> list[str]:
+    """The one ssh argv builder (pairs and fleets): BatchMode and strict host-key checking
+    always on; empty settings mean ssh's defaults."""
     argv = [
         "ssh",
         "-o",
@@ -30,18 +39,30 @@ def ssh_argv(cfg: PairConfig, remote_cmd: str | None = None) -> list[str]:
         "-o",
         "ServerAliveInterval=15",
     ]
-    if cfg.SSH_KNOWN_HOSTS_FILE:
-        argv += ["-o", f"UserKnownHostsFile={cfg.SSH_KNOWN_HOSTS_FILE}"]
-    if cfg.SSH_IDENTITY_FILE:
-        argv += ["-i", cfg.SSH_IDENTITY_FILE, "-o", "IdentitiesOnly=yes"]
-    if cfg.SSH_PORT:
-        argv += ["-p", cfg.SSH_PORT]
-    if cfg.SSH_USER:
-        argv += ["-l", cfg.SSH_USER]
-    argv.append(cfg.SPARK2)
+    if known_hosts_file:
+        argv += ["-o", f"UserKnownHostsFile={known_hosts_file}"]
+    if identity_file:
+        argv += ["-i", identity_file, "-o", "IdentitiesOnly=yes"]
+    if port:
+        argv += ["-p", port]
+    if user:
+        argv += ["-l", user]
+    argv.append(host)
     if remote_cmd is not None:
         argv += ["--", remote_cmd]
     return argv
+
+
+def ssh_argv(cfg: PairConfig, remote_cmd: str | None = None) -> list[str]:
+    """ssh argv for SPARK2, with the pair's SSH_* settings."""
+    return ssh_to(
+        cfg.SPARK2,
+        user=cfg.SSH_USER,
+        port=cfg.SSH_PORT,
+        identity_file=cfg.SSH_IDENTITY_FILE,
+        known_hosts_file=cfg.SSH_KNOWN_HOSTS_FILE,
+        remote_cmd=remote_cmd,
+    )
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from pairctl.fleet.inventory import Ssh
-from pairctl.nodes import SSH_CONNECT_TIMEOUT_S, Result
+from pairctl.nodes import Result, ssh_to
 
 PID_TAG = "dsv4-fleet-pid"
 
@@ -39,30 +39,15 @@ def is_local_address(host: str) -> bool:
 
 
 def ssh_argv(host: str, ssh: Ssh, remote_cmd: str | None = None) -> list[str]:
-    """ssh to a fleet machine with host-key checking on; empty settings mean ssh defaults."""
-    argv = [
-        "ssh",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}",
-        "-o",
-        "ServerAliveInterval=15",
-    ]
-    if ssh.known_hosts_file:
-        argv += ["-o", f"UserKnownHostsFile={ssh.known_hosts_file}"]
-    if ssh.identity_file:
-        argv += ["-i", ssh.identity_file, "-o", "IdentitiesOnly=yes"]
-    if ssh.port:
-        argv += ["-p", ssh.port]
-    if ssh.user:
-        argv += ["-l", ssh.user]
-    argv.append(host)
-    if remote_cmd is not None:
-        argv += ["--", remote_cmd]
-    return argv
+    """ssh to a fleet machine with the inventory's ssh settings (``pairctl.nodes.ssh_to``)."""
+    return ssh_to(
+        host,
+        user=ssh.user,
+        port=ssh.port,
+        identity_file=ssh.identity_file,
+        known_hosts_file=ssh.known_hosts_file,
+        remote_cmd=remote_cmd,
+    )
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,14 @@ import sys
 import time
 
 from sim.rehearsal import chat, failover, fleet_env, hosts, provision
-from sim.rehearsal.rehearse import LAUNCHER, REPO, StepFailed, _raise_interrupt, say
+from sim.rehearsal.rehearse import (
+    LAUNCHER,
+    REPO,
+    StepFailed,
+    _raise_interrupt,
+    run_steps,
+    say,
+)
 
 SESSIONS = [f"conv-{i}" for i in range(6)]
 
@@ -177,8 +184,8 @@ def main(argv: list[str]) -> int:
     except hosts.HarnessError as exc:
         print(f"rehearse-fleet: {exc}", file=sys.stderr)
         return 1
-    keep = False
-    try:
+
+    def steps() -> bool:
         fh = fleet_env.prepare(pair, REPO)
         say(f"pairs {', '.join(fleet_env.PAIR_IDS)} on hosts 1+2 and 3+4; router on host 5")
         say(f"inventory {fh.inventory}")
@@ -193,28 +200,17 @@ def main(argv: list[str]) -> int:
             come_back(fh, rep)
             fleet_ok(fh, "status")
         if args.keep:
-            keep = True
             say(
                 f"left up (--keep): clients at {fh.router_url}/v1; remove with "
                 f"{sys.executable} -m sim.rehearsal --prefix {pair.prefix} --clean"
             )
-            return 0
+            return True
         fleet_ok(fh, "down")
         check_nothing_left(fh)
         say("fleet rehearsal passed")
-        return 0
-    except StepFailed as exc:
-        say(f"FAILED: {exc}")
-        return exc.code
-    except KeyboardInterrupt:
-        say("interrupted: cleaning up")
-        return 130
-    except Exception as exc:  # noqa: BLE001 - report, then always clean up
-        say(f"FAILED: {type(exc).__name__}: {exc}")
-        return 1
-    finally:
-        if not keep:
-            provision.teardown(pair, say)
+        return False
+
+    return run_steps(pair, steps)
 
 
 if __name__ == "__main__":

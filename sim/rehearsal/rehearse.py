@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -47,6 +48,28 @@ class StepFailed(RuntimeError):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+def run_steps(pair: hosts.Pair, steps: Callable[[], bool]) -> int:
+    """Run a rehearsal's steps on its hosts; its exit status. Whatever happens (a failed
+    step, Ctrl-C, SIGTERM/SIGHUP, a bug), the hosts are removed afterwards, unless the steps
+    returned True (--keep: left up on purpose)."""
+    keep = False
+    try:
+        keep = steps()
+        return 0
+    except StepFailed as exc:
+        say(f"FAILED: {exc}")
+        return exc.code
+    except KeyboardInterrupt:
+        say("interrupted: cleaning up")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - report, then always clean up
+        say(f"FAILED: {type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        if not keep:
+            provision.teardown(pair, say)
 
 
 def on_host1(pair: hosts.Pair, argv: list[str], timeout: float) -> int:
@@ -186,8 +209,8 @@ def main(argv: list[str]) -> int:
     except hosts.HarnessError as exc:
         print(f"rehearse: {exc}", file=sys.stderr)
         return 1
-    keep = False
-    try:
+
+    def steps() -> bool:
         pair.env_file = pairenv.prepare(pair, args.pair_id)
         say(
             f"image {pairenv.IMAGE} ({pairenv.IMAGE_ID[:19]}…) loaded on both hosts; fake "
@@ -198,22 +221,11 @@ def main(argv: list[str]) -> int:
         send_chat(pair)
         launcher(pair, "status", timeout=120)
         if args.keep:
-            keep = True
             print_poke_help(pair)
-            return 0
+            return True
         launcher(pair, "down", timeout=180)
         check_nothing_left(pair)
         say("rehearsal passed")
-        return 0
-    except StepFailed as exc:
-        say(f"FAILED: {exc}")
-        return exc.code
-    except KeyboardInterrupt:
-        say("interrupted: cleaning up")
-        return 130
-    except Exception as exc:  # noqa: BLE001 - report, then always clean up
-        say(f"FAILED: {type(exc).__name__}: {exc}")
-        return 1
-    finally:
-        if not keep:
-            provision.teardown(pair, say)
+        return False
+
+    return run_steps(pair, steps)

@@ -99,12 +99,27 @@ def test_formulas_on_synthetic_timings():
     assert summarize([])["median"] is None and summarize([None, None])["n"] == 0
 
 
+def test_conc_steady_window_too_short_gives_null_not_a_wild_rate():
+    from bench.bench_conc import steady_window
+
+    ms = 1_000_000
+    early = _synthetic(0, [10 * ms] * 20, tokens=41)  # events 0..200 ms
+    late = _synthetic(185 * ms, [10 * ms] * 20, tokens=41)  # starts as `early` ends
+    late.token_chunk_ns[1] = late.token_chunk_ns[0] + ms // 2  # one chunk delivered late
+    w = steady_window([early, late])  # window 185..200 ms: 2 events of each stream
+    assert w["active"] == 2 and w["per_req_decode_tok_s"] is None
+    long = steady_window([early, _synthetic(5 * ms, [10 * ms] * 20, tokens=41)])
+    assert long["per_req_decode_tok_s"] == pytest.approx(200.0)
+
+
 def test_window_rate_counts_between_events():
     ms = 1_000_000
     r = _synthetic(0, [10 * ms] * 20, tokens=61)  # 3 tokens per event after the first
     rate, toks = window_rate(r, 35 * ms, 125 * ms)  # events at 40..120 ms
     assert toks == pytest.approx(8 * 3) and rate == pytest.approx(300.0)
     assert window_rate(r, 41 * ms, 49 * ms)[0] is None  # < 2 events: no rate
+    assert window_rate(r, 35 * ms, 65 * ms)[0] is not None  # 3 events
+    assert window_rate(r, 35 * ms, 65 * ms, min_events=4)[0] is None  # too few to trust
     assert percentile([1, 2, 3, 4], 50) == 2.5
 
 

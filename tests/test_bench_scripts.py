@@ -144,7 +144,7 @@ def test_bench_conc_window_rates(tmp_path):
                 "--concurrency",
                 "1,4",
                 "--max-tokens",
-                "41",
+                "81",
                 "--json",
                 str(out),
                 *FAST,

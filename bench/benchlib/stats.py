@@ -81,17 +81,20 @@ def chunk_token_counts(r: StreamResult) -> list[float]:
     return [1.0] + [rest] * (k - 1)
 
 
-def window_rate(r: StreamResult, a_ns: int, b_ns: int) -> tuple[float | None, float]:
+def window_rate(
+    r: StreamResult, a_ns: int, b_ns: int, min_events: int = 2
+) -> tuple[float | None, float]:
     """Decode tok/s of one stream inside [a, b]: (rate, tokens counted).
 
     Counts between token events, not from the window edges: rate = tokens of events after the
     first in-window event up to the last one / time between those two events. For a periodic
-    stream that is unbiased however the window cuts the steps. None if < 2 events in the window.
+    stream that is unbiased however the window cuts the steps. None if fewer than
+    ``min_events`` (>= 2) events fall in the window.
     """
     ts = r.token_chunk_ns
     counts = chunk_token_counts(r)
     idx = [i for i, t in enumerate(ts) if a_ns <= t <= b_ns]
-    if len(idx) < 2 or not counts:
+    if len(idx) < max(2, min_events) or not counts:
         return None, 0.0
     i0, i1 = idx[0], idx[-1]
     toks = sum(counts[i0 + 1 : i1 + 1])

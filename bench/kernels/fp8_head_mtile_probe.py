@@ -1,0 +1,296 @@
+# SPDX-License-Identifier: MIT
+"""Probe, on a GPU: the fp8 head at M = 48-160, against the compute roofline.
+
+Two questions, one process, same timing method as the tuner (``fp8_head.timing``):
+
+1. **The roofline.** Every accuracy-eligible fp8 path does bf16-rate tensor work: W8A16
+   multiplies fp16 operands (2·M·N·K flops at the bf16 rate) and two-term W8A8 does two
+   fp8 products (twice the flops at twice the rate). So no eligible path can beat
+   ``max(fp8 bytes / copy ceiling, 2·M·N·K / sustained bf16 rate)``. This measures both
+   ceilings on this GPU (a large device copy; cuBLAS bf16 and ``torch._scaled_mm`` fp8 on a
+   large M of the same N, K) and prints the bound on the speed-up over bf16 per M.
+2. **An M-tiled W8A16 grid.** The shipped kernel gives each program BN weight rows × *all*
+   M rows (one or two M tiles), which at M >= 64 needs a large accumulator per program. Here
+   the grid is (N tiles × M tiles of BM rows), the BM programs of one weight tile adjacent
+   so the tile is re-read from L2, not HBM; 4 or 8 warps, so Triton may emit warpgroup MMA
+   (``wgmma`` in the PTX is recorded per config). Timed beside bf16 cuBLAS and the shipped
+   table's choice at each M.
+
+Prints a table per N and writes JSON (``--json``). Needs CUDA and Triton; exits 2 without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from typing import Any
+
+import torch
+from dsv4_flash_overlays.fp8_head.configs import BF16, lookup_table, pick
+from dsv4_flash_overlays.fp8_head.dispatch import run_choice
+from dsv4_flash_overlays.fp8_head.quant import dequantize_rowwise
+from dsv4_flash_overlays.fp8_head.timing import Problem, graph_time_us
+from dsv4_flash_overlays.fp8_head.w8a16 import HAVE_TRITON
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _w8a16_mtile_kernel(
+        a_ptr,
+        w_ptr,
+        s_ptr,
+        y_ptr,
+        M,
+        N,
+        K,
+        stride_am,
+        stride_wn,
+        stride_ym,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        BM: tl.constexpr,
+    ):
+        """y[m, n] = s[n] * sum_k a[m, k] * w[n, k]; one program = BN weight rows × BM rows.
+
+        Program order: the M tiles of one weight tile are consecutive programs.
+        """
+        pid = tl.program_id(0)
+        num_m = tl.cdiv(M, BM)
+        pid_n = pid // num_m
+        pid_m = pid % num_m
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        rows = tl.minimum(offs_n, N - 1)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        m_ok = offs_m[None, :] < M
+        offs_k = tl.arange(0, BK)
+        w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_k[None, :]
+        a_ptrs = a_ptr + offs_m[None, :] * stride_am + offs_k[:, None]
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for _k in range(0, K, BK):
+            wv = tl.load(w_ptrs).to(tl.float16)
+            av = tl.load(a_ptrs, mask=m_ok, other=0.0).to(tl.float16)
+            acc = tl.dot(wv, av, acc)
+            w_ptrs += BK
+            a_ptrs += BK
+        s = tl.load(s_ptr + rows)
+        y = (acc * s[:, None]).to(y_ptr.dtype.element_ty)
+        n_ok = offs_n[:, None] < N
+        tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y, mask=n_ok & m_ok)
+
+
+def mtile_matmul(
+    a: torch.Tensor, q: torch.Tensor, s: torch.Tensor, cfg: dict[str, int], warm: bool = False
+) -> Any:
+    """``a`` [M, K] bf16 @ (``q`` [N, K] e4m3 * ``s``).T with the M-tiled grid."""
+    m, k = a.shape
+    n = q.shape[0]
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(n, cfg["bn"]) * triton.cdiv(m, cfg["bm"]),)
+    args = (a, q, s, out, m, n, k, a.stride(0), q.stride(0), out.stride(0))
+    meta = dict(
+        BN=cfg["bn"],
+        BK=cfg["bk"],
+        BM=cfg["bm"],
+        num_warps=cfg["warps"],
+        num_stages=cfg["stages"],
+    )
+    if warm:
+        return _w8a16_mtile_kernel.warmup(*args, grid=grid, **meta)
+    _w8a16_mtile_kernel[grid](*args, **meta)
+    return out
+
+
+def mtile_grid() -> list[dict[str, int]]:
+    """BM × BN × warps × (BK, stages): 4-8 warps, so the MMA may be a warpgroup one."""
+    out = []
+    for bm, bn, warps, (bk, stages) in itertools.product(
+        (16, 32, 64, 128), (64, 128), (4, 8), ((128, 3), (128, 4), (64, 4))
+    ):
+        if bn == 64 and warps == 8:
+            continue  # a 64-row weight tile is one warpgroup's MMA height
+        out.append(dict(bm=bm, bn=bn, warps=warps, bk=bk, stages=stages))
+    return out
+
+
+def copy_ceiling_gbs(nbytes: int = 2**30) -> float:
+    """Device-to-device copy, bytes read + written per second (median of 10)."""
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(13):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        dst.copy_(src)
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en) / 1e3)
+    times.sort()
+    return 2 * nbytes / times[len(times) // 2] / 1e9
+
+
+def gemm_tflops(n: int, k: int, m: int, fp8: bool) -> float:
+    """Sustained rate of one large product on this shape: cuBLAS bf16, or fp8 rowwise."""
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    if fp8:
+        a8, w8 = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        sa = torch.ones(m, 1, device="cuda")
+        sb = torch.ones(1, n, device="cuda")
+
+        def call() -> object:
+            return torch._scaled_mm(a8, w8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    else:
+
+        def call() -> object:
+            return torch.nn.functional.linear(a, w)
+
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        call()
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en) / 1e3)
+    times.sort()
+    return 2.0 * m * n * k / times[len(times) // 2] / 1e12
+
+
+def bound_speedup(bf16_us: float, m: int, n: int, k: int, ceil: dict[str, float]) -> float:
+    """Best possible speed-up of an eligible fp8 path over the measured bf16 time."""
+    fp8_bytes = n * k + 4 * n + 2 * m * k + 2 * m * n
+    t_mem = fp8_bytes / (ceil["copy_gbs"] * 1e9)
+    t_mma = 2.0 * m * n * k / (ceil["bf16_tflops"] * 1e12)
+    return bf16_us / (max(t_mem, t_mma) * 1e6)
+
+
+def probe_shape(n: int, k: int, ms: list[int], reps: int, ceil: dict[str, float]) -> list[dict]:
+    """Time bf16, the shipped choice and every M-tiled config at each M, for one N."""
+    prob = Problem(n, k)
+    name = torch.cuda.get_device_name()
+    table = lookup_table(name, n, k) or {}
+    q0, s0 = prob.qs[0]
+    w0 = dequantize_rowwise(q0, s0).float()
+    rows = []
+    for m in ms:
+        a = prob.act(m)
+        ref = a.float() @ w0.t()
+        bf16_us = graph_time_us(prob.calls(BF16, a), reps=reps)
+        shipped = pick(table, m) if table else BF16
+        ship_us = bf16_us if shipped == BF16 else graph_time_us(prob.calls(shipped, a), reps=reps)
+        if shipped != BF16:
+            run_choice(shipped, a, q0, s0)
+        res = []
+        for cfg in mtile_grid():
+            if cfg["bm"] > max(16, triton.next_power_of_2(m)):
+                continue
+            try:
+                kern = mtile_matmul(a, q0, s0, cfg, warm=True)
+                y = mtile_matmul(a, q0, s0, cfg).float()
+                err = float((y - ref).norm() / ref.norm())
+                if not err < 1e-2:
+                    res.append(dict(cfg=cfg, error=f"rel_err {err:.3g}"))
+                    continue
+                calls = [lambda q=q, s=s, a=a, c=cfg: mtile_matmul(a, q, s, c) for q, s in prob.qs]
+                us = graph_time_us(calls, reps=reps)
+                kern._init_handles()
+                res.append(
+                    dict(
+                        cfg=cfg,
+                        us=us,
+                        rel_err=err,
+                        wgmma="wgmma" in kern.asm.get("ptx", ""),
+                        regs=int(kern.n_regs),
+                        spills=int(kern.n_spills),
+                        shared=int(kern.metadata.shared),
+                    )
+                )
+            except Exception as exc:  # out of resources etc.: recorded, not fatal
+                res.append(dict(cfg=cfg, error=f"{type(exc).__name__}: {str(exc)[:160]}"))
+        ok = [r for r in res if "us" in r]
+        best = min(ok, key=lambda r: r["us"]) if ok else None
+        rows.append(
+            dict(
+                n=n,
+                m=m,
+                bf16_us=bf16_us,
+                shipped=str(shipped),
+                shipped_us=ship_us,
+                best=best,
+                bound=bound_speedup(bf16_us, m, n, k, ceil),
+                configs=res,
+            )
+        )
+        b = f"{best['us']:.1f} ({bf16_us / best['us']:.2f}x)" if best else "-"
+        print(f"N={n} M={m}: bf16 {bf16_us:.1f} shipped {bf16_us / ship_us:.2f}x mtile {b}")
+        sys.stdout.flush()
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        "| N | M | bf16 µs | shipped × | M-tiled best µs | × | config (BM/BN/warps/BK/stages, "
+        "wgmma) | bound × |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---|---:|")
+    for r in rows:
+        b = r["best"]
+        if b:
+            c = b["cfg"]
+            desc = f"{c['bm']}/{c['bn']}/{c['warps']}/{c['bk']}/{c['stages']}, {b['wgmma']}"
+            bt, bx = f"{b['us']:.1f}", f"{r['bf16_us'] / b['us']:.2f}"
+        else:
+            desc, bt, bx = "-", "-", "-"
+        print(
+            f"| {r['n']} | {r['m']} | {r['bf16_us']:.1f} | {r['bf16_us'] / r['shipped_us']:.2f} "
+            f"| {bt} | {bx} | {desc} | {r['bound']:.2f} |"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--n", type=int, nargs="+", default=[129280, 64640])
+    p.add_argument("--k", type=int, default=4096)
+    p.add_argument("--m", type=int, nargs="+", default=[48, 64, 80, 96, 112, 128, 144, 160])
+    p.add_argument("--reps", type=int, default=15, help="graph replays per timing (median)")
+    p.add_argument("--json", help="write every timing here")
+    args = p.parse_args(argv)
+    if not (torch.cuda.is_available() and HAVE_TRITON):
+        print("needs a CUDA GPU and Triton", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    ceil = dict(
+        copy_gbs=copy_ceiling_gbs(),
+        bf16_tflops=gemm_tflops(args.n[0], args.k, 4096, fp8=False),
+        fp8_tflops=gemm_tflops(args.n[0], args.k, 4096, fp8=True),
+        bf16_tflops_8192cube=gemm_tflops(8192, 8192, 8192, fp8=False),
+    )
+    print("ceilings:", {k: round(v, 1) for k, v in ceil.items()}, flush=True)
+    rows = []
+    for n in args.n:
+        rows += probe_shape(n, args.k, args.m, args.reps, ceil)
+    print_table(rows)
+    if args.json:
+        meta = dict(
+            gpu=torch.cuda.get_device_name(),
+            torch=torch.__version__,
+            triton=triton.__version__,
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            command=" ".join(sys.argv),
+            seconds=time.time() - t0,
+        )
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, ceilings=ceil, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -69,25 +69,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def event_median_s(fn: Any, warmups: int = 3, reps: int = 15) -> float:
+    """Median seconds of eager ``fn()`` calls, each timed with CUDA events."""
+    for _ in range(warmups):
+        fn()
+    times = []
+    for _ in range(reps):
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        fn()
+        en.record()
+        en.synchronize()
+        times.append(st.elapsed_time(en) * 1e-3)
+    return statistics.median(times)
+
+
 def copy_ceiling_gbs(nbytes: int = 2**30) -> float:
     """Device-to-device copy bandwidth (bytes read + written), best of two copy kernels,
     eager launches timed with events (in a graph a copy_ becomes a slower memcpy node)."""
     src = torch.randn(nbytes // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    best = 0.0
-    for fn in (lambda: dst.copy_(src), lambda: torch.add(src, 0, out=dst)):
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(15):
-            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            st.record()
-            fn()
-            en.record()
-            en.synchronize()
-            times.append(st.elapsed_time(en) * 1e-3)
-        best = max(best, 2 * nbytes / statistics.median(times) / 1e9)
-    return best
+    fns = (lambda: dst.copy_(src), lambda: torch.add(src, 0, out=dst))
+    return max(2 * nbytes / event_median_s(fn) / 1e9 for fn in fns)
 
 
 def check_configs() -> list[C.Choice]:

@@ -35,6 +35,8 @@ from dsv4_flash_overlays.fp8_head.quant import dequantize_rowwise
 from dsv4_flash_overlays.fp8_head.timing import Problem, graph_time_us
 from dsv4_flash_overlays.fp8_head.w8a16 import HAVE_TRITON
 
+from bench.kernels.bench_fp8_head import copy_ceiling_gbs, event_median_s
+
 if HAVE_TRITON:
     import triton
     import triton.language as tl
@@ -117,22 +119,6 @@ def mtile_grid() -> list[dict[str, int]]:
     return out
 
 
-def copy_ceiling_gbs(nbytes: int = 2**30) -> float:
-    """Device-to-device copy, bytes read + written per second (median of 10)."""
-    src = torch.randn(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(13):
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        dst.copy_(src)
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) / 1e3)
-    times.sort()
-    return 2 * nbytes / times[len(times) // 2] / 1e9
-
-
 def gemm_tflops(n: int, k: int, m: int, fp8: bool) -> float:
     """Sustained rate of one large product on this shape: cuBLAS bf16, or fp8 rowwise."""
     a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -149,19 +135,7 @@ def gemm_tflops(n: int, k: int, m: int, fp8: bool) -> float:
         def call() -> object:
             return torch.nn.functional.linear(a, w)
 
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        call()
-        en.record()
-        en.synchronize()
-        times.append(st.elapsed_time(en) / 1e3)
-    times.sort()
-    return 2.0 * m * n * k / times[len(times) // 2] / 1e12
+    return 2.0 * m * n * k / event_median_s(call, reps=10) / 1e12
 
 
 def bound_speedup(bf16_us: float, m: int, n: int, k: int, ceil: dict[str, float]) -> float:

@@ -51,6 +51,37 @@ def test_mtile_kernel_matches_float64_on_ragged_shapes_under_interpreter():
         assert finite and rel < 4e-3, (n, m, rel)
 
 
+def test_all_m_probe_times_only_shapes_the_tuner_does_not_search():
+    from dsv4_flash_overlays.fp8_head.search import w8a16_grid
+
+    from bench.kernels.fp8_head_mtile_probe import all_m_grid
+
+    for m in (56, 64, 72, 80, 96):
+        extra = all_m_grid(m)
+        assert extra and not set(extra) & set(w8a16_grid(m, "full")), m
+        assert any(c.num_warps == 8 for c in extra) and any(c.bk == 64 for c in extra)
+
+
+def test_run18_launch_errors_are_all_configs_the_smem_filter_rejects():
+    """GPU evidence for configs.smem_need: in run 18 every launch that ran out of shared
+    memory on the H200 is one the filter would never choose."""
+    from dsv4_flash_overlays.fp8_head.configs import W8A16Config, fits
+
+    run = json.loads((RUN17.parent / "fp8_head_run18_allm.json").read_text())
+    limit = 232448  # the H200's shared_memory_per_block_optin
+    failed = 0
+    for row in run["rows"]:
+        for c in row["configs"]:
+            cfg = W8A16Config.from_dict(c["cfg"])
+            if "error" in c:
+                assert "shared memory" in c["error"], c
+                assert not fits(cfg, row["m"], limit), c
+                failed += 1
+            else:
+                assert c["shared"] <= limit
+    assert failed > 0  # the run did exercise the limit
+
+
 def test_roofline_bound_regimes():
     from bench.kernels.fp8_head_mtile_probe import bound_speedup
 

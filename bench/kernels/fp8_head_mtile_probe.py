@@ -29,11 +29,11 @@ import time
 from typing import Any
 
 import torch
-from dsv4_flash_overlays.fp8_head.configs import BF16, lookup_table, pick
-from dsv4_flash_overlays.fp8_head.dispatch import run_choice
+from dsv4_flash_overlays.fp8_head.configs import BF16, W8A16Config, lookup_table, pick
 from dsv4_flash_overlays.fp8_head.quant import dequantize_rowwise
+from dsv4_flash_overlays.fp8_head.search import precompile, w8a16_grid
 from dsv4_flash_overlays.fp8_head.timing import Problem, graph_time_us
-from dsv4_flash_overlays.fp8_head.w8a16 import HAVE_TRITON
+from dsv4_flash_overlays.fp8_head.w8a16 import HAVE_TRITON, w8a16_matmul
 
 from bench.kernels.bench_fp8_head import copy_ceiling_gbs, event_median_s
 
@@ -119,6 +119,20 @@ def mtile_grid() -> list[dict[str, int]]:
     return out
 
 
+def all_m_grid(m: int) -> list[W8A16Config]:
+    """Question 3: the shipped all-M W8A16 kernel with launch shapes the tuner's full
+    search does not try at this M (8 warps, BN = 256, BK = 64, 5 stages)."""
+    searched = set(w8a16_grid(m, "full"))
+    out = []
+    for (bn, nw), bk, ns in itertools.product(
+        ((64, 2), (64, 4), (128, 4), (128, 8), (256, 8)), (64, 128, 256), (3, 4, 5)
+    ):
+        cfg = W8A16Config(bn, bk, nw, ns, pre_a=1, pad_m=1)
+        if cfg not in searched and bk * ns <= 768:
+            out.append(cfg)
+    return out
+
+
 def gemm_tflops(n: int, k: int, m: int, fp8: bool) -> float:
     """Sustained rate of one large product on this shape: cuBLAS bf16, or fp8 rowwise."""
     a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -146,11 +160,62 @@ def bound_speedup(bf16_us: float, m: int, n: int, k: int, ceil: dict[str, float]
     return bf16_us / (max(t_mem, t_mma) * 1e6)
 
 
-def probe_shape(n: int, k: int, ms: list[int], reps: int, ceil: dict[str, float]) -> list[dict]:
-    """Time bf16, the shipped choice and every M-tiled config at each M, for one N."""
+def _measure(prob: Problem, a: torch.Tensor, ref: torch.Tensor, run: Any, warm: Any, reps: int):
+    """Check one variant against the fp32 reference, then time it over the weight copies."""
+    q0, s0 = prob.qs[0]
+    try:
+        kern = warm(a, q0, s0)
+        y = run(a, q0, s0).float()
+        err = float((y - ref).norm() / ref.norm())
+        if not err < 1e-2:
+            return dict(error=f"rel_err {err:.3g}")
+        us = graph_time_us([lambda q=q, s=s: run(a, q, s) for q, s in prob.qs], reps=reps)
+        kern._init_handles()
+        return dict(
+            us=us,
+            rel_err=err,
+            wgmma="wgmma" in kern.asm.get("ptx", ""),
+            regs=int(kern.n_regs),
+            spills=int(kern.n_spills),
+            shared=int(kern.metadata.shared),
+        )
+    except Exception as exc:  # out of resources etc.: recorded, not fatal
+        return dict(error=f"{type(exc).__name__}: {str(exc)[:160]}")
+
+
+def variants(m: int, mode: str) -> list[tuple[dict[str, int], Any, Any]]:
+    """(config as a dict, run(a, q, s), compile(a, q, s)) for each variant timed at ``m``."""
+    out = []
+    if mode == "mtile":
+        for cfg in mtile_grid():
+            if cfg["bm"] <= max(16, triton.next_power_of_2(m)):
+                out.append(
+                    (
+                        cfg,
+                        lambda a, q, s, c=cfg: mtile_matmul(a, q, s, c),
+                        lambda a, q, s, c=cfg: mtile_matmul(a, q, s, c, warm=True),
+                    )
+                )
+    else:
+        for cfg in all_m_grid(m):
+            out.append(
+                (
+                    cfg.as_dict(),
+                    lambda a, q, s, c=cfg: w8a16_matmul(a, q, s, c),
+                    lambda a, q, s, c=cfg: w8a16_matmul(a, q, s, c, compile_only=True),
+                )
+            )
+    return out
+
+
+def probe_shape(
+    n: int, k: int, ms: list[int], reps: int, ceil: dict[str, float], mode: str
+) -> list[dict]:
+    """Time bf16, the shipped choice and every variant of ``mode`` at each M, for one N."""
+    if mode == "all-m":  # compile in parallel worker processes into Triton's cache first
+        precompile([(c, m, n) for m in ms for c in all_m_grid(m)], k, workers=14)
     prob = Problem(n, k)
-    name = torch.cuda.get_device_name()
-    table = lookup_table(name, n, k) or {}
+    table = lookup_table(torch.cuda.get_device_name(), n, k) or {}
     q0, s0 = prob.qs[0]
     w0 = dequantize_rowwise(q0, s0).float()
     rows = []
@@ -160,41 +225,17 @@ def probe_shape(n: int, k: int, ms: list[int], reps: int, ceil: dict[str, float]
         bf16_us = graph_time_us(prob.calls(BF16, a), reps=reps)
         shipped = pick(table, m) if table else BF16
         ship_us = bf16_us if shipped == BF16 else graph_time_us(prob.calls(shipped, a), reps=reps)
-        if shipped != BF16:
-            run_choice(shipped, a, q0, s0)
         res = []
-        for cfg in mtile_grid():
-            if cfg["bm"] > max(16, triton.next_power_of_2(m)):
-                continue
-            try:
-                kern = mtile_matmul(a, q0, s0, cfg, warm=True)
-                y = mtile_matmul(a, q0, s0, cfg).float()
-                err = float((y - ref).norm() / ref.norm())
-                if not err < 1e-2:
-                    res.append(dict(cfg=cfg, error=f"rel_err {err:.3g}"))
-                    continue
-                calls = [lambda q=q, s=s, a=a, c=cfg: mtile_matmul(a, q, s, c) for q, s in prob.qs]
-                us = graph_time_us(calls, reps=reps)
-                kern._init_handles()
-                res.append(
-                    dict(
-                        cfg=cfg,
-                        us=us,
-                        rel_err=err,
-                        wgmma="wgmma" in kern.asm.get("ptx", ""),
-                        regs=int(kern.n_regs),
-                        spills=int(kern.n_spills),
-                        shared=int(kern.metadata.shared),
-                    )
-                )
-            except Exception as exc:  # out of resources etc.: recorded, not fatal
-                res.append(dict(cfg=cfg, error=f"{type(exc).__name__}: {str(exc)[:160]}"))
+        for cfg, run, warm in variants(m, mode):
+            r = _measure(prob, a, ref, run, warm, reps)
+            res.append(dict(cfg=cfg, **r))
         ok = [r for r in res if "us" in r]
         best = min(ok, key=lambda r: r["us"]) if ok else None
         rows.append(
             dict(
                 n=n,
                 m=m,
+                mode=mode,
                 bf16_us=bf16_us,
                 shipped=str(shipped),
                 shipped_us=ship_us,
@@ -204,28 +245,30 @@ def probe_shape(n: int, k: int, ms: list[int], reps: int, ceil: dict[str, float]
             )
         )
         b = f"{best['us']:.1f} ({bf16_us / best['us']:.2f}x)" if best else "-"
-        print(f"N={n} M={m}: bf16 {bf16_us:.1f} shipped {bf16_us / ship_us:.2f}x mtile {b}")
+        print(f"N={n} M={m}: bf16 {bf16_us:.1f} shipped {bf16_us / ship_us:.2f}x {mode} {b}")
         sys.stdout.flush()
     return rows
 
 
+def describe(cfg: dict[str, int]) -> str:
+    """A config in one short string (only the knobs that vary)."""
+    keys = ("bm", "bn", "warps", "num_warps", "bk", "stages", "num_stages")
+    return "/".join(f"{k}={cfg[k]}" for k in keys if k in cfg)
+
+
 def print_table(rows: list[dict]) -> None:
-    print(
-        "| N | M | bf16 µs | shipped × | M-tiled best µs | × | config (BM/BN/warps/BK/stages, "
-        "wgmma) | bound × |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---|---:|")
+    print("| N | M | probe | bf16 µs | shipped × | best µs | × | config | wgmma | bound × |")
+    print("|---:|---:|---|---:|---:|---:|---:|---|---|---:|")
     for r in rows:
         b = r["best"]
+        desc, bt, bx, wg = "-", "-", "-", "-"
         if b:
-            c = b["cfg"]
-            desc = f"{c['bm']}/{c['bn']}/{c['warps']}/{c['bk']}/{c['stages']}, {b['wgmma']}"
+            desc, wg = describe(b["cfg"]), str(b["wgmma"])
             bt, bx = f"{b['us']:.1f}", f"{r['bf16_us'] / b['us']:.2f}"
-        else:
-            desc, bt, bx = "-", "-", "-"
         print(
-            f"| {r['n']} | {r['m']} | {r['bf16_us']:.1f} | {r['bf16_us'] / r['shipped_us']:.2f} "
-            f"| {bt} | {bx} | {desc} | {r['bound']:.2f} |"
+            f"| {r['n']} | {r['m']} | {r['mode']} | {r['bf16_us']:.1f} "
+            f"| {r['bf16_us'] / r['shipped_us']:.2f} | {bt} | {bx} | {desc} | {wg} "
+            f"| {r['bound']:.2f} |"
         )
 
 
@@ -235,6 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--m", type=int, nargs="+", default=[48, 64, 80, 96, 112, 128, 144, 160])
     p.add_argument("--reps", type=int, default=15, help="graph replays per timing (median)")
+    p.add_argument(
+        "--probe",
+        choices=("mtile", "all-m"),
+        default="mtile",
+        help="mtile: the M-tiled grid (run 17); all-m: the shipped kernel with launch "
+        "shapes the tuner's full search does not try at that M",
+    )
     p.add_argument("--json", help="write every timing here")
     args = p.parse_args(argv)
     if not (torch.cuda.is_available() and HAVE_TRITON):
@@ -250,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     print("ceilings:", {k: round(v, 1) for k, v in ceil.items()}, flush=True)
     rows = []
     for n in args.n:
-        rows += probe_shape(n, args.k, args.m, args.reps, ceil)
+        rows += probe_shape(n, args.k, args.m, args.reps, ceil, args.probe)
     print_table(rows)
     if args.json:
         meta = dict(

@@ -148,7 +148,10 @@ class Watchdog:
             self.backoff = self.cfg.backoff_s
             return self.cfg.interval_s
         self.failed += 1
-        self.log(f"FAIL {self.failed}/{self.cfg.failures}: {why}")
+        if self.failed <= self.cfg.failures:
+            self.log(f"FAIL {self.failed}/{self.cfg.failures}: {why}")
+        else:  # the last restart failed and its back-off is over: restart again at once
+            self.log(f"FAIL again after failed restart {self.restarts}: {why}")
         if self.failed < self.cfg.failures:
             return self.cfg.interval_s
         self.log(f"{self.failed} failed probes in a row: restarting the pair (down, then up)")

@@ -76,6 +76,15 @@ def test_failed_restarts_back_off_doubling_to_the_cap() -> None:
     assert s.restarted == 4
     assert any("up exit 4: boot failure" in ln for ln in s.lines)
     assert any("up exit 3: preflight FAIL" in ln for ln in s.lines)
+    # the probe after a failed restart says so; a count never exceeds the threshold
+    assert [ln.split(":")[0] for ln in s.lines if ln.startswith("FAIL")] == [
+        "FAIL 1/3",
+        "FAIL 2/3",
+        "FAIL 3/3",
+        "FAIL again after failed restart 1",
+        "FAIL again after failed restart 2",
+        "FAIL again after failed restart 3",
+    ]
     s2 = Script(["x"] * 4 + [None, "x", "x", "x"], restarts=[4, 0, 0])
     dog = s2.dog()
     waits = [dog.tick() for _ in range(8)]

@@ -323,17 +323,17 @@ on_signal() {
 #######################################
 cmd_up() {
   local rc=0
-  pairctl validate || exit "$?"
+  local -a pf_args=()
+  if [[ -n "${JSON_OUT}" ]]; then
+    pf_args+=(--json "${JSON_OUT}")
+  fi
+  pairctl validate "${pf_args[@]}" || exit "$?"
   acquire_lock
   if pairctl healthy; then
     if ((GATE)); then
       run_gate
     fi
     return 0
-  fi
-  local -a pf_args=()
-  if [[ -n "${JSON_OUT}" ]]; then
-    pf_args+=(--json "${JSON_OUT}")
   fi
   pairctl preflight "${pf_args[@]}" || rc=$?
   if ((rc != 0)); then

@@ -60,6 +60,8 @@ def _load(args: argparse.Namespace) -> tuple[PairConfig, Recipe, list[str]]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     _load(args)
+    if args.json:  # up checks its --json FILE here, before the lock and any probe
+        writable_file(args.json, "--json")
     return EXIT_OK
 
 
@@ -193,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     def op(fn):
         return lambda args: fn(args, *_load(args))
 
-    add("validate", cmd_validate, "validate env file and recipe")
+    sp = add("validate", cmd_validate, "validate env file and recipe")
+    sp.add_argument("--json", default=None, help="also check that this file can be written")
     add("plan", cmd_plan, "print what up would run")
     sp = add("argv", cmd_argv, "one rank's docker argv, NUL-separated")
     sp.add_argument("--rank", type=int, choices=(0, 1), required=True)

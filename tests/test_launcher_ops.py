@@ -103,6 +103,19 @@ def test_preflight_json_to_a_missing_dir_fails_before_any_probe(pair: Env) -> No
     assert touched_nothing(pair), "the check must come before the work"
 
 
+def test_up_json_to_a_missing_dir_fails_before_the_lock_and_any_probe(pair: Env) -> None:
+    import fcntl
+
+    # another run holds the pair's lock: a bad --json must be reported before the lock wait
+    with open(pair.tmp / "dsv4-launch-pair-a-127.0.0.1.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        p = pair.run("up", "--json", "/nonexistent/x.json")
+    assert p.returncode == EXIT_USAGE, p.stderr
+    assert "/nonexistent" in p.stderr and "does not exist" in p.stderr
+    assert "another up/down" not in p.stderr and "Traceback" not in p.stderr
+    assert touched_nothing(pair), "the check must come before the work"
+
+
 def test_unresolvable_spark1_passes_nothing_about_it(pair: Env) -> None:
     pair.values["SPARK1"] = "no-such-host.invalid"
     pair.write_env()

@@ -76,7 +76,12 @@ def test_search_space_follows_eligibility_shape_and_m():
     w16_48 = [
         c for c in search.candidates(48, "full", fams, 232448) if isinstance(c, C.W8A16Config)
     ]
-    assert {c.pad_m for c in w16_48} == {1}  # an entry at a multiple of 16 serves the M below it
+    tma_48 = {c for c in w16_48 if c.tma}
+    assert {c.pad_m for c in w16_48 if not c.tma} == {1}  # an entry at a multiple of 16 serves
+    # the M below it; copy-engine (tma) loads need no padding, and come in from M > 16
+    assert tma_48 and all(c.num_warps == 4 for c in tma_48)
+    w16_16 = search.candidates(16, "full", fams, 232448)
+    assert not any(getattr(c, "tma", 0) for c in w16_16)
     assert len(search.candidates(40, "quick", fams, 232448)) < len(at40)
 
 

@@ -36,75 +36,10 @@ from dsv4_flash_overlays.fp8_head.timing import Problem, graph_time_us
 from dsv4_flash_overlays.fp8_head.w8a16 import HAVE_TRITON, w8a16_matmul
 
 from bench.kernels.bench_fp8_head import copy_ceiling_gbs, event_median_s
+from bench.kernels.fp8_head_probe_kernels import mtile_matmul
 
 if HAVE_TRITON:
     import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _w8a16_mtile_kernel(
-        a_ptr,
-        w_ptr,
-        s_ptr,
-        y_ptr,
-        M,
-        N,
-        K,
-        stride_am,
-        stride_wn,
-        stride_ym,
-        BN: tl.constexpr,
-        BK: tl.constexpr,
-        BM: tl.constexpr,
-    ):
-        """y[m, n] = s[n] * sum_k a[m, k] * w[n, k]; one program = BN weight rows × BM rows.
-
-        Program order: the M tiles of one weight tile are consecutive programs.
-        """
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BM)
-        pid_n = pid // num_m
-        pid_m = pid % num_m
-        offs_n = pid_n * BN + tl.arange(0, BN)
-        rows = tl.minimum(offs_n, N - 1)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        m_ok = offs_m[None, :] < M
-        offs_k = tl.arange(0, BK)
-        w_ptrs = w_ptr + rows[:, None] * stride_wn + offs_k[None, :]
-        a_ptrs = a_ptr + offs_m[None, :] * stride_am + offs_k[:, None]
-        acc = tl.zeros((BN, BM), dtype=tl.float32)
-        for _k in range(0, K, BK):
-            wv = tl.load(w_ptrs).to(tl.float16)
-            av = tl.load(a_ptrs, mask=m_ok, other=0.0).to(tl.float16)
-            acc = tl.dot(wv, av, acc)
-            w_ptrs += BK
-            a_ptrs += BK
-        s = tl.load(s_ptr + rows)
-        y = (acc * s[:, None]).to(y_ptr.dtype.element_ty)
-        n_ok = offs_n[:, None] < N
-        tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y, mask=n_ok & m_ok)
-
-
-def mtile_matmul(
-    a: torch.Tensor, q: torch.Tensor, s: torch.Tensor, cfg: dict[str, int], warm: bool = False
-) -> Any:
-    """``a`` [M, K] bf16 @ (``q`` [N, K] e4m3 * ``s``).T with the M-tiled grid."""
-    m, k = a.shape
-    n = q.shape[0]
-    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    grid = (triton.cdiv(n, cfg["bn"]) * triton.cdiv(m, cfg["bm"]),)
-    args = (a, q, s, out, m, n, k, a.stride(0), q.stride(0), out.stride(0))
-    meta = dict(
-        BN=cfg["bn"],
-        BK=cfg["bk"],
-        BM=cfg["bm"],
-        num_warps=cfg["warps"],
-        num_stages=cfg["stages"],
-    )
-    if warm:
-        return _w8a16_mtile_kernel.warmup(*args, grid=grid, **meta)
-    _w8a16_mtile_kernel[grid](*args, **meta)
-    return out
 
 
 def mtile_grid() -> list[dict[str, int]]:
@@ -117,6 +52,20 @@ def mtile_grid() -> list[dict[str, int]]:
             continue  # a 64-row weight tile is one warpgroup's MMA height
         out.append(dict(bm=bm, bn=bn, warps=warps, bk=bk, stages=stages))
     return out
+
+
+# instructions whose presence says which path Triton took (warpgroup MMA, copy engine,
+# register rebalancing between warp-specialised partitions, legacy MMA)
+PTX_FEATURES = ("wgmma", "cp.async.bulk.tensor", "setmaxnreg", "mma.sync")
+
+
+def tma_grid(m: int) -> list[W8A16Config]:
+    """Question 4 (run 20): copy-engine (tma) loads on the shipped kernel's best launch
+    shapes (2 warps up to M = 48, 4 warps above)."""
+    shapes = [(64, 128, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (128, 64, 4, 4)]
+    if m <= 48:
+        shapes += [(64, 128, 2, 3), (128, 128, 2, 3), (64, 256, 2, 3)]
+    return [W8A16Config(bn, bk, nw, ns, tma=1) for bn, bk, nw, ns in shapes]
 
 
 def all_m_grid(m: int) -> list[W8A16Config]:
@@ -175,6 +124,7 @@ def _measure(prob: Problem, a: torch.Tensor, ref: torch.Tensor, run: Any, warm: 
             us=us,
             rel_err=err,
             wgmma="wgmma" in kern.asm.get("ptx", ""),
+            ptx={k: k in kern.asm.get("ptx", "") for k in PTX_FEATURES},
             regs=int(kern.n_regs),
             spills=int(kern.n_spills),
             shared=int(kern.metadata.shared),
@@ -183,7 +133,7 @@ def _measure(prob: Problem, a: torch.Tensor, ref: torch.Tensor, run: Any, warm: 
         return dict(error=f"{type(exc).__name__}: {str(exc)[:160]}")
 
 
-def variants(m: int, mode: str) -> list[tuple[dict[str, int], Any, Any]]:
+def variants(m: int, mode: str) -> list[tuple[dict, Any, Any]]:
     """(config as a dict, run(a, q, s), compile(a, q, s)) for each variant timed at ``m``."""
     out = []
     if mode == "mtile":
@@ -197,7 +147,7 @@ def variants(m: int, mode: str) -> list[tuple[dict[str, int], Any, Any]]:
                     )
                 )
     else:
-        for cfg in all_m_grid(m):
+        for cfg in all_m_grid(m) if mode == "all-m" else tma_grid(m):
             out.append(
                 (
                     cfg.as_dict(),
@@ -209,7 +159,12 @@ def variants(m: int, mode: str) -> list[tuple[dict[str, int], Any, Any]]:
 
 
 def probe_shape(
-    n: int, k: int, ms: list[int], reps: int, ceil: dict[str, float], mode: str
+    n: int,
+    k: int,
+    ms: list[int],
+    reps: int,
+    ceil: dict[str, float],
+    mode: str,
 ) -> list[dict]:
     """Time bf16, the shipped choice and every variant of ``mode`` at each M, for one N."""
     if mode == "all-m":  # compile in parallel worker processes into Triton's cache first
@@ -227,8 +182,11 @@ def probe_shape(
         ship_us = bf16_us if shipped == BF16 else graph_time_us(prob.calls(shipped, a), reps=reps)
         res = []
         for cfg, run, warm in variants(m, mode):
+            t_var = time.time()
             r = _measure(prob, a, ref, run, warm, reps)
-            res.append(dict(cfg=cfg, **r))
+            res.append(dict(cfg=cfg, seconds=time.time() - t_var, **r))
+            got = f"{r['us']:.1f} us" if "us" in r else r["error"][:100]
+            print(f"  M={m} {describe(cfg)}: {got} ({time.time() - t_var:.0f} s)", flush=True)
         ok = [r for r in res if "us" in r]
         best = min(ok, key=lambda r: r["us"]) if ok else None
         rows.append(
@@ -252,7 +210,7 @@ def probe_shape(
 
 def describe(cfg: dict[str, int]) -> str:
     """A config in one short string (only the knobs that vary)."""
-    keys = ("bm", "bn", "warps", "num_warps", "bk", "stages", "num_stages")
+    keys = ("bm", "bn", "warps", "num_warps", "bk", "stages", "num_stages", "tma")
     return "/".join(f"{k}={cfg[k]}" for k in keys if k in cfg)
 
 
@@ -280,12 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=15, help="graph replays per timing (median)")
     p.add_argument(
         "--probe",
-        choices=("mtile", "all-m"),
+        choices=("mtile", "all-m", "tma"),
         default="mtile",
         help="mtile: the M-tiled grid (run 17); all-m: the shipped kernel with launch "
-        "shapes the tuner's full search does not try at that M",
+        "shapes the tuner's full search does not try at that M; tma: the shipped kernel's "
+        "copy-engine (tma) variant",
     )
-    p.add_argument("--json", help="write every timing here")
+    p.add_argument("--json", help="write every timing here (rewritten after each shape)")
     args = p.parse_args(argv)
     if not (torch.cuda.is_available() and HAVE_TRITON):
         print("needs a CUDA GPU and Triton", file=sys.stderr)
@@ -298,21 +257,24 @@ def main(argv: list[str] | None = None) -> int:
         bf16_tflops_8192cube=gemm_tflops(8192, 8192, 8192, fp8=False),
     )
     print("ceilings:", {k: round(v, 1) for k, v in ceil.items()}, flush=True)
-    rows = []
+    meta = dict(
+        gpu=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        command=" ".join(sys.argv),
+    )
+    rows: list[dict] = []
     for n in args.n:
         rows += probe_shape(n, args.k, args.m, args.reps, ceil, args.probe)
+        if args.json:  # after each shape, so a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(
+                    dict(meta=dict(meta, seconds=time.time() - t0), ceilings=ceil, rows=rows),
+                    f,
+                    indent=1,
+                )
     print_table(rows)
-    if args.json:
-        meta = dict(
-            gpu=torch.cuda.get_device_name(),
-            torch=torch.__version__,
-            triton=triton.__version__,
-            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            command=" ".join(sys.argv),
-            seconds=time.time() - t0,
-        )
-        with open(args.json, "w") as f:
-            json.dump(dict(meta=meta, ceilings=ceil, rows=rows), f, indent=1)
     return 0
 
 

@@ -98,9 +98,15 @@ class W8A16Config(_Config):
     single_tile: int = 0  # 1: one padded M tile instead of two
     clamp_m: int = 0  # 1: rows past M read row M-1 (no load mask); lost, kept for the record
     pad_m: int = 0  # 1: launch on rows padded with zeros to a multiple of 16 (see w8a16.py)
+    tma: int = 0  # 1: tiles loaded by the copy engine (SM >= 9.0), one M tile (see w8a16.py)
 
     def numerics(self) -> ActNumerics:
         return W8A16
+
+    def tiles(self, m: int) -> tuple[int, int]:
+        if self.tma:  # one power-of-two tile; the copy engine zero-fills the rows past M
+            return m_tiles(min(m, MAX_M_PER_LAUNCH), True)
+        return super().tiles(m)
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,8 @@ def smem_need(cfg: W8A16Config | W8A8Config, m: int) -> int:
     bm1, bm2 = cfg.tiles(m)
     w_tile = cfg.bn * cfg.bk
     a_tiles = (bm1 + bm2) * cfg.bk * 2
+    if getattr(cfg, "tma", 0):  # copy-engine loads: num_stages - 1 buffers + one more
+        return cfg.num_stages * (w_tile + a_tiles)  # activation tile + barriers (~48 B)
     need = max(cfg.num_stages - 1, 1) * (w_tile + a_tiles)
     if isinstance(cfg, W8A8Config):
         return need + w_tile + 2 * bm1 * cfg.bk

@@ -16,6 +16,11 @@ first M rows. On an H200 a launch whose M is not a multiple of 16 ran ~12% slowe
 same tiles at M = 48 (M = 36, 40, 44 vs 48; the lab notes have the runs), so M = 40 runs
 as 48 rows. ``clamp_m``: rows past M read row M-1 instead of a masked load; it did not help
 (those rows all hit one activation row in L2) and is kept only to reproduce that run.
+
+``tma``: the same product with the weight and activation tiles loaded by the copy engine
+(Hopper's TMA, through host tensor descriptors) into one power-of-two M tile; the engine
+zero-fills rows past M and N, so nothing is masked or padded. With 4 warps it ran 10-15%
+faster than the masked loads at M = 48-96 on an H200 (lab notes, run 20).
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ try:  # Triton is present wherever vLLM runs on a GPU; CPU-only installs may lac
     HAVE_TRITON = True
 except ImportError:  # pragma: no cover - exercised only without triton
     HAVE_TRITON = False
+try:  # host-side tensor descriptors (Triton >= 3.4); without them tma configs raise
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton
+    TensorDescriptor = None
 
 
 if HAVE_TRITON:
@@ -106,6 +115,67 @@ if HAVE_TRITON:
             tl.store(y_ptr + offs_m2[None, :] * stride_ym + offs_n[:, None], y2, mask=n_ok & m2_ok)
 
 
+if HAVE_TRITON:
+
+    @triton.jit
+    def _w8a16_tma_kernel(
+        a_desc,
+        w_desc,
+        s_ptr,
+        y_ptr,
+        M,
+        N,
+        K,
+        stride_ym,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        BM: tl.constexpr,
+    ):
+        """y[m, n] = s[n] * sum_k a[m, k] * w[n, k]; one program = BN rows of W x all M
+        (one BM tile; rows past M and N arrive as zeros from the copy engine)."""
+        pid = tl.program_id(0)
+        n0 = pid * BN
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for k in range(0, K, BK):
+            wv = w_desc.load([n0, k]).to(tl.float16)
+            av = a_desc.load([0, k])
+            acc = tl.dot(wv, tl.trans(av), acc)
+        offs_n = n0 + tl.arange(0, BN)
+        offs_m = tl.arange(0, BM)
+        s = tl.load(s_ptr + tl.minimum(offs_n, N - 1))
+        y = (acc * s[:, None]).to(y_ptr.dtype.element_ty)
+        ok = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+        tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y, mask=ok)
+
+
+def _tma_matmul(
+    a: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    cfg: W8A16Config,
+    out: torch.Tensor,
+    compile_only: bool,
+) -> Any:
+    """The ``tma`` variant: fp16 activations (widened once, as ``pre_a``) and the e4m3
+    weights through tensor descriptors; launches of at most 256 rows, one M tile each."""
+    if TensorDescriptor is None:
+        raise RuntimeError("tma configs need Triton's host tensor descriptors (Triton >= 3.4)")
+    m, n = a.shape[0], q.shape[0]
+    w_desc = TensorDescriptor.from_tensor(q, [cfg.bn, cfg.bk])
+    grid = (triton.cdiv(n, cfg.bn),)
+    for start in range(0, m, MAX_M_PER_LAUNCH):
+        rows = min(MAX_M_PER_LAUNCH, m - start)
+        bm, _ = cfg.tiles(rows)
+        a16 = a[start : start + rows].to(torch.float16).contiguous()
+        a_desc = TensorDescriptor.from_tensor(a16, [bm, cfg.bk])
+        args = (a_desc, w_desc, scale, out[start:], rows, n, a.shape[1], out.stride(0))
+        meta = dict(BN=cfg.bn, BK=cfg.bk, BM=bm, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if compile_only:
+            return _w8a16_tma_kernel.warmup(*args, grid=grid, **meta)
+        _w8a16_tma_kernel[grid](*args, **meta)
+    return out
+
+
 def check_operands(a: torch.Tensor, q: torch.Tensor, bk: int) -> None:
     """Shapes and strides both kernels rely on; the message names the mismatch."""
     if not HAVE_TRITON:
@@ -133,6 +203,10 @@ def w8a16_matmul(
     cfg = cfg or W8A16Config()
     check_operands(a, q, cfg.bk)
     m, n = a.shape[0], q.shape[0]
+    if cfg.tma:
+        if out is None:
+            out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+        return _tma_matmul(a, q, scale, cfg, out, compile_only)
     if cfg.pad_m and m % 16:  # zero rows up to a multiple of 16; the caller sees [:m]
         mp = -(-m // 16) * 16
         dtype = torch.float16 if cfg.pre_a else a.dtype

@@ -156,8 +156,9 @@ def _tma_matmul(
     out: torch.Tensor,
     compile_only: bool,
 ) -> Any:
-    """The ``tma`` variant: fp16 activations (widened once, as ``pre_a``) and the e4m3
-    weights through tensor descriptors; launches of at most 256 rows, one M tile each."""
+    """The ``tma`` variant: fp16 activations (widened once, as ``pre_a``, into a buffer of
+    zero rows up to a multiple of 16) and the e4m3 weights through tensor descriptors;
+    launches of at most 256 rows, one M tile each."""
     if TensorDescriptor is None:
         raise RuntimeError("tma configs need Triton's host tensor descriptors (Triton >= 3.4)")
     m, n = a.shape[0], q.shape[0]
@@ -166,7 +167,10 @@ def _tma_matmul(
     for start in range(0, m, MAX_M_PER_LAUNCH):
         rows = min(MAX_M_PER_LAUNCH, m - start)
         bm, _ = cfg.tiles(rows)
-        a16 = a[start : start + rows].to(torch.float16).contiguous()
+        # zero rows up to a multiple of 16, as pad_m: M = 36 through a 36-row descriptor ran
+        # 10% slower than M = 40 or 48 on an H200 (run 21)
+        a16 = torch.zeros((-(-rows // 16) * 16, a.shape[1]), dtype=torch.float16, device=a.device)
+        a16[:rows] = a[start : start + rows]
         a_desc = TensorDescriptor.from_tensor(a16, [bm, cfg.bk])
         args = (a_desc, w_desc, scale, out[start:], rows, n, a.shape[1], out.stride(0))
         meta = dict(BN=cfg.bn, BK=cfg.bk, BM=bm, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -80,6 +80,15 @@ def test_search_space_follows_eligibility_shape_and_m():
     assert {c.pad_m for c in w16_48 if not c.tma} == {1}  # an entry at a multiple of 16 serves
     # the M below it; copy-engine (tma) loads need no padding, and come in from M > 16
     assert tma_48 and all(c.num_warps == 4 for c in tma_48)
+    assert {c.tma for c in tma_48} == {1, 2}  # 48 rows: one tile of 64, or 32 + 16
+    w16_64 = search.candidates(64, "full", fams, 232448)
+    assert {c.tma for c in w16_64 if isinstance(c, C.W8A16Config)} == {0, 1}  # one tile only
+    w16_80 = search.candidates(80, "full", fams, 232448)
+    assert {c.tma for c in w16_80 if isinstance(c, C.W8A16Config)} == {0, 1, 2}
+    assert C.W8A16Config(tma=2).tiles(72) == (64, 16) and C.W8A16Config(tma=1).tiles(72) == (
+        128,
+        0,
+    )
     w16_16 = search.candidates(16, "full", fams, 232448)
     assert not any(getattr(c, "tma", 0) for c in w16_16)
     assert len(search.candidates(40, "quick", fams, 232448)) < len(at40)

@@ -98,14 +98,14 @@ class W8A16Config(_Config):
     single_tile: int = 0  # 1: one padded M tile instead of two
     clamp_m: int = 0  # 1: rows past M read row M-1 (no load mask); lost, kept for the record
     pad_m: int = 0  # 1: launch on rows padded with zeros to a multiple of 16 (see w8a16.py)
-    tma: int = 0  # 1: tiles loaded by the copy engine (SM >= 9.0), one M tile (see w8a16.py)
+    tma: int = 0  # tiles loaded by the copy engine (SM >= 9.0): 1 one M tile, 2 up to two
 
     def numerics(self) -> ActNumerics:
         return W8A16
 
     def tiles(self, m: int) -> tuple[int, int]:
-        if self.tma:  # one power-of-two tile; the copy engine zero-fills the rows past M
-            return m_tiles(min(m, MAX_M_PER_LAUNCH), True)
+        if self.tma:  # the copy engine zero-fills the rows past M (launched padded to 16)
+            return m_tiles(min(-(-m // 16) * 16, MAX_M_PER_LAUNCH), self.tma == 1)
         return super().tiles(m)
 
 

@@ -62,8 +62,10 @@ def w8a16_grid(m: int, grid: str) -> list[W8A16Config]:
     # copy-engine loads, 4 warps (warpgroup MMA on Hopper): 10-15% faster than the masked
     # loads at M = 48-96 (run 20); (BN, BK, stages)
     tma = [(64, 128, 3), (128, 64, 4), (128, 128, 3), (64, 128, 4), (128, 64, 5)] if m > 16 else []
+    # and with two M tiles (64 + 16 rows rather than one of 128, as the masked kernel)
+    tma2 = [(64, 128, 3), (128, 64, 4), (64, 128, 4)] if W8A16Config(tma=2).tiles(m)[1] else []
     if grid == "quick":
-        shapes, bks, stages, tma = shapes[:2], bks[:1], stages[:1], tma[:2]
+        shapes, bks, stages, tma, tma2 = shapes[:2], bks[:1], stages[:1], tma[:2], tma2[:1]
     return [
         W8A16Config(bn, bk, nw, ns, pre_a=pre, pad_m=pad)
         for bn, nw in shapes
@@ -71,7 +73,7 @@ def w8a16_grid(m: int, grid: str) -> list[W8A16Config]:
         for pre in pres
         for ns in stages
         for pad in pads
-    ] + [W8A16Config(bn, bk, 4, ns, tma=1) for bn, bk, ns in tma]
+    ] + [W8A16Config(bn, bk, 4, ns, tma=t) for t, g in ((1, tma), (2, tma2)) for bn, bk, ns in g]
 
 
 def w8a8_grid(m: int, grid: str, terms: int, group: int) -> list[W8A8Config]:

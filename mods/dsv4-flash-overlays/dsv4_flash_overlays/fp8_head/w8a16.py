@@ -18,8 +18,9 @@ as 48 rows. ``clamp_m``: rows past M read row M-1 instead of a masked load; it d
 (those rows all hit one activation row in L2) and is kept only to reproduce that run.
 
 ``tma``: the same product with the weight and activation tiles loaded by the copy engine
-(Hopper's TMA, through host tensor descriptors) into one power-of-two M tile; the engine
-zero-fills rows past M and N, so nothing is masked or padded. With 4 warps it ran 10-15%
+(Hopper's TMA, through host tensor descriptors) into one power-of-two M tile (``tma=1``) or
+two (``tma=2``, as ``m_tiles``); the engine zero-fills rows past M and N, so nothing is
+masked. With 4 warps it ran 10-15%
 faster than the masked loads at M = 48-96 on an H200 (lab notes, run 20).
 """
 
@@ -120,6 +121,7 @@ if HAVE_TRITON:
     @triton.jit
     def _w8a16_tma_kernel(
         a_desc,
+        a2_desc,
         w_desc,
         s_ptr,
         y_ptr,
@@ -130,22 +132,33 @@ if HAVE_TRITON:
         BN: tl.constexpr,
         BK: tl.constexpr,
         BM: tl.constexpr,
+        BM2: tl.constexpr,
     ):
         """y[m, n] = s[n] * sum_k a[m, k] * w[n, k]; one program = BN rows of W x all M
-        (one BM tile; rows past M and N arrive as zeros from the copy engine)."""
+        (a BM tile, and with BM2 > 0 a second one of BM2 rows after it; rows past M and N
+        arrive as zeros from the copy engine)."""
         pid = tl.program_id(0)
         n0 = pid * BN
         acc = tl.zeros((BN, BM), dtype=tl.float32)
+        if BM2 > 0:
+            acc2 = tl.zeros((BN, BM2), dtype=tl.float32)
         for k in range(0, K, BK):
             wv = w_desc.load([n0, k]).to(tl.float16)
-            av = a_desc.load([0, k])
-            acc = tl.dot(wv, tl.trans(av), acc)
+            acc = tl.dot(wv, tl.trans(a_desc.load([0, k])), acc)
+            if BM2 > 0:
+                acc2 = tl.dot(wv, tl.trans(a2_desc.load([BM, k])), acc2)
         offs_n = n0 + tl.arange(0, BN)
-        offs_m = tl.arange(0, BM)
         s = tl.load(s_ptr + tl.minimum(offs_n, N - 1))
+        n_ok = offs_n[:, None] < N
+        offs_m = tl.arange(0, BM)
         y = (acc * s[:, None]).to(y_ptr.dtype.element_ty)
-        ok = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+        ok = n_ok & (offs_m[None, :] < M)
         tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y, mask=ok)
+        if BM2 > 0:
+            offs_m2 = BM + tl.arange(0, BM2)
+            y2 = (acc2 * s[:, None]).to(y_ptr.dtype.element_ty)
+            ok2 = n_ok & (offs_m2[None, :] < M)
+            tl.store(y_ptr + offs_m2[None, :] * stride_ym + offs_n[:, None], y2, mask=ok2)
 
 
 def _tma_matmul(
@@ -158,7 +171,7 @@ def _tma_matmul(
 ) -> Any:
     """The ``tma`` variant: fp16 activations (widened once, as ``pre_a``, into a buffer of
     zero rows up to a multiple of 16) and the e4m3 weights through tensor descriptors;
-    launches of at most 256 rows, one M tile each."""
+    launches of at most 256 rows, one M tile (``tma=1``) or up to two (``tma=2``) each."""
     if TensorDescriptor is None:
         raise RuntimeError("tma configs need Triton's host tensor descriptors (Triton >= 3.4)")
     m, n = a.shape[0], q.shape[0]
@@ -166,14 +179,16 @@ def _tma_matmul(
     grid = (triton.cdiv(n, cfg.bn),)
     for start in range(0, m, MAX_M_PER_LAUNCH):
         rows = min(MAX_M_PER_LAUNCH, m - start)
-        bm, _ = cfg.tiles(rows)
+        bm, bm2 = cfg.tiles(rows)
         # zero rows up to a multiple of 16, as pad_m: M = 36 through a 36-row descriptor ran
         # 10% slower than M = 40 or 48 on an H200 (run 21)
         a16 = torch.zeros((-(-rows // 16) * 16, a.shape[1]), dtype=torch.float16, device=a.device)
         a16[:rows] = a[start : start + rows]
         a_desc = TensorDescriptor.from_tensor(a16, [bm, cfg.bk])
-        args = (a_desc, w_desc, scale, out[start:], rows, n, a.shape[1], out.stride(0))
-        meta = dict(BN=cfg.bn, BK=cfg.bk, BM=bm, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        a2_desc = TensorDescriptor.from_tensor(a16, [bm2, cfg.bk]) if bm2 else a_desc
+        args = (a_desc, a2_desc, w_desc, scale, out[start:], rows, n, a.shape[1], out.stride(0))
+        meta = dict(BN=cfg.bn, BK=cfg.bk, BM=bm, BM2=bm2, num_warps=cfg.num_warps)
+        meta["num_stages"] = cfg.num_stages
         if compile_only:
             return _w8a16_tma_kernel.warmup(*args, grid=grid, **meta)
         _w8a16_tma_kernel[grid](*args, **meta)

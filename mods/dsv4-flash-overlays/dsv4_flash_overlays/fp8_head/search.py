@@ -61,9 +61,15 @@ def w8a16_grid(m: int, grid: str) -> list[W8A16Config]:
     pads = (0, 1) if m % 16 else (1,)
     # copy-engine loads, 4 warps (warpgroup MMA on Hopper): 10-15% faster than the masked
     # loads at M = 48-96 (run 20); (BN, BK, stages)
-    tma = [(64, 128, 3), (128, 64, 4), (128, 128, 3), (64, 128, 4), (128, 64, 5)] if m > 16 else []
-    # and with two M tiles (64 + 16 rows rather than one of 128, as the masked kernel)
-    tma2 = [(64, 128, 3), (128, 64, 4), (64, 128, 4)] if W8A16Config(tma=2).tiles(m)[1] else []
+    # (BN, BK, stages, warps)
+    tma = [(64, 128, 3, 4), (128, 64, 4, 4), (128, 128, 3, 4), (64, 128, 4, 4), (128, 64, 5, 4)]
+    tma += [(64, 256, 3, 4), (128, 128, 3, 8)]
+    tma = tma if m > 16 else []
+    # and with two M tiles (64 + 16 rows rather than one of 128, as the masked kernel); BN 64
+    # won there in run 23, so more of its K steps and depths
+    tma2 = [(64, 128, 3, 4), (128, 64, 4, 4), (64, 128, 4, 4), (64, 256, 2, 4), (64, 256, 3, 4)]
+    tma2 += [(64, 64, 5, 4), (64, 64, 6, 4), (128, 128, 3, 8)]
+    tma2 = tma2 if W8A16Config(tma=2).tiles(m)[1] else []
     if grid == "quick":
         shapes, bks, stages, tma, tma2 = shapes[:2], bks[:1], stages[:1], tma[:2], tma2[:1]
     return [
@@ -73,7 +79,9 @@ def w8a16_grid(m: int, grid: str) -> list[W8A16Config]:
         for pre in pres
         for ns in stages
         for pad in pads
-    ] + [W8A16Config(bn, bk, 4, ns, tma=t) for t, g in ((1, tma), (2, tma2)) for bn, bk, ns in g]
+    ] + [
+        W8A16Config(bn, bk, nw, ns, tma=t) for t, g in ((1, tma), (2, tma2)) for bn, bk, ns, nw in g
+    ]
 
 
 def w8a8_grid(m: int, grid: str, terms: int, group: int) -> list[W8A8Config]:

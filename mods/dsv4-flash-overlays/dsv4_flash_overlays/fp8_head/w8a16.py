@@ -195,6 +195,44 @@ def _tma_matmul(
     return out
 
 
+def launch_row_chunks(
+    kernel: Any,
+    a: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    out: torch.Tensor,
+    cfg: Any,
+    const: dict[str, Any],
+    compile_only: bool,
+) -> Any:
+    """Launch a masked-load kernel (W8A16 or W8A8: same pointer arguments) over chunks of
+    at most 256 rows, each in one or two M tiles; ``const`` adds the kernel's own
+    constexprs. With ``compile_only`` the first chunk's kernel is compiled, not launched."""
+    m, n = a.shape[0], q.shape[0]
+    grid = (triton.cdiv(n, cfg.bn),)
+    for start in range(0, m, MAX_M_PER_LAUNCH):
+        rows = min(MAX_M_PER_LAUNCH, m - start)
+        bm1, bm2 = m_tiles(rows, bool(cfg.single_tile))
+        args = (
+            a[start:],
+            q,
+            scale,
+            out[start:],
+            rows,
+            n,
+            a.shape[1],
+            a.stride(0),
+            q.stride(0),
+            out.stride(0),
+        )
+        meta = dict(BN=cfg.bn, BK=cfg.bk, BM1=bm1, BM2=bm2, **const)
+        meta.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        if compile_only:  # compile (or load from Triton's cache), do not launch
+            return kernel.warmup(*args, grid=grid, **meta)
+        kernel[grid](*args, **meta)
+    return out
+
+
 def check_operands(a: torch.Tensor, q: torch.Tensor, bk: int) -> None:
     """Shapes and strides both kernels rely on; the message names the mismatch."""
     if not HAVE_TRITON:
@@ -241,32 +279,6 @@ def w8a16_matmul(
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if cfg.pre_a:
         a = a.to(torch.float16)
-    grid = (triton.cdiv(n, cfg.bn),)
-    for start in range(0, m, MAX_M_PER_LAUNCH):
-        rows = min(MAX_M_PER_LAUNCH, m - start)
-        bm1, bm2 = m_tiles(rows, bool(cfg.single_tile))
-        args = (
-            a[start:],
-            q,
-            scale,
-            out[start:],
-            rows,
-            n,
-            a.shape[1],
-            a.stride(0),
-            q.stride(0),
-            out.stride(0),
-        )
-        meta = dict(
-            BN=cfg.bn,
-            BK=cfg.bk,
-            BM1=bm1,
-            BM2=bm2,
-            CLAMP_M=bool(cfg.clamp_m),
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-        if compile_only:  # compile (or load from Triton's cache), do not launch
-            return _w8a16_kernel.warmup(*args, grid=grid, **meta)
-        _w8a16_kernel[grid](*args, **meta)
-    return out
+    return launch_row_chunks(
+        _w8a16_kernel, a, q, scale, out, cfg, {"CLAMP_M": bool(cfg.clamp_m)}, compile_only
+    )

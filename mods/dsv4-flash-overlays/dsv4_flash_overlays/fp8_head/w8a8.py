@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from .configs import MAX_M_PER_LAUNCH, W8A8Config, m_tiles
+from .configs import W8A8Config
 from .quant import GROUP_K
-from .w8a16 import HAVE_TRITON, check_operands
+from .w8a16 import HAVE_TRITON, check_operands, launch_row_chunks
 
 if HAVE_TRITON:
     import triton
@@ -156,34 +156,5 @@ def w8a8_matmul(
     m, n = a.shape[0], q.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    grid = (triton.cdiv(n, cfg.bn),)
-    for start in range(0, m, MAX_M_PER_LAUNCH):
-        rows = min(MAX_M_PER_LAUNCH, m - start)
-        bm1, bm2 = m_tiles(rows, bool(cfg.single_tile))
-        args = (
-            a[start:],
-            q,
-            scale,
-            out[start:],
-            rows,
-            n,
-            a.shape[1],
-            a.stride(0),
-            q.stride(0),
-            out.stride(0),
-        )
-        meta = dict(
-            BN=cfg.bn,
-            BK=cfg.bk,
-            BM1=bm1,
-            BM2=bm2,
-            TERMS=cfg.terms,
-            GROUP=bool(cfg.group),
-            PROMOTE=min(cfg.promote, cfg.bk),
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
-        if compile_only:  # compile (or load from Triton's cache), do not launch
-            return _w8a8_kernel.warmup(*args, grid=grid, **meta)
-        _w8a8_kernel[grid](*args, **meta)
-    return out
+    const = dict(TERMS=cfg.terms, GROUP=bool(cfg.group), PROMOTE=min(cfg.promote, cfg.bk))
+    return launch_row_chunks(_w8a8_kernel, a, q, scale, out, cfg, const, compile_only)

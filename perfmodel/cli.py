@@ -13,6 +13,7 @@ import math
 import sys
 from dataclasses import replace
 
+from pairctl.argtypes import non_negative_int, positive_float, positive_int
 from perfmodel import budget as B
 from perfmodel import report
 
@@ -27,10 +28,6 @@ def _number(text: str, what: str, ok) -> float:
     return value
 
 
-def _positive(text: str) -> float:
-    return _number(text, "a number > 0", lambda v: v > 0)
-
-
 def _non_negative(text: str) -> float:
     return _number(text, "a number >= 0", lambda v: v >= 0)
 
@@ -39,28 +36,8 @@ def _fraction(text: str) -> float:
     return _number(text, "a fraction in (0, 1]", lambda v: 0 < v <= 1)
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
-    return value
-
-
 def _trials(text: str) -> int:
-    value = _seed(text)
+    value = non_negative_int(text)
     if value == 1:
         raise argparse.ArgumentTypeError("must be 0 (skip the simulation) or >= 2, got '1'")
     return value
@@ -96,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--bw-gbs",
-        type=_positive,
+        type=positive_float,
         default=235.0,
         help="LPDDR5X bandwidth per GB10 in GB/s (seed: ~235; spec peak 273)",
     )
@@ -108,11 +85,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "Changes the MoE time only with --routing uniform; in calibrated mode "
         "the seed's 30 ms is kept and this changes the fitted locality rho",
     )
-    p.add_argument("--link-gbps", type=_positive, default=200.0, help="RoCE rail speed, Gb/s")
-    p.add_argument("--rails", type=_count, default=2, help="RoCE rails in use (one port per card)")
+    p.add_argument("--link-gbps", type=positive_float, default=200.0, help="RoCE rail speed, Gb/s")
+    p.add_argument(
+        "--rails", type=positive_int, default=2, help="RoCE rails in use (one port per card)"
+    )
     p.add_argument(
         "--gamma",
-        type=_count,
+        type=positive_int,
         default=5,
         help="draft tokens per step (DSpark block size; the checkpoint has 5)",
     )
@@ -132,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--tree-width",
-        type=_count,
+        type=positive_int,
         default=2,
         help="width of the tree compared against the chain (verifies width*(gamma+1) tokens)",
     )
@@ -143,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         dest="paging_m",
         help="verified-token counts M for the expert-paging table",
     )
-    p.add_argument("--max-num-seqs", type=_count, default=24, help="vLLM --max-num-seqs")
+    p.add_argument("--max-num-seqs", type=positive_int, default=24, help="vLLM --max-num-seqs")
     p.add_argument(
         "--per-seq-ms",
         type=_non_negative,
@@ -170,7 +149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2000,
         help="Monte-Carlo trials per M (0 = skip the simulation)",
     )
-    p.add_argument("--mc-seed", type=_seed, default=0, help="Monte-Carlo RNG seed (>= 0)")
+    p.add_argument(
+        "--mc-seed", type=non_negative_int, default=0, help="Monte-Carlo RNG seed (>= 0)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     a = p.parse_args(argv)
     if len(a.accept) not in (1, a.gamma):

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# the launcher tests' fake-pair fixtures (endpoint, pair, dead_pair)
+pytest_plugins = ["tests.fakes.fakepair"]
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

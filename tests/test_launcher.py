@@ -12,28 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.fakes.fakepair import FAKES, LAUNCHER, REPO, SECRET, Env, free_port, pair_endpoint
-
-
-@pytest.fixture()
-def endpoint():
-    with pair_endpoint() as srv:
-        yield srv.port
-
-
-@pytest.fixture()
-def pair(tmp_path: Path, endpoint: int) -> Env:
-    return Env(tmp_path, endpoint)
-
-
-@pytest.fixture()
-def dead_pair(tmp_path: Path) -> Env:
-    """A pair whose endpoint never answers (nothing listens on its port)."""
-    return Env(tmp_path, free_port())
+from tests.fakes.fakepair import FAKES, LAUNCHER, REPO, SECRET, Env
 
 
 def test_help_and_bad_args(pair: Env) -> None:

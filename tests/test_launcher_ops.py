@@ -16,26 +16,9 @@ from pathlib import Path
 import pytest
 
 from pairctl.preflight import CHECKS, Need
-from tests.fakes.fakepair import FAKES, LAUNCHER, Env, free_port, pair_endpoint
+from tests.fakes.fakepair import FAKES, LAUNCHER, Env, free_port
 
 EXIT_RUNTIME, EXIT_USAGE, EXIT_PREFLIGHT, EXIT_DEGRADED, EXIT_DOWN = 1, 2, 3, 7, 8
-
-
-@pytest.fixture()
-def endpoint():
-    with pair_endpoint() as srv:
-        yield srv.port
-
-
-@pytest.fixture()
-def pair(tmp_path: Path, endpoint: int) -> Env:
-    return Env(tmp_path, endpoint)
-
-
-@pytest.fixture()
-def dead_pair(tmp_path: Path) -> Env:
-    """A pair whose endpoint never answers (nothing listens on its port)."""
-    return Env(tmp_path, free_port())
 
 
 def touched_nothing(pair: Env) -> bool:

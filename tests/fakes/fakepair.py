@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pairctl.argcheck import MARK as ARGCHECK_MARK
 from tests.fakes.mock_openai import MockConfig, MockServer
 
@@ -177,3 +179,22 @@ class Env:
         )
         assert SECRET not in p.stdout + p.stderr, "secret leaked into launcher output"
         return p
+
+
+# Fixtures of the launcher tests (tests/test_launcher.py, tests/test_launcher_ops.py);
+# tests/conftest.py registers this module as a plugin, so both get the same ones.
+@pytest.fixture()
+def endpoint():
+    with pair_endpoint() as srv:
+        yield srv.port
+
+
+@pytest.fixture()
+def pair(tmp_path: Path, endpoint: int) -> Env:
+    return Env(tmp_path, endpoint)
+
+
+@pytest.fixture()
+def dead_pair(tmp_path: Path) -> Env:
+    """A pair whose endpoint never answers (nothing listens on its port)."""
+    return Env(tmp_path, free_port())

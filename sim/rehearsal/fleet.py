@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -39,6 +38,7 @@ from sim.rehearsal.rehearse import (
     _raise_interrupt,
     run_steps,
     say,
+    stream_on_host,
 )
 
 SESSIONS = [f"conv-{i}" for i in range(6)]
@@ -47,13 +47,7 @@ SESSIONS = [f"conv-{i}" for i in range(6)]
 def fleet_cmd(fh: fleet_env.FleetHosts, *args: str, timeout: float = 600) -> int:
     """Run `launch/dspark_launch.sh fleet ARGS` on the router host, output streaming."""
     argv = [str(LAUNCHER), "fleet", *args[:1], "--inventory", str(fh.inventory), *args[1:]]
-    say("host 5 $ " + " ".join(argv))
-    proc = fh.router.popen(argv, env={"PYTHONUNBUFFERED": "1"}, cwd=str(REPO))
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise StepFailed(f"fleet {args[0]} did not finish within {timeout:.0f} s") from None
+    return stream_on_host(fh.router, "host 5", argv, REPO, timeout, f"fleet {args[0]}")
 
 
 def fleet_ok(fh: fleet_env.FleetHosts, *args: str, timeout: float = 600) -> None:

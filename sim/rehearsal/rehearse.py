@@ -72,15 +72,23 @@ def run_steps(pair: hosts.Pair, steps: Callable[[], bool]) -> int:
             provision.teardown(pair, say)
 
 
-def on_host1(pair: hosts.Pair, argv: list[str], timeout: float) -> int:
-    """Run argv on host 1 with output streaming to our terminal; returns its status."""
-    say("host 1 $ " + shlex.join(argv))
-    proc = pair.h1.popen(argv, env={"PYTHONUNBUFFERED": "1"}, cwd=str(REPO / "launch"))
+def stream_on_host(
+    host: hosts.Host, label: str, argv: list[str], cwd: Path, timeout: float, what: str
+) -> int:
+    """Run argv on a test host with output streaming to our terminal; returns its status.
+    Past ``timeout`` it is killed and the step fails, naming ``what``."""
+    say(f"{label} $ " + shlex.join(argv))
+    proc = host.popen(argv, env={"PYTHONUNBUFFERED": "1"}, cwd=str(cwd))
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise StepFailed(f"{argv[0]} did not finish within {timeout:.0f} s") from None
+        raise StepFailed(f"{what} did not finish within {timeout:.0f} s") from None
+
+
+def on_host1(pair: hosts.Pair, argv: list[str], timeout: float) -> int:
+    """Run argv on host 1 (from launch/); returns its status."""
+    return stream_on_host(pair.h1, "host 1", argv, REPO / "launch", timeout, argv[0])
 
 
 def launcher(pair: hosts.Pair, *args: str, timeout: float = 900) -> None:

@@ -36,6 +36,7 @@ from sim.rehearsal.rehearse import (
     REPO,
     StepFailed,
     _raise_interrupt,
+    nothing_left_on,
     run_steps,
     say,
     stream_on_host,
@@ -143,15 +144,7 @@ def come_back(fh: fleet_env.FleetHosts, rep: failover.Report) -> None:
 
 
 def check_nothing_left(fh: fleet_env.FleetHosts) -> None:
-    for host in fh.pair.hosts:
-        ps = host.docker("ps", "-a", "-q")
-        procs = host.process_cmdlines()
-        if ps.stdout.strip() or procs:
-            raise StepFailed(
-                f"after fleet down, {host.name} still has containers {ps.stdout.split()} / "
-                f"processes {procs}"
-            )
-    say("after fleet down: no containers and no processes left on any of the five hosts")
+    nothing_left_on(fh.pair.hosts, "fleet down", "any of the five hosts")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -116,16 +116,21 @@ def send_chat(pair: hosts.Pair) -> None:
         raise StepFailed("the endpoint streamed no text")
 
 
-def check_nothing_left(pair: hosts.Pair) -> None:
-    for host in pair.hosts:
+def nothing_left_on(test_hosts: list[hosts.Host], step: str, where: str) -> None:
+    """After ``step``, no container and no process of ours may remain on any test host."""
+    for host in test_hosts:
         ps = host.docker("ps", "-a", "-q")
         procs = host.process_cmdlines()
         if ps.stdout.strip() or procs:
             raise StepFailed(
-                f"after down, {host.name} still has containers "
+                f"after {step}, {host.name} still has containers "
                 f"{ps.stdout.split()} / processes {procs}"
             )
-    say("after down: no containers and no processes left on either host")
+    say(f"after {step}: no containers and no processes left on {where}")
+
+
+def check_nothing_left(pair: hosts.Pair) -> None:
+    nothing_left_on(pair.hosts, "down", "either host")
 
 
 def print_poke_help(pair: hosts.Pair) -> None:

@@ -6,6 +6,7 @@ The measurements these rules ran on are recorded in bench/results/fp8_head/ (H20
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 import torch
@@ -102,6 +103,30 @@ def test_cliffs_flag_drops_over_ten_percent_between_tuned_m():
         {"n": 2, "m": 1, "speedup": 1.0},
     ]
     assert tune.cliffs(rows) == ["N=1: M 40 -> 48: 1.75x -> 1.50x"]
+
+
+def test_tune_shapes_seeds_later_shapes_only_when_asked(monkeypatch):
+    calls = []
+
+    def fake_tune_shape(n, k, ms, grid, eligible, limit, reps, deadline, workers, seeds, *rest):
+        calls.append((n, k, seeds, rest))
+        row = {"m": ms[0], "timings": [_t("w8a16", 80.0 + n % 7)]}
+        return {str(ms[0]): "bf16"}, [row], {}
+
+    monkeypatch.setattr(tune, "tune_shape", fake_tune_shape)
+    args = types.SimpleNamespace(
+        n=[129280, 64640], m=[40], grid="full", reps=3, workers=0, w8a8_grid=None
+    )
+    seen = []
+    entries, rows = tune.tune_shapes(
+        "GPU", args, 4096, {"w8a16"}, 1, 0.0, True, on_shape=lambda e, r: seen.append(len(r))
+    )
+    assert list(entries) == [C.config_key("GPU", n, 4096) for n in args.n] and len(rows) == 2
+    assert calls[0][2] is None and calls[1][2] == {40: [C.W8A16Config(64)]}  # seeded
+    assert calls[0][3] == (False, "") and seen == [1, 2]
+    calls.clear()
+    tune.tune_shapes("GPU", args, 4096, {"w8a16"}, 1, 0.0, False)
+    assert [c[2] for c in calls] == [None, None]  # every shape gets the full search
 
 
 def test_top_candidates_keep_the_best_per_family():

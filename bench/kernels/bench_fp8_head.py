@@ -313,26 +313,15 @@ def main(argv: list[str] | None = None) -> int:
         save()
         limit = info["smem_per_block_optin"]
         deadline = time.time() + args.budget_s
-        entries, rows = {}, []
-        for n in args.n:
-            entry, r, _ = T.tune_shape(
-                n,
-                K,
-                args.m,
-                args.grid,
-                eligible,
-                limit,
-                args.reps,
-                deadline,
-                args.workers,
-                None,  # every shape gets the full search (the shard is what deploys)
-                args.explore,
-                args.w8a8_grid or "",
-            )
-            entries[C.config_key(info["device"], n, K)] = entry
-            rows += r
+
+        def progress(_entries: dict, rows: list) -> None:
             result["tune_rows"] = rows
             save()
+
+        # every shape gets the full search (the shard is what deploys)
+        entries, rows = T.tune_shapes(
+            info["device"], args, K, eligible, limit, deadline, False, on_shape=progress
+        )
         meta = {k: {**info, "accuracy": acc, "command": result["command"]} for k in entries}
         C.merge_into_file(args.configs_out, entries, meta)
         result["table"] = entries

@@ -179,6 +179,49 @@ def choose(
     return BF16, t_bf16
 
 
+def tune_shapes(
+    device: str,
+    args: Any,
+    k: int,
+    eligible: set[str],
+    limit: int,
+    deadline: float,
+    seed_later_shapes: bool,
+    on_shape: Any = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Tune every N of ``args.n`` at K = ``k`` (``m``, ``grid``, ``reps``, ``workers``,
+    ``w8a8_grid`` and ``explore`` as the CLI flags); returns ({table key: entry}, rows).
+
+    ``seed_later_shapes``: shapes after the first time only the first one's best candidates
+    per M (the on-Spark command, where time is the operator's); otherwise each gets the full
+    search. ``on_shape(entries, rows)`` runs after each shape (e.g. to save progress)."""
+    entries: dict[str, Any] = {}
+    all_rows: list[dict[str, Any]] = []
+    seeds = None
+    for n in args.n:
+        entry, rows, _ = tune_shape(
+            n,
+            k,
+            args.m,
+            args.grid,
+            eligible,
+            limit,
+            args.reps,
+            deadline,
+            args.workers,
+            seeds,
+            getattr(args, "explore", False),
+            args.w8a8_grid or "",
+        )
+        if seed_later_shapes:
+            seeds = seeds or top_candidates(rows)
+        entries[config_key(device, n, k)] = entry
+        all_rows += rows
+        if on_shape:
+            on_shape(entries, all_rows)
+    return entries, all_rows
+
+
 def tune_shape(
     n: int,
     k: int,
@@ -303,24 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         for f, r in acc.items():
             print(f"accuracy {f}: {r.get('agreement', r.get('error'))} eligible={r['eligible']}")
     deadline = time.time() + args.budget_s
-    entries, all_rows, seeds = {}, [], None
-    for n in args.n:
-        entry, rows, _ = tune_shape(
-            n,
-            args.k,
-            args.m,
-            args.grid,
-            eligible,
-            limit,
-            args.reps,
-            deadline,
-            args.workers,
-            seeds,
-            w8a8_grid=args.w8a8_grid or "",
-        )
-        seeds = seeds or top_candidates(rows)
-        entries[config_key(info["device"], n, args.k)] = entry
-        all_rows += rows
+    entries, all_rows = tune_shapes(
+        info["device"], args, args.k, eligible, limit, deadline, seed_later_shapes=True
+    )
     meta = {key: {**info, "accuracy": acc, "command": " ".join(sys.argv)} for key in entries}
     merge_into_file(args.out, entries, meta)
     if args.json:

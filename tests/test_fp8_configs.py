@@ -2,7 +2,7 @@
 
 The shared-memory estimate is checked against what Triton actually compiled: offline for
 sm_90 and sm_121 (bench/kernels/fp8_smem_probe.py) and on an H200 during the recorded
-tuning run (bench/results/fp8_head/fp8_head_run24_bench.json).
+tuning runs (bench/results/fp8_head/fp8_head_run*_bench.json; the shipped table is run 30's).
 """
 
 from __future__ import annotations
@@ -27,15 +27,23 @@ H200 = C.SMEM_LIMIT_BY_SM[(9, 0)]
 def _compiled_records() -> list[tuple[C.W8A16Config | C.W8A8Config, int, int, str]]:
     """(config, M, shared bytes Triton compiled, where) from the recorded runs."""
     out = []
-    probe = json.loads((RESULTS / "fp8_smem_probe_triton38.json").read_text())
-    for r in probe["rows"]:
-        if "shared" in r:
-            out.append((C.parse_choice(r["cfg"]), r["m"], r["shared"], f"sm_{r['sm']} offline"))
+    for probe_name in ("fp8_smem_probe_triton38.json", "fp8_smem_probe_once_triton38.json"):
+        probe = json.loads((RESULTS / probe_name).read_text())
+        for r in probe["rows"]:
+            if "shared" in r:
+                cfg = C.parse_choice(r["cfg"])
+                out.append((cfg, r["m"], r["shared"], f"sm_{r['sm']} offline"))
     for name in (
         "fp8_head_run15_bench.json",
         "fp8_head_run21_bench.json",
         "fp8_head_run23_bench.json",
         "fp8_head_run24_bench.json",
+        "fp8_head_run25_bench.json",
+        "fp8_head_run26_bench.json",
+        "fp8_head_run27_explore.json",
+        "fp8_head_run28_explore.json",
+        "fp8_head_run29_large_m.json",
+        "fp8_head_run30_bench.json",
     ):
         run = json.loads((RESULTS / name).read_text())
         for row in run["tune_rows"]:
@@ -51,6 +59,8 @@ def test_smem_estimate_is_never_below_what_triton_compiled_and_not_vacuous():
     where = {w for *_, w in recs}
     assert {"sm_90 offline", "sm_121 offline", "H200 Triton 3.6"} <= where and len(recs) > 800
     assert sum(bool(getattr(cfg, "tma", 0)) for cfg, *_ in recs) > 100  # the copy-engine path
+    once = [(cfg, w) for cfg, _, _, w in recs if getattr(cfg, "once", 0)]  # quantized once
+    assert {w for _, w in once} == where and sum(c.fuse for c, _ in once) > 100
     ratios = []
     for cfg, m, shared, w in recs:
         est = C.smem_need(cfg, m)
@@ -120,6 +130,34 @@ def test_parse_choice_reads_both_schemas_and_refuses_what_no_kernel_has():
         C.parse_choice({**w8.as_dict(), "bk": 64})
     with pytest.raises(ValueError, match="neither"):
         C.parse_choice("fp4")
+    once = C.W8A8Config(128, 128, 8, 3, terms=2, once=1, tma=1, fuse=1)
+    assert C.parse_choice(once.as_dict()) == once
+    no_fuse = {k: v for k, v in once.as_dict().items() if k != "fuse"}  # run 25's entries
+    assert C.parse_choice(no_fuse) == C.W8A8Config(128, 128, 8, 3, terms=2, once=1, tma=1)
+    for bad, msg in (
+        ({"once": 0}, "variants of once=1 only"),
+        ({"fuse": 0, "once": 0}, "variants of once=1 only"),  # tma=1 alone
+        ({"terms": 1}, "fuse=1 needs terms=2"),
+        ({"group": 128}, "one activation scale per row"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            C.parse_choice({**once.as_dict(), **bad})
+
+
+def test_accuracy_family_follows_the_accumulation():
+    """Promotion every <= 128 elements is one family; both terms per promotion (fuse) and
+    none (promote=0) round differently, so each is measured as its own family."""
+    fam = C.family
+    assert fam(C.W8A8Config(terms=2)) == fam(C.W8A8Config(terms=2, promote=32)) == "w8a8-t2-row"
+    assert fam(C.W8A8Config(terms=2, once=1)) == "w8a8-t2-row"
+    assert fam(C.W8A8Config(bk=128, terms=2, once=1, fuse=1)) == "w8a8-t2-row-p256"
+    assert fam(C.W8A8Config(bk=64, terms=2, once=1, fuse=1)) == "w8a8-t2-row"  # 2 x 64
+    assert fam(C.W8A8Config(terms=2, once=1, promote=0)) == "w8a8-t2-row-fastacc"
+    assert fam(C.W8A8Config(terms=1, group=128, promote=0)) == "w8a8-t1-g128-fastacc"
+    assert C.W8A8Config(terms=2, once=1, promote=0).kernel_promote() == 0
+    reps = search.family_representatives()
+    assert {"w8a8-t2-row-p256", "w8a8-t2-row-fastacc", "w8a8-t1-row-fastacc"} <= set(reps)
+    assert all(C.family(c) == f for f, c in reps.items())
 
 
 def test_pick_nearest_tuned_m_at_or_above():
@@ -131,7 +169,7 @@ def test_pick_nearest_tuned_m_at_or_above():
 
 def test_shipped_table_is_the_recorded_run_and_only_uses_eligible_paths():
     data = json.loads(C.CONFIG_PATH.read_text())
-    run = json.loads((RESULTS / "fp8_head_run24_bench.json").read_text())
+    run = json.loads((RESULTS / "fp8_head_run30_bench.json").read_text())
     assert data["schema_version"] == C.SCHEMA_VERSION
     for n in (129280, 64640):
         key = C.config_key("NVIDIA H200", n, 4096)
@@ -140,6 +178,7 @@ def test_shipped_table_is_the_recorded_run_and_only_uses_eligible_paths():
         assert min(table) == 1 and max(table) >= 160
         ok = {f for f, r in data["meta"][key]["accuracy"].items() if r["eligible"]}
         assert "w8a8-t1-row" not in ok and "scaled_mm" not in ok  # measured 0.44 pp worse
+        assert "w8a8-t2-row-fastacc" not in ok  # no promotion: 0.44 pp worse (run 26)
         for m, choice in table.items():
             assert C.family(choice) in ok | {"bf16"}, (m, choice)
             assert C.fits(choice, m, H200)

@@ -170,7 +170,24 @@ PATHS = [
     F.ActNumerics(1, 128, 128),
     F.ActNumerics(2, 0, 128),
     F.ActNumerics(2, 128, 32),
+    F.ActNumerics(2, 0, 256),  # two terms per promotion (fuse=1, BK = 128)
+    F.ActNumerics(2, 0, Q.NO_PROMOTE),  # the tensor core's accumulator over all of K
 ]
+
+
+def test_accumulation_bound_grows_with_the_promotion_interval():
+    torch.manual_seed(4)
+    w = (torch.randn(300, 1024) * 0.04).bfloat16()
+    q, s = F.quantize_rowwise(w)
+    a = torch.randn(16, 1024).bfloat16()
+    bound = F.ErrorBound(w, q, s)
+    hard = [bound(a, F.ActNumerics(2, 0, p))[0] for p in (128, 256, Q.NO_PROMOTE)]
+    assert torch.all(hard[0] < hard[1]) and torch.all(hard[1] < hard[2])
+    # fp8 MMA truncation: 2^-13 per 32-deep step within a chunk, so the term is the sum of
+    # |a||w| times steps * 2^-13 (plus fp32 adds): 4, 8 and 32 steps at K = 1024
+    absdot = a.float().abs() @ (q.float() * s[:, None]).abs().t()
+    extra = (hard[2] - hard[0]).double()
+    assert torch.allclose(extra, absdot.double() * 28 * 2.0**-13, rtol=1e-3)
 
 
 @pytest.mark.parametrize("num", PATHS, ids=lambda n: f"{n.name}-p{n.promote}")
@@ -230,6 +247,12 @@ _INTERPRET_SCRIPT = textwrap.dedent(
                                           (77, 70, 128, 64, 4, 1), (131, 300, 64, 128, 2, 1),
                                           (130, 36, 64, 128, 3, 2), (77, 72, 128, 64, 4, 2),
                                           (131, 150, 64, 128, 2, 2))]
+    cases += [(n, m, W8(bn, bk, nw, 2, terms=t, once=1, tma=tma, fuse=fu, single_tile=st,
+                        promote=p))  # activations quantized once per launch (phase 1)
+              for n, m, bn, bk, nw, t, tma, fu, st, p in (
+                  (131, 1, 64, 128, 4, 2, 0, 1, 0, 128), (77, 20, 64, 128, 4, 2, 1, 1, 0, 128),
+                  (130, 40, 128, 128, 4, 2, 1, 1, 1, 128), (131, 72, 128, 64, 8, 2, 0, 0, 0, 128),
+                  (200, 150, 64, 128, 4, 1, 1, 0, 0, 0), (131, 300, 64, 128, 4, 2, 1, 1, 0, 128))]
     shipped = {}  # every distinct launch shape the shipped tables select
     for key in json.loads(F.CONFIG_PATH.read_text())["entries"]:
         name, n_full, _ = key.split("|")
@@ -273,7 +296,8 @@ def test_both_triton_kernels_under_interpreter_ragged_shapes():
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     rows = res["rows"]
-    assert res["shipped"] >= 5 and len(rows) == 6 + 7 + 16 + 7 + res["shipped"]
+    assert res["shipped"] >= 5 and len(rows) == 6 + 7 + 16 + 7 + 6 + res["shipped"]
+    assert sum(r[2].get("once", 0) for r in rows) > 6  # the shipped table uses it too
     for n, m, cfg, unwritten, rel in rows:
         assert unwritten == 0, (n, m, cfg)
         # fp32 output vs float64 of the exact operands the kernel quantized: what is left is
@@ -314,6 +338,9 @@ def test_eval_script_reports_every_path_on_a_real_safetensors_shard(tmp_path):
         "w8a8-t1-g128",
         "w8a8-t2-row",
         "w8a8-t2-g128",
+        "w8a8-t2-row-p256",  # both terms per promotion (fuse=1)
+        "w8a8-t1-row-fastacc",  # no promotion
+        "w8a8-t2-row-fastacc",
         "scaled_mm",
     }
     for fam, r in paths.items():

@@ -38,11 +38,17 @@ def test_w8a8_is_eligible_only_within_a_tenth_of_a_point_of_w8a16():
     )
 
 
-def test_recorded_h200_accuracy_follows_the_rule():
-    run = json.loads((RESULTS / "fp8_head_run24_bench.json").read_text())
+@pytest.mark.parametrize("name", ["run24_bench", "run26_bench", "run28_explore", "run30_bench"])
+def test_recorded_h200_accuracy_follows_the_rule(name):
+    run = json.loads((RESULTS / f"fp8_head_{name}.json").read_text())
     acc = run["accuracy"]
     assert {f: r["eligible"] for f, r in acc.items()} == tune.eligibility(acc)
     assert acc["w8a8-t2-row"]["eligible"] and not acc["w8a8-t1-row"]["eligible"]
+    if "w8a8-t2-row-fastacc" in acc:  # no promotion over K = 4096: not eligible on an H200
+        assert not acc["w8a8-t2-row-fastacc"]["eligible"]
+    if "w8a8-t2-row-p256" in acc:  # both terms per promotion (fuse=1): eligible
+        assert acc["w8a8-t2-row-p256"]["eligible"]
+        assert acc["w8a8-t2-row-p256"]["config"]["fuse"] == 1
 
 
 def _t(fam: str, us: float, choice: object = None) -> dict:
@@ -93,6 +99,26 @@ def test_search_space_follows_eligibility_shape_and_m():
     w16_16 = search.candidates(16, "full", fams, 232448)
     assert not any(getattr(c, "tma", 0) for c in w16_16)
     assert len(search.candidates(40, "quick", fams, 232448)) < len(at40)
+
+
+def test_quantize_once_search_covers_fused_single_tile_and_promotion_variants():
+    h200 = C.SMEM_LIMIT_BY_SM[(9, 0)]
+    fams = {"w8a16", "w8a8-t2-row", "w8a8-t2-row-p256"}
+    for m, split in ((20, False), (40, True), (64, False), (80, True), (128, False)):
+        once = [c for c in search.candidates(m, "full", fams, h200, w8a8_grid_name="quick")
+                if isinstance(c, C.W8A8Config) and c.once]  # fmt: skip
+        assert {C.family(c) for c in once} == {"w8a8-t2-row", "w8a8-t2-row-p256"}, m
+        assert any(c.fuse and c.tma for c in once) and any(not c.fuse for c in once)
+        assert any(c.single_tile for c in once) == split, m  # only where m_tiles splits M
+    assert not [c for c in search.candidates(16, "full", fams, h200) if getattr(c, "once", 0)]
+    # the fastacc family is timed only where it is eligible
+    fast = {"w8a16", "w8a8-t2-row-fastacc"}
+    once = [c for c in search.candidates(64, "full", fast, h200) if getattr(c, "once", 0)]
+    assert once and {c.promote for c in once} == {0}
+    # on GB10 a shrunk fused config changes family (2 x BK); eligibility is checked after
+    gb10 = C.SMEM_LIMIT_BY_SM[(12, 1)]
+    for c in search.candidates(144, "full", {"w8a16", "w8a8-t2-row-p256"}, gb10):
+        assert C.family(c) in {"w8a16", "w8a8-t2-row-p256"} and C.fits(c, 144, gb10)
 
 
 def test_cliffs_flag_drops_over_ten_percent_between_tuned_m():
@@ -155,6 +181,9 @@ def test_recorded_dispatch_never_picked_a_path_slower_than_bf16():
         "fp8_head_run22_dispatch.json",
         "fp8_head_run23_bench.json",
         "fp8_head_run24_bench.json",
+        "fp8_head_run25_bench.json",
+        "fp8_head_run26_bench.json",
+        "fp8_head_run30_bench.json",
     ):
         _check_dispatch(json.loads((RESULTS / name).read_text()))
 

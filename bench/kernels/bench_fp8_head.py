@@ -108,6 +108,11 @@ def check_configs() -> list[C.Choice]:
             out.append(C.W8A8Config(128, 128, 4, 3, terms=terms, group=group))
     out.append(C.W8A8Config(64, 128, 2, 3, terms=1, group=0, promote=32))
     out.append(C.W8A8Config(256, 128, 8, 3, terms=2, group=128))
+    out.append(C.W8A8Config(128, 128, 4, 3, terms=2, once=1))
+    out.append(C.W8A8Config(64, 128, 2, 3, terms=1, once=1, tma=1, promote=0))
+    out.append(C.W8A8Config(256, 128, 8, 3, terms=2, once=1, tma=1, promote=0, single_tile=1))
+    out.append(C.W8A8Config(128, 128, 8, 3, terms=2, once=1, tma=1, fuse=1))
+    out.append(C.W8A8Config(64, 128, 4, 3, terms=2, once=1, fuse=1, single_tile=1))
     return out
 
 

@@ -8,6 +8,8 @@ the weight; an fp8 copy halves the bytes. Modules:
 * ``quant``: quantizers, exact torch emulations and the per-path error bounds;
 * ``w8a16``: Triton kernel, fp8 weights x bf16 activations (fp16 MMA);
 * ``w8a8``: Triton kernel, fp8 weights x activations quantized in the kernel (fp8 MMA);
+* ``w8a8_once``: the same product with the activations quantized once per launch by
+  ticketed programs and shared through global memory (``W8A8Config(once=1)``);
 * ``configs``: kernel configs, their shared-memory need, the tuned table;
 * ``dispatch``: ``Fp8Head``, which picks per M among W8A16, W8A8, ``torch._scaled_mm``
   and bf16 cuBLAS from the tuned table;

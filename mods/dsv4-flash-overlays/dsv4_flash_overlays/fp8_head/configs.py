@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .quant import GROUP_K, W8A16, ActNumerics
+from .quant import GROUP_K, NO_PROMOTE, W8A16, ActNumerics
 
 CONFIG_PATH = Path(__file__).resolve().parent.parent / "fp8_configs.json"
 SCHEMA_VERSION = 2
@@ -117,10 +117,24 @@ class W8A8Config(_Config):
     terms: int = 1  # e4m3 terms per activation: 1, or 2 (hi + residual)
     group: int = 0  # 0: one activation scale per row; 128: per 1 x 128 block
     single_tile: int = 0
-    promote: int = 128  # fp8-MMA elements of K per exact fp32 promotion (Hopper)
+    promote: int = 128  # fp8-MMA elements of K per exact fp32 promotion (Hopper); 0: none
+    once: int = 0  # 1: activations quantized once per launch, shared by all programs
+    tma: int = 0  # with once=1: weight tiles loaded by the copy engine (SM >= 9.0)
+    fuse: int = 0  # with once=1, terms=2: both terms in one accumulator per K step
 
     def numerics(self) -> ActNumerics:
-        return ActNumerics(self.terms, self.group, min(self.promote, self.bk))
+        if self.fuse:  # 2 x BK fp8-MMA elements (both terms) per promotion
+            return ActNumerics(self.terms, self.group, 2 * self.bk)
+        return ActNumerics(self.terms, self.group, self.kernel_promote() or NO_PROMOTE)
+
+    def kernel_promote(self) -> int:
+        """The kernels' PROMOTE: K elements per promotion (<= BK), 0 for none."""
+        return min(self.promote, self.bk)
+
+    def tiles(self, m: int) -> tuple[int, int]:
+        if self.once:  # quantized rows padded with zero rows to a multiple of 16
+            return m_tiles(min(-(-m // 16) * 16, MAX_M_PER_LAUNCH), bool(self.single_tile))
+        return super().tiles(m)
 
 
 KernelConfig = W8A16Config  # the name earlier versions used
@@ -158,6 +172,12 @@ def parse_choice(obj: Any) -> Choice:
                 raise ValueError(f"{obj}: BK must be a power of two")
             if isinstance(cfg, W8A8Config) and cfg.group and cfg.bk != GROUP_K:
                 raise ValueError(f"{obj}: per-block activation scales need bk={GROUP_K}")
+            if isinstance(cfg, W8A8Config) and cfg.once and cfg.group:
+                raise ValueError(f"{obj}: once=1 has one activation scale per row (group 0)")
+            if isinstance(cfg, W8A8Config) and (cfg.tma or cfg.fuse) and not cfg.once:
+                raise ValueError(f"{obj}: tma=1 and fuse=1 are variants of once=1 only")
+            if isinstance(cfg, W8A8Config) and cfg.fuse and cfg.terms != 2:
+                raise ValueError(f"{obj}: fuse=1 needs terms=2")
             return cfg
     raise ValueError(f"table entry {obj} has unknown path {path!r} (w8a16, w8a8)")
 
@@ -196,6 +216,8 @@ def smem_need(cfg: W8A16Config | W8A8Config, m: int) -> int:
     bm1, bm2 = cfg.tiles(m)
     w_tile = cfg.bn * cfg.bk
     a_tiles = (bm1 + bm2) * cfg.bk * 2
+    if isinstance(cfg, W8A8Config) and cfg.once:  # e4m3 term(s) of the activations
+        return cfg.num_stages * (w_tile + cfg.terms * (bm1 + bm2) * cfg.bk) + 1024
     if getattr(cfg, "tma", 0):  # copy-engine loads: num_stages - 1 buffers + one more
         return cfg.num_stages * (w_tile + a_tiles)  # activation tile + barriers (~48 B)
     need = max(cfg.num_stages - 1, 1) * (w_tile + a_tiles)

@@ -37,6 +37,12 @@ QMAX = {1: 448.0, 2: 28.0}
 # report, arXiv 2412.19437, section 3.3.2); modelled as a 2^-13 relative truncation per
 # 32-deep MMA step, with exact fp32 promotion every ``promote`` elements of K.
 FP8_MMA_UNIT = 2.0**-13
+# ``promote`` of a path that never promotes: the tensor core's accumulator over all of K
+# (Triton's default for fp8 on SM 9.0, ``max_num_imprecise_acc`` = 2^30; a promotion
+# every K step makes ptxas serialize the warpgroup MMAs).
+NO_PROMOTE = 2**30
+# promotion intervals up to this share one accuracy family (see ``ActNumerics.name``)
+PROMOTE_FAMILY = 128
 _QUANT_CHUNK_ROWS = 4096
 
 
@@ -89,7 +95,12 @@ class ActNumerics:
     def name(self) -> str:
         if self.terms == 0:
             return "w8a16"
-        return f"w8a8-t{self.terms}-{'row' if self.group == 0 else f'g{self.group}'}"
+        name = f"w8a8-t{self.terms}-{'row' if self.group == 0 else f'g{self.group}'}"
+        # promotion every <= 128 elements (DeepSeek-V3's interval) is one family, checked at
+        # 128; a longer interval rounds differently, so it is checked on its own
+        if self.promote >= NO_PROMOTE:
+            return name + "-fastacc"
+        return name + (f"-p{self.promote}" if self.promote > PROMOTE_FAMILY else "")
 
 
 W8A16 = ActNumerics()
@@ -224,14 +235,15 @@ class ErrorBound:
             var = var + (a_ulp * a_ulp / 12.0) @ (self.wq * self.wq).t()
         absdot = a_hat.abs() @ self.wq.abs().t()
         if num.promote:
-            steps = num.promote // 32
+            chunk = min(num.promote, self.k)  # NO_PROMOTE: one chunk, all of K
+            steps = chunk // 32
             acc_var = torch.zeros_like(var)
-            for c in range(0, self.k, num.promote):
-                sl = slice(c, c + num.promote)
+            for c in range(0, self.k, chunk):
+                sl = slice(c, c + chunk)
                 e_c = (a_hat[:, sl].abs() @ self.wq[:, sl].abs().t()) * (steps * FP8_MMA_UNIT)
                 hard = hard + e_c
                 acc_var += e_c * e_c / 3.0
-            hard = hard + absdot * (self.k // num.promote) * 2.0**-24
+            hard = hard + absdot * (self.k // chunk) * 2.0**-24
             var = var + acc_var
         else:
             hard = hard + absdot * (self.k * 2.0**-24)

@@ -39,6 +39,10 @@ def family_representatives() -> dict[str, Choice]:
         for group in (0, GROUP_K):
             c = W8A8Config(bn=64, bk=128, num_warps=4, num_stages=2, terms=terms, group=group)
             reps[family(c)] = c
+        # both terms per promotion, or none (the accumulation differs: own families)
+        for fuse, promote in ((terms == 2, 128), (False, 0)):
+            c = W8A8Config(64, 128, 4, 2, terms=terms, once=1, fuse=int(fuse), promote=promote)
+            reps[family(c)] = c
     reps[SCALED_MM] = SCALED_MM
     return reps
 
@@ -95,23 +99,47 @@ def w8a8_grid(m: int, grid: str, terms: int, group: int) -> list[W8A8Config]:
         shapes, stages = shapes[:3], (3,)
     return [
         W8A8Config(bn, 128, nw, ns, terms=terms, group=group) for bn, nw in shapes for ns in stages
-    ]
+    ] + (once_grid(m, grid, terms) if group == 0 else [])
+
+
+def once_grid(m: int, grid: str, terms: int) -> list[W8A8Config]:
+    """W8A8 with the activations quantized once per launch (``w8a8_once.py``): a plain
+    fp8 GEMM after the quantization phase, weight tiles by the copy engine; one padded M
+    tile where ``m_tiles`` would split M. Each promotion into the fp32 accumulator makes
+    ptxas wait for the warpgroup MMAs, so two terms go through one accumulator per K step
+    (``fuse=1``, its own accuracy family), beside a promotion per term (DeepSeek-V3's
+    every 128) and none (``promote=0``). (BN, BK, warps, stages)"""
+    if m <= 16:  # W8A16 already streams the weights at the copy ceiling there
+        return []
+    if m <= 64:
+        shapes = [(64, 128, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 4)]
+        shapes += [(128, 64, 4, 4), (64, 64, 4, 4)]
+    else:  # from BK 64 on: smaller stages, more programs per SM at large M
+        shapes = [(128, 128, 8, 3), (256, 128, 8, 3), (128, 128, 8, 4), (64, 128, 4, 3)]
+        shapes += [(64, 64, 4, 4), (128, 64, 4, 4), (128, 64, 8, 4), (64, 64, 4, 6)]
+    if grid == "quick":
+        shapes = shapes[:3]
+    base = W8A8Config(terms=terms, once=1, tma=1, fuse=int(terms == 2))
+    out = [replace(base, bn=bn, bk=bk, num_warps=nw, num_stages=ns) for bn, bk, nw, ns in shapes]
+    if base.tiles(m)[1]:
+        out += [replace(c, single_tile=1) for c in out[:2]]
+    return out + [replace(out[0], fuse=0, promote=p) for p in (128, 0)]
 
 
 def candidates(
     m: int, grid: str, eligible: set[str], limit: int, n: int = 16, w8a8_grid_name: str = ""
 ) -> list[Choice]:
     """Every config worth timing at ``m`` on a GPU with ``limit`` bytes of shared memory
-    (``torch._scaled_mm`` needs N % 16 == 0)."""
+    (``torch._scaled_mm`` needs N % 16 == 0). Eligibility is checked after shrinking: a
+    shorter K step can move a fused W8A8 config into another accuracy family."""
     out: list[Choice] = list(w8a16_grid(m, grid))
     for terms in (1, 2):
         for group in (0, GROUP_K):
-            rep = W8A8Config(terms=terms, group=group)
-            if family(rep) in eligible:
-                out += w8a8_grid(m, w8a8_grid_name or grid, terms, group)
-    if SCALED_MM in eligible and n % 16 == 0:
+            out += w8a8_grid(m, w8a8_grid_name or grid, terms, group)
+    if n % 16 == 0:
         out.append(SCALED_MM)
-    return list(dict.fromkeys(c for c in (shrink_to_fit(c, m, limit) for c in out) if c))
+    fitted = (shrink_to_fit(c, m, limit) for c in out)
+    return list(dict.fromkeys(c for c in fitted if c and family(c) in eligible | {"w8a16"}))
 
 
 def shrink_to_fit(c: Choice, m: int, limit: int) -> Choice | None:

@@ -7,14 +7,15 @@
 In order, on the GPU this process sees:
  1. accuracy: argmax agreement with the bf16 head on the synthetic evaluation set
     (``evalset.py``) for each accuracy family: W8A16; W8A8 with one or two e4m3 terms and
-    per-row or per-1x128-block activation scales; ``torch._scaled_mm`` with per-row fp8
+    per-row or per-1x128-block activation scales, promoted into fp32 every 128 elements,
+    every 256 (two terms per promotion, ``fuse``) or never; ``torch._scaled_mm`` with per-row fp8
     activations. A W8A8 family (scaled_mm included) is eligible only if its agreement is
     within 0.1 percentage point of W8A16's.
  2. candidates per M: W8A16 configs and those of the eligible W8A8 families whose
     shared-memory need (``configs.smem_need``) fits this GPU's per-block limit; compiled
     in parallel worker processes first (Triton's on-disk cache), then each is checked
     against its exact reference and timed (``timing.py``) next to cuBLAS bf16.
- 3. per M, the fastest eligible path wins if it beats bf16 by 2%; otherwise bf16.
+ 3. per M, the fastest eligible path wins if it beats bf16 by 13% (``FP8_WIN``); else bf16.
  4. the table goes into ``fp8_configs.json`` under ``<GPU name>|N=..|K=..`` (other GPUs'
     entries are kept), with the accuracy and timings in its ``meta``; ``--json`` keeps
     every measurement. Ship it with ``launch/dspark_launch.sh sync-overlays``.

@@ -14,8 +14,10 @@ inside the kernel, in registers, from the bf16 tile each program loads:
 ``terms=2`` adds the rounding residual as a second e4m3 term (see ``quant.py``): twice the
 MMA work, activations then as precise as bf16 to within a factor of two.
 ``promote`` is Triton's ``max_num_imprecise_acc``: on Hopper, fp8 MMA results are added to
-an exact fp32 accumulator every ``promote`` elements of K. The arithmetic is reproduced bit
-for bit by ``quant.quantize_act``/``emulate_w8a8``.
+an exact fp32 accumulator every ``promote`` elements of K; ``promote=0`` never promotes
+(Triton's default on SM 9.0), which keeps the warpgroup MMAs asynchronous: ptxas
+serializes them when the accumulator is read between them (its C7514 warning). The
+arithmetic is reproduced bit for bit by ``quant.quantize_act``/``emulate_w8a8``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from .configs import W8A8Config
 from .quant import GROUP_K
+from .w8a8_once import once_matmul
 from .w8a16 import HAVE_TRITON, check_operands, launch_row_chunks
 
 if HAVE_TRITON:
@@ -156,5 +159,7 @@ def w8a8_matmul(
     m, n = a.shape[0], q.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    const = dict(TERMS=cfg.terms, GROUP=bool(cfg.group), PROMOTE=min(cfg.promote, cfg.bk))
+    if cfg.once:
+        return once_matmul(a, q, scale, cfg, out, compile_only)
+    const = dict(TERMS=cfg.terms, GROUP=bool(cfg.group), PROMOTE=cfg.kernel_promote() or None)
     return launch_row_chunks(_w8a8_kernel, a, q, scale, out, cfg, const, compile_only)

@@ -42,7 +42,7 @@ def family_representatives() -> dict[str, Choice]:
         # both terms per promotion, or none (the accumulation differs: own families)
         for fuse, promote in ((terms == 2, 128), (False, 0)):
             c = W8A8Config(64, 128, 4, 2, terms=terms, once=1, fuse=int(fuse), promote=promote)
-            reps[family(c)] = c
+            reps.setdefault(family(c), c)  # (t1 with promotion is the family above)
     reps[SCALED_MM] = SCALED_MM
     return reps
 

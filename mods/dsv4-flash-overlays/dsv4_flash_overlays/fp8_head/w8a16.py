@@ -49,6 +49,14 @@ except ImportError:  # pragma: no cover - older Triton
 if HAVE_TRITON:
 
     @triton.jit
+    def store_logits_t(y_ptr, acc, s, offs_n, offs_m, N, M, stride_ym):
+        """Every kernel's epilogue: the transposed tile ``acc`` [BN, BM] times the weight row
+        scales ``s`` [BN], stored as y[m, n] in y's dtype where m < M and n < N."""
+        y = (acc * s[:, None]).to(y_ptr.dtype.element_ty)
+        ok = (offs_n[:, None] < N) & (offs_m[None, :] < M)
+        tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y, mask=ok)
+
+    @triton.jit
     def _w8a16_kernel(
         a_ptr,
         w_ptr,
@@ -108,12 +116,9 @@ if HAVE_TRITON:
                 a2_ptrs += BK
             w_ptrs += BK
         s = tl.load(s_ptr + rows)
-        n_ok = offs_n[:, None] < N
-        y1 = (acc1 * s[:, None]).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + offs_m1[None, :] * stride_ym + offs_n[:, None], y1, mask=n_ok & m1_ok)
+        store_logits_t(y_ptr, acc1, s, offs_n, offs_m1, N, M, stride_ym)
         if BM2 > 0:
-            y2 = (acc2 * s[:, None]).to(y_ptr.dtype.element_ty)
-            tl.store(y_ptr + offs_m2[None, :] * stride_ym + offs_n[:, None], y2, mask=n_ok & m2_ok)
+            store_logits_t(y_ptr, acc2, s, offs_n, offs_m2, N, M, stride_ym)
 
 
 if HAVE_TRITON:
@@ -149,16 +154,9 @@ if HAVE_TRITON:
                 acc2 = tl.dot(wv, tl.trans(a2_desc.load([BM, k])), acc2)
         offs_n = n0 + tl.arange(0, BN)
         s = tl.load(s_ptr + tl.minimum(offs_n, N - 1))
-        n_ok = offs_n[:, None] < N
-        offs_m = tl.arange(0, BM)
-        y = (acc * s[:, None]).to(y_ptr.dtype.element_ty)
-        ok = n_ok & (offs_m[None, :] < M)
-        tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y, mask=ok)
+        store_logits_t(y_ptr, acc, s, offs_n, tl.arange(0, BM), N, M, stride_ym)
         if BM2 > 0:
-            offs_m2 = BM + tl.arange(0, BM2)
-            y2 = (acc2 * s[:, None]).to(y_ptr.dtype.element_ty)
-            ok2 = n_ok & (offs_m2[None, :] < M)
-            tl.store(y_ptr + offs_m2[None, :] * stride_ym + offs_n[:, None], y2, mask=ok2)
+            store_logits_t(y_ptr, acc2, s, offs_n, BM + tl.arange(0, BM2), N, M, stride_ym)
 
 
 def _tma_matmul(

@@ -35,6 +35,8 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
+    from .w8a16 import store_logits_t
+
     _TINY = tl.constexpr(2.0**-96)  # quant.TINY
 
     @triton.jit
@@ -125,18 +127,13 @@ if HAVE_TRITON:
                 a2_ptrs += BK
             w_ptrs += BK
         s = tl.load(s_ptr + rows)
-        n_ok = offs_n[:, None] < N
         if not GROUP:
             acc1 = acc1 * tl.math.div_rn(amax1, tl.full([BM1], 448.0, tl.float32))[None, :]
-        y1 = (acc1 * s[:, None]).to(y_ptr.dtype.element_ty)
-        m1_ok = offs_m1[None, :] < M
-        tl.store(y_ptr + offs_m1[None, :] * stride_ym + offs_n[:, None], y1, mask=n_ok & m1_ok)
+        store_logits_t(y_ptr, acc1, s, offs_n, offs_m1, N, M, stride_ym)
         if BM2 > 0:
             if not GROUP:
                 acc2 = acc2 * tl.math.div_rn(amax2, tl.full([BM2], 448.0, tl.float32))[None, :]
-            y2 = (acc2 * s[:, None]).to(y_ptr.dtype.element_ty)
-            m2_ok = offs_m2[None, :] < M
-            tl.store(y_ptr + offs_m2[None, :] * stride_ym + offs_n[:, None], y2, mask=n_ok & m2_ok)
+            store_logits_t(y_ptr, acc2, s, offs_n, offs_m2, N, M, stride_ym)
 
 
 def w8a8_matmul(

@@ -37,6 +37,8 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
+    from .w8a16 import store_logits_t
+
     _TINY = tl.constexpr(2.0**-96)  # quant.TINY
 
     @triton.jit
@@ -157,16 +159,11 @@ if HAVE_TRITON:
                 acc2 = _terms_dot(wv, a2_ptrs, lo_off, acc2, TERMS, PROMOTE, FUSE)
                 a2_ptrs += BK
         s = tl.load(s_ptr + rows_n)
-        n_ok = offs_n[:, None] < N
-        sa1 = tl.load(sa_ptr + offs_m1)
-        y1 = (acc1 * sa1[None, :] * s[:, None]).to(y_ptr.dtype.element_ty)
-        ok1 = n_ok & (offs_m1[None, :] < M)
-        tl.store(y_ptr + offs_m1[None, :] * stride_ym + offs_n[:, None], y1, mask=ok1)
+        acc1 = acc1 * tl.load(sa_ptr + offs_m1)[None, :]
+        store_logits_t(y_ptr, acc1, s, offs_n, offs_m1, N, M, stride_ym)
         if BM2 > 0:
-            sa2 = tl.load(sa_ptr + offs_m2)
-            y2 = (acc2 * sa2[None, :] * s[:, None]).to(y_ptr.dtype.element_ty)
-            ok2 = n_ok & (offs_m2[None, :] < M)
-            tl.store(y_ptr + offs_m2[None, :] * stride_ym + offs_n[:, None], y2, mask=ok2)
+            acc2 = acc2 * tl.load(sa_ptr + offs_m2)[None, :]
+            store_logits_t(y_ptr, acc2, s, offs_n, offs_m2, N, M, stride_ym)
 
 
 def once_matmul(

@@ -184,6 +184,7 @@ def test_recorded_dispatch_never_picked_a_path_slower_than_bf16():
         "fp8_head_run25_bench.json",
         "fp8_head_run26_bench.json",
         "fp8_head_run30_bench.json",
+        "fp8_head_run33_dispatch.json",
     ):
         _check_dispatch(json.loads((RESULTS / name).read_text()))
 

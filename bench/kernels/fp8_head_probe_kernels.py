@@ -18,6 +18,7 @@ from dsv4_flash_overlays.fp8_head.w8a16 import HAVE_TRITON
 if HAVE_TRITON:
     import triton
     import triton.language as tl
+    from dsv4_flash_overlays.fp8_head.w8a16 import store_logits_t
 
     @triton.jit
     def _w8a16_mtile_kernel(
@@ -57,10 +58,7 @@ if HAVE_TRITON:
             acc = tl.dot(wv, av, acc)
             w_ptrs += BK
             a_ptrs += BK
-        s = tl.load(s_ptr + rows)
-        y = (acc * s[:, None]).to(y_ptr.dtype.element_ty)
-        n_ok = offs_n[:, None] < N
-        tl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y, mask=n_ok & m_ok)
+        store_logits_t(y_ptr, acc, tl.load(s_ptr + rows), offs_n, offs_m, N, M, stride_ym)
 
 
 def mtile_matmul(

@@ -28,6 +28,12 @@ SCALED_MM = "scaled_mm"
 SCALED_MM_NUMERICS = ActNumerics(terms=1, group=0, promote=0)
 
 
+def pad16(m: int) -> int:
+    """``m`` rounded up to a multiple of 16: the rows a padded launch runs on (a launch
+    whose M is not a multiple of 16 ran slow on an H200; w8a16.py has the numbers)."""
+    return -(-m // 16) * 16
+
+
 def m_tiles(m: int, single_tile: bool = False) -> tuple[int, int]:
     """Split M rows into at most two power-of-two tiles (>= 16) with little padding.
 
@@ -83,9 +89,18 @@ class _Config:
         return {"path": self.path, **{f.name: int(getattr(self, f.name)) for f in fields(self)}}
 
     def tiles(self, m: int) -> tuple[int, int]:
-        if getattr(self, "pad_m", 0):
-            m = -(-m // 16) * 16
-        return m_tiles(min(m, MAX_M_PER_LAUNCH), bool(getattr(self, "single_tile", 0)))
+        """The M tiles of one launch of ``m`` rows (at most 256), padded where it pads."""
+        if self.pads_rows():
+            m = pad16(m)
+        return m_tiles(min(m, MAX_M_PER_LAUNCH), self.one_tile())
+
+    def pads_rows(self) -> bool:
+        """Whether a launch runs on rows padded with zeros to a multiple of 16."""
+        return False
+
+    def one_tile(self) -> bool:
+        """Whether the rows go in one padded power-of-two tile rather than up to two."""
+        return bool(getattr(self, "single_tile", 0))
 
 
 @dataclass(frozen=True)
@@ -103,10 +118,11 @@ class W8A16Config(_Config):
     def numerics(self) -> ActNumerics:
         return W8A16
 
-    def tiles(self, m: int) -> tuple[int, int]:
-        if self.tma:  # the copy engine zero-fills the rows past M (launched padded to 16)
-            return m_tiles(min(-(-m // 16) * 16, MAX_M_PER_LAUNCH), self.tma == 1)
-        return super().tiles(m)
+    def pads_rows(self) -> bool:
+        return bool(self.pad_m or self.tma)  # tma: the copy engine's rows padded to 16 too
+
+    def one_tile(self) -> bool:
+        return self.tma == 1 if self.tma else bool(self.single_tile)
 
 
 @dataclass(frozen=True)
@@ -131,10 +147,8 @@ class W8A8Config(_Config):
         """The kernels' PROMOTE: K elements per promotion (<= BK), 0 for none."""
         return min(self.promote, self.bk)
 
-    def tiles(self, m: int) -> tuple[int, int]:
-        if self.once:  # quantized rows padded with zero rows to a multiple of 16
-            return m_tiles(min(-(-m // 16) * 16, MAX_M_PER_LAUNCH), bool(self.single_tile))
-        return super().tiles(m)
+    def pads_rows(self) -> bool:
+        return bool(self.once)  # the quantized rows, zeros past M
 
 
 KernelConfig = W8A16Config  # the name earlier versions used

@@ -64,8 +64,7 @@ def w8a16_grid(m: int, grid: str) -> list[W8A16Config]:
     # and keeps the M in between off the slow launches; elsewhere both are timed
     pads = (0, 1) if m % 16 else (1,)
     # copy-engine loads, 4 warps (warpgroup MMA on Hopper): 10-15% faster than the masked
-    # loads at M = 48-96 (run 20); (BN, BK, stages)
-    # (BN, BK, stages, warps)
+    # loads at M = 48-96 (run 20); (BN, BK, stages, warps)
     tma = [(64, 128, 3, 4), (128, 64, 4, 4), (128, 128, 3, 4), (64, 128, 4, 4), (128, 64, 5, 4)]
     tma += [(64, 256, 3, 4), (128, 128, 3, 8)]
     tma = tma if m > 16 else []

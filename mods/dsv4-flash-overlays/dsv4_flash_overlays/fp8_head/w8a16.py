@@ -20,8 +20,8 @@ as 48 rows. ``clamp_m``: rows past M read row M-1 instead of a masked load; it d
 ``tma``: the same product with the weight and activation tiles loaded by the copy engine
 (Hopper's TMA, through host tensor descriptors) into one power-of-two M tile (``tma=1``) or
 two (``tma=2``, as ``m_tiles``); the engine zero-fills rows past M and N, so nothing is
-masked. With 4 warps it ran 10-15%
-faster than the masked loads at M = 48-96 on an H200 (lab notes, run 20).
+masked. With 4 warps it ran 10-15% faster than the masked loads at M = 48-96 on an H200
+(lab notes, run 20).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .configs import MAX_M_PER_LAUNCH, W8A16Config, m_tiles
+from .configs import MAX_M_PER_LAUNCH, W8A16Config, pad16
 
 try:  # Triton is present wherever vLLM runs on a GPU; CPU-only installs may lack it.
     import triton
@@ -180,7 +180,7 @@ def _tma_matmul(
         bm, bm2 = cfg.tiles(rows)
         # zero rows up to a multiple of 16, as pad_m: M = 36 through a 36-row descriptor ran
         # 10% slower than M = 40 or 48 on an H200 (run 21)
-        a16 = torch.zeros((-(-rows // 16) * 16, a.shape[1]), dtype=torch.float16, device=a.device)
+        a16 = torch.zeros((pad16(rows), a.shape[1]), dtype=torch.float16, device=a.device)
         a16[:rows] = a[start : start + rows]
         a_desc = TensorDescriptor.from_tensor(a16, [bm, cfg.bk])
         a2_desc = TensorDescriptor.from_tensor(a16, [bm2, cfg.bk]) if bm2 else a_desc
@@ -210,7 +210,7 @@ def launch_row_chunks(
     grid = (triton.cdiv(n, cfg.bn),)
     for start in range(0, m, MAX_M_PER_LAUNCH):
         rows = min(MAX_M_PER_LAUNCH, m - start)
-        bm1, bm2 = m_tiles(rows, bool(cfg.single_tile))
+        bm1, bm2 = cfg.tiles(rows)
         args = (
             a[start:],
             q,
@@ -263,7 +263,7 @@ def w8a16_matmul(
             out = torch.empty((m, n), dtype=a.dtype, device=a.device)
         return _tma_matmul(a, q, scale, cfg, out, compile_only)
     if cfg.pad_m and m % 16:  # zero rows up to a multiple of 16; the caller sees [:m]
-        mp = -(-m // 16) * 16
+        mp = pad16(m)
         dtype = torch.float16 if cfg.pre_a else a.dtype
         padded = torch.zeros((mp, a.shape[1]), dtype=dtype, device=a.device)
         padded[:m] = a

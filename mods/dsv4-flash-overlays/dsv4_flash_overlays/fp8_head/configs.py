@@ -137,8 +137,6 @@ class W8A8Config(_Config):
     once: int = 0  # 1: activations quantized once per launch, shared by all programs
     tma: int = 0  # with once=1: weight tiles loaded by the copy engine (SM >= 9.0)
     fuse: int = 0  # with once=1, terms=2: both terms in one accumulator per K step
-    wgmma: int = 0  # with once, tma, fuse: Gluon kernel, MMAs left in flight (w8a8_async.py)
-    persist: int = 0  # with wgmma=1: programs per SM of a persistent grid (0: one per N tile)
 
     def numerics(self) -> ActNumerics:
         if self.fuse:  # 2 x BK fp8-MMA elements (both terms) per promotion
@@ -194,8 +192,6 @@ def parse_choice(obj: Any) -> Choice:
                 raise ValueError(f"{obj}: tma=1 and fuse=1 are variants of once=1 only")
             if isinstance(cfg, W8A8Config) and cfg.fuse and cfg.terms != 2:
                 raise ValueError(f"{obj}: fuse=1 needs terms=2")
-            if isinstance(cfg, W8A8Config) and cfg.wgmma and not (cfg.tma and cfg.fuse):
-                raise ValueError(f"{obj}: wgmma=1 is a variant of once=1, tma=1, fuse=1 only")
             return cfg
     raise ValueError(f"table entry {obj} has unknown path {path!r} (w8a16, w8a8)")
 
@@ -231,9 +227,6 @@ def smem_need(cfg: W8A16Config | W8A8Config, m: int) -> int:
     624 (config, M) pairs (bench/kernels/fp8_smem_probe.py; on an H200, Triton 3.6, every config
     the tuner compiled): never below, median ~0.9 of the estimate.
     """
-    if isinstance(cfg, W8A8Config) and cfg.wgmma:  # all its stages, barriers, epilogue
-        rows = sum(cfg.tiles(m))
-        return cfg.num_stages * (cfg.bn * cfg.bk + 2 * rows * cfg.bk + 8) + 2 * cfg.bn * rows
     bm1, bm2 = cfg.tiles(m)
     w_tile = cfg.bn * cfg.bk
     a_tiles = (bm1 + bm2) * cfg.bk * 2

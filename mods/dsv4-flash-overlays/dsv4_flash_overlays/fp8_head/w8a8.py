@@ -156,10 +156,6 @@ def w8a8_matmul(
     m, n = a.shape[0], q.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    if cfg.wgmma:
-        from .w8a8_async import async_matmul
-
-        return async_matmul(a, q, scale, cfg, out, compile_only)
     if cfg.once:
         return once_matmul(a, q, scale, cfg, out, compile_only)
     const = dict(TERMS=cfg.terms, GROUP=bool(cfg.group), PROMOTE=cfg.kernel_promote() or None)

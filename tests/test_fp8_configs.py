@@ -155,6 +155,8 @@ def test_accuracy_family_follows_the_accumulation():
     assert fam(C.W8A8Config(terms=2, once=1, promote=0)) == "w8a8-t2-row-fastacc"
     assert fam(C.W8A8Config(terms=1, group=128, promote=0)) == "w8a8-t1-g128-fastacc"
     assert C.W8A8Config(terms=2, once=1, promote=0).kernel_promote() == 0
+    assert C.W8A8Config(terms=2, once=1, promote=0).triton_promote() is None
+    assert C.W8A8Config(terms=2, once=1, promote=256, bk=128).triton_promote() == 128
     reps = search.family_representatives()
     assert {"w8a8-t2-row-p256", "w8a8-t2-row-fastacc", "w8a8-t1-row-fastacc"} <= set(reps)
     assert all(C.family(c) == f for f, c in reps.items())

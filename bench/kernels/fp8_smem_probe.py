@@ -61,15 +61,14 @@ def compile_shared(cfg: C.W8A16Config | C.W8A8Config, m: int, capability: int) -
     attrs = DIVISIBLE
     if isinstance(cfg, C.W8A8Config) and cfg.once:
         fn, sig, attrs = w8a8_once._w8a8_once_kernel, dict(ONCE_SIGNATURE), ONCE_DIVISIBLE
-        const = {"KP": 4096, "TERMS": cfg.terms, "PROMOTE": cfg.kernel_promote() or None}
+        const = {"KP": 4096, "TERMS": cfg.terms, "PROMOTE": cfg.triton_promote()}
         const.update(TMA_W=False, FUSE=bool(cfg.fuse))
     elif isinstance(cfg, C.W8A16Config):
         fn, sig = w8a16._w8a16_kernel, {**SIGNATURE, "a_ptr": "*fp16" if cfg.pre_a else "*bf16"}
         const: dict[str, Any] = {"CLAMP_M": bool(cfg.clamp_m)}
     else:
         fn, sig = w8a8._w8a8_kernel, dict(SIGNATURE)
-        const = {"TERMS": cfg.terms, "GROUP": bool(cfg.group)}
-        const["PROMOTE"] = cfg.kernel_promote() or None
+        const = {"TERMS": cfg.terms, "GROUP": bool(cfg.group), "PROMOTE": cfg.triton_promote()}
     const.update(BN=cfg.bn, BK=cfg.bk, BM1=bm1, BM2=bm2)
     sig.update({k: "constexpr" for k in const})
     src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)

@@ -144,8 +144,12 @@ class W8A8Config(_Config):
         return ActNumerics(self.terms, self.group, self.kernel_promote() or NO_PROMOTE)
 
     def kernel_promote(self) -> int:
-        """The kernels' PROMOTE: K elements per promotion (<= BK), 0 for none."""
+        """K elements per promotion (<= BK), 0 for none."""
         return min(self.promote, self.bk)
+
+    def triton_promote(self) -> int | None:
+        """The kernels' PROMOTE, Triton's ``max_num_imprecise_acc``: None never promotes."""
+        return self.kernel_promote() or None
 
     def pads_rows(self) -> bool:
         return bool(self.once)  # the quantized rows, zeros past M

@@ -158,5 +158,5 @@ def w8a8_matmul(
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if cfg.once:
         return once_matmul(a, q, scale, cfg, out, compile_only)
-    const = dict(TERMS=cfg.terms, GROUP=bool(cfg.group), PROMOTE=cfg.kernel_promote() or None)
+    const = dict(TERMS=cfg.terms, GROUP=bool(cfg.group), PROMOTE=cfg.triton_promote())
     return launch_row_chunks(_w8a8_kernel, a, q, scale, out, cfg, const, compile_only)

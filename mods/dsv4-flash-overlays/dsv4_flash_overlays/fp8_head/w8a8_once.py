@@ -193,7 +193,7 @@ def once_matmul(
         args = (a[start:], q, w_desc, scale, out[start:], qa, sa, sync, rows, n, k)
         args += (a.stride(0), q.stride(0), out.stride(0))
         meta = dict(BN=cfg.bn, BK=cfg.bk, BM1=bm1, BM2=bm2, KP=triton.next_power_of_2(k))
-        meta.update(TERMS=cfg.terms, PROMOTE=cfg.kernel_promote() or None, TMA_W=bool(cfg.tma))
+        meta.update(TERMS=cfg.terms, PROMOTE=cfg.triton_promote(), TMA_W=bool(cfg.tma))
         meta.update(FUSE=bool(cfg.fuse))
         meta.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         if compile_only:

@@ -25,32 +25,56 @@ from tests.fakes.mock_openai import MockConfig, MockServer
 KERNEL_TRUTH = MockConfig(ttft_s=0.08, step_s=0.01, tokens_per_step=(1,), kernel_stamps=True)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPING is Linux-only")
-def test_client_ttft_within_1ms_of_kernel_truth_at_64_streams(capsys):
-    old = sys.getswitchinterval()
-    try:
-        with MockServer(KERNEL_TRUTH) as srv:
-            args = base_parser("t").parse_args(["--url", srv.url, "--settle-ms", "200"])
-            b = Bench("t", args)
-            b.model = "m"
-            msgs = [[{"role": "user", "content": f"s{i}"}] for i in range(64)]
-            res = b.stream_wave([b.chat_payload(m, 4) for m in msgs], None)
-            truth = {r["id"]: r["kernel_ttft_ms"] for r in srv.records()}
-    finally:
-        sys.setswitchinterval(old)
+# What separates kernel stamps from user-space ones (measured on this 2-core box, 2026-12-01,
+# three 64-stream waves each): p90 of |client - truth| 0.023-0.045 ms with kernel stamps,
+# 0.76-13 ms with kstamp's user-space fallback forced. The bound sits between them.
+P90_BOUND_MS = 0.25
+
+
+def _wave() -> tuple[list[float], list[float]]:
+    """One 64-stream wave: sorted |client TTFT - kernel truth| (ms) and the threads' wake lags."""
+    with MockServer(KERNEL_TRUTH) as srv:
+        args = base_parser("t").parse_args(["--url", srv.url, "--settle-ms", "200"])
+        b = Bench("t", args)
+        b.model = "m"
+        msgs = [[{"role": "user", "content": f"s{i}"}] for i in range(64)]
+        res = b.stream_wave([b.chat_payload(m, 4) for m in msgs], None)
+        truth = {r["id"]: r["kernel_ttft_ms"] for r in srv.records()}
     assert all(r.ok for r in res), [r.error for r in res if not r.ok][:3]
     assert len(truth) == 64 and None not in truth.values(), "the fake took no kernel stamps"
     diff = [(r.t_first_token_ns - r.t_request_ns) / 1e6 - truth[r.request_id] for r in res]
     lag = [r.wake_lag_max_ms for r in res if r.wake_lag_max_ms is not None]
-    with capsys.disabled():
-        print(
-            f"\n64 streams vs kernel truth: |client - server| TTFT median "
-            f"{statistics.median(map(abs, diff)) * 1000:.0f} us, max "
-            f"{max(map(abs, diff)) * 1000:.0f} us; the kernel stamps hid thread wake-up lags up "
-            f"to {max(lag):.1f} ms"
-        )
-    # Median and p95 within 1 ms; the max is printed (a rare outlier reaches ~1 ms on a loaded
-    # box: loopback delivery itself is then delayed between the two kernels' stamps).
-    err = sorted(abs(d) for d in diff)
-    assert statistics.median(err) <= 1.0
-    assert err[int(0.95 * len(err)) - 1] <= 1.0, err[-5:]
+    return sorted(abs(d) for d in diff), lag
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="SO_TIMESTAMPING is Linux-only")
+def test_client_ttft_matches_kernel_truth_at_64_streams(capsys):
+    """Median within 1 ms and p90 within P90_BOUND_MS of the server's kernel-stamped TTFT.
+
+    A busy box can defer loopback delivery itself (softirq work waits for a CPU) between the
+    server's departure stamp and the client's arrival stamp: in a full CI run on 2026-12-01 five
+    of 64 streams arrived 94-226 ms after their departure stamp. That is not the client's error,
+    so a disturbed wave is run once more; a client that fell back to user-space stamps misses the
+    bound in every wave (its error is its own threads' wake-up lag, present in each).
+    """
+    old = sys.getswitchinterval()
+    waves = []
+    try:
+        for _ in range(2):
+            err, lag = _wave()
+            waves.append(err)
+            with capsys.disabled():
+                print(
+                    f"\n64 streams vs kernel truth: |client - server| TTFT median "
+                    f"{statistics.median(err) * 1000:.0f} us, p90 "
+                    f"{err[int(0.9 * len(err)) - 1] * 1000:.0f} us, max {err[-1] * 1000:.0f} us; "
+                    f"the kernel stamps hid thread wake-up lags up to "
+                    f"{max(lag, default=0.0):.1f} ms"
+                )
+            if statistics.median(err) <= 1.0 and err[int(0.9 * len(err)) - 1] <= P90_BOUND_MS:
+                break
+    finally:
+        sys.setswitchinterval(old)
+    err = waves[-1]
+    assert statistics.median(err) <= 1.0, [w[len(w) // 2] for w in waves]
+    assert err[int(0.9 * len(err)) - 1] <= P90_BOUND_MS, [w[int(0.9 * len(w)) - 1] for w in waves]

@@ -4,9 +4,13 @@ Both clients send the same prompts to the same simulator, one at a time: vLLM's 
 `openai` backend on /v1/completions and its `openai-chat` backend on /v1/chat/completions
 (content-part arrays, max_completion_tokens, stream_options), ours through the bench library.
 With temperature 0 the simulator draws the same acceptance for the same prompt, so the two
-must agree on TTFT, TPOT and acceptance length within 2%. The prompts are the ones vLLM's
-random dataset draws for the flags (the test draws them with vLLM's own code, same seed); they
-stay under one KV block (256 tokens), so the prefix cache cannot favour the second client.
+must agree on median TTFT, median TPOT and acceptance length within 2%. Medians, because
+in a full CI run on 2026-12-01 vLLM's mean TTFT over the ten requests came out 5 ms (2.1%)
+above ours, where it is 1-2 ms otherwise: the shared box stalled, and one stalled request
+moves a mean of ten by a tenth of its stall but leaves the median alone. The prompts are
+the ones vLLM's random dataset draws for the flags (the test draws them with vLLM's own code,
+same seed); they stay under one KV block (256 tokens), so the prefix cache cannot favour the
+second client.
 """
 
 from __future__ import annotations
@@ -146,8 +150,8 @@ def ours(twin: Twin, backend: str, texts: list[str]) -> dict:
     ms = [request_metrics(r) for r in gp.result]
     assert all(m["ok"] for m in ms), [m["error"] for m in ms]
     return {
-        "mean_ttft_ms": statistics.mean(m["ttft_ms"] for m in ms),
-        "mean_tpot_ms": statistics.mean(m["tpot_ms"] for m in ms),
+        "median_ttft_ms": statistics.median(m["ttft_ms"] for m in ms),
+        "median_tpot_ms": statistics.median(m["tpot_ms"] for m in ms),
         "acceptance_length": gp.deltas["mean_accept_len"],
     }
 
@@ -158,8 +162,8 @@ def test_vllm_bench_serve_agrees_with_our_bench(twin, backend, tmp_path, capsys)
     theirs = vllm_bench(argv, tmp_path)
     mine = ours(twin, backend, same_prompts(argv))
     rows = {
-        "mean_ttft_ms": theirs["mean_ttft_ms"],
-        "mean_tpot_ms": theirs["mean_tpot_ms"],
+        "median_ttft_ms": theirs["median_ttft_ms"],
+        "median_tpot_ms": theirs["median_tpot_ms"],
         "acceptance_length": theirs["spec_decode_acceptance_length"],
     }
     with capsys.disabled():

@@ -13,10 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from pairctl import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, argcheck, ops
+from pairctl import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, ops
 from pairctl import lifecycle as lc
 from pairctl import preflight as pf
-from pairctl import status as pst
 from pairctl.argtypes import non_negative_int, positive_float, positive_int
 from pairctl.config import ConfigError, PairConfig, check_port_clash, load_env_file
 from pairctl.gate import run_gate
@@ -28,8 +27,9 @@ from pairctl.plan import (
     resolve_image,
     with_recipe_defaults,
 )
-from pairctl.preflight import runner
+from pairctl.preflight import argcheck, runner
 from pairctl.recipe import Recipe, check_passthrough, load_recipe
+from pairctl.status import pair as pst
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_RECIPE = REPO / "recipes" / "dsv4-flash-dspark.yaml"

@@ -9,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pairctl import EXIT_OK, EXIT_PREFLIGHT, status_view, watch
+from pairctl import EXIT_OK, EXIT_PREFLIGHT
 from pairctl import lifecycle as lc
 from pairctl import preflight as pf
-from pairctl import status as pst
 from pairctl.config import PairConfig
 from pairctl.docker import pair_containers
 from pairctl.nodes import nodes
@@ -20,6 +19,9 @@ from pairctl.overlays import sync
 from pairctl.plan import container_name
 from pairctl.preflight import runner
 from pairctl.recipe import Recipe
+from pairctl.status import pair as pst
+from pairctl.status import view as status_view
+from pairctl.status import watch
 
 EXIT_RUNTIME = 1
 # What sync-overlays must know before it writes to two machines: that this is SPARK1 and

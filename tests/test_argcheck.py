@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pairctl import argcheck
 from pairctl.config import parse_env
-from pairctl.evidence import ArgvCheck
+from pairctl.preflight import argcheck
 from pairctl.preflight.checks_launch import check_vllm_args
+from pairctl.preflight.evidence import ArgvCheck
 from pairctl.recipe import load_recipe, parse_recipe
 from tests.fakes.fakepair import Env, free_port
 

@@ -16,8 +16,8 @@ import requests
 from pairctl.config import parse_env
 from pairctl.gate import gate_env
 from pairctl.lifecycle import probe_health
-from pairctl.status import scrape
-from pairctl.watch import probe_token
+from pairctl.status.pair import scrape
+from pairctl.status.watch import probe_token
 from tests.support.twin import Twin, free_port, wait_http
 
 KEY = "sk-pair-test-key"

@@ -265,8 +265,8 @@ def test_generated_docker_lines_parse_with_real_docker_client(pair: Env) -> None
         argv = out.rstrip("\0").split("\0")
         _assert_real_client_parses(docker, argv)
     # the throwaway container preflight runs the image's own vLLM parser in
-    from pairctl.argcheck import container_argv, rank_argvs
     from pairctl.config import load_env_file
+    from pairctl.preflight.argcheck import container_argv, rank_argvs
     from pairctl.recipe import load_recipe
 
     cfg = load_env_file(pair.env_file)

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from pairctl.config import VAR_NAMES, ConfigError, load_env_file, parse_env
-from pairctl.evidence import Evidence, NodeEvidence
 from pairctl.nodes import ssh_argv
 from pairctl.plan import CACHE_VARS, mask_argv
 from pairctl.preflight import (
@@ -42,7 +41,8 @@ from pairctl.preflight.checks_identity import (
 from pairctl.preflight.checks_launch import check_no_compressed_mla, check_no_ray
 from pairctl.preflight.checks_match import check_image, check_model, check_overlays
 from pairctl.preflight.checks_rdma import check_hca
-from pairctl.probe import parse_probe
+from pairctl.preflight.evidence import Evidence, NodeEvidence
+from pairctl.preflight.probe import parse_probe
 from pairctl.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ ENV = {
     "HF_TOKEN": "hf_secret",
 }
 
-# Recorded probe output of a healthy rank-1 node (format of pairctl.probe's script).
+# Recorded probe output of a healthy rank-1 node (format of pairctl.preflight.probe's script).
 PROBE = """
 ==== hostname ====
 spark-2

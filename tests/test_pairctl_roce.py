@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 
-from pairctl.evidence import NodeEvidence
 from pairctl.preflight import FAIL, PASS, SKIP, WARN, Check
 from pairctl.preflight.checks_rdma import check_roce_gid
-from pairctl.probe import parse_probe
-from pairctl.roce import PROBE_SECTION, Gid, parse_gids
+from pairctl.preflight.evidence import NodeEvidence
+from pairctl.preflight.probe import parse_probe
+from pairctl.preflight.roce import PROBE_SECTION, Gid, parse_gids
 
 V4 = "0000:0000:0000:0000:0000:ffff:c0a8:6401"
 LL = "fe80:0000:0000:0000:0ac4:7aff:fe11:2233"

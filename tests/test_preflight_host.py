@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from pairctl.config import parse_env
-from pairctl.evidence import NodeEvidence
 from pairctl.image import ImageFacts, parse_inspect, pythonpath
 from pairctl.plan import OVERLAY_MOUNT, build_rank
 from pairctl.preflight import FAIL, PASS, SKIP, WARN
@@ -24,8 +23,9 @@ from pairctl.preflight.checks_system import (
     check_memory,
     last_value,
 )
-from pairctl.probe import parse_probe
-from pairctl.probe_host import PROBE_SECTION, parse_model_rev
+from pairctl.preflight.evidence import NodeEvidence
+from pairctl.preflight.probe import parse_probe
+from pairctl.preflight.probe_host import PROBE_SECTION, parse_model_rev
 from pairctl.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,5 @@
-"""Preflight's runner (pairctl/preflight/runner.py) and the staged gather (pairctl/probe.py):
+"""Preflight's runner (pairctl/preflight/runner.py) and the staged gather
+(pairctl/preflight/probe.py):
 each check reported as soon as its evidence is in, the same verdicts as decide(), no PASS
 about a node whose name does not resolve, and a heartbeat while a probe hangs."""
 
@@ -10,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pairctl import probe
 from pairctl.config import parse_env
-from pairctl.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.plan import with_recipe_defaults
-from pairctl.preflight import CHECKS, FAIL, PASS, SKIP, WARN, Need, decide, runner
+from pairctl.preflight import CHECKS, FAIL, PASS, SKIP, WARN, Need, decide, probe, runner
 from pairctl.preflight.check import Inputs
+from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]

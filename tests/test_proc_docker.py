@@ -523,12 +523,12 @@ def test_run_rm_is_attached_isolated_and_removed(state: Path) -> None:
 def test_argv_check_runs_the_images_own_parser_in_a_throwaway(
     state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """pairctl.argcheck on a host without vLLM: the image's python3 (here: the venv's, which
-    has vLLM 0.33) parses both ranks' argv in a labelled --rm container; a bad flag is named
-    with where it came from, and no container is left behind."""
-    from pairctl.argcheck import run_in_image
+    """pairctl.preflight.argcheck on a host without vLLM: the image's python3 (here: the
+    venv's, which has vLLM 0.33) parses both ranks' argv in a labelled --rm container; a bad
+    flag is named with where it came from, and no container is left behind."""
     from pairctl.config import parse_env
     from pairctl.nodes import Node
+    from pairctl.preflight.argcheck import run_in_image
     from pairctl.recipe import load_recipe
 
     pybin = tmp_path / "image-bin"

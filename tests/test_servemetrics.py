@@ -1,4 +1,4 @@
-"""The serving-figure maths of `status` (pairctl/servemetrics.py) on hand-made scrapes.
+"""The serving-figure maths of `status` (pairctl/status/metrics.py) on hand-made scrapes.
 
 Expected values are worked out here from the definitions (PromQL's histogram_quantile
 interpolation, vLLM's acceptance formulas on SpecDecodingProm), not read back from the code.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pairctl import servemetrics as sm
+from pairctl.status import metrics as sm
 from sim.twin.metrics import Metrics
 
 INF = math.inf

@@ -1,4 +1,4 @@
-"""`status` as data (pairctl/status.py) and its views (pairctl/status_view.py): the verdict
+"""`status` as data (pairctl/status/pair.py) and its views (pairctl/status/view.py): the verdict
 and exit code for each kind of pair, docker's timestamps, the text, JSON and rich views,
 and the --watch loop."""
 
@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 import pytest
 from rich.console import Console
 
-from pairctl import status as st
-from pairctl import status_view as view
-from pairctl.servemetrics import ServingFigures
+from pairctl.status import pair as st
+from pairctl.status import view
+from pairctl.status.metrics import ServingFigures
 
 
 def rank(r: int, state: str = "running", reachable: bool = True) -> st.RankStatus:

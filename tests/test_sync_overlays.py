@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pairctl.evidence import NodeEvidence
 from pairctl.overlays import ManifestError, parse_sums, ship_list, shipped_files, verify
 from pairctl.preflight import PASS
 from pairctl.preflight.checks_match import check_overlays
+from pairctl.preflight.evidence import NodeEvidence
 from tests.fakes.fakepair import FAKES, REPO, SECRET, Env, free_port
 
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"

@@ -1,4 +1,4 @@
-"""The watchdog's policy (pairctl/watch.py) with injected probe/restart/clock, the lock
+"""The watchdog's policy (pairctl/status/watch.py) with injected probe/restart/clock, the lock
 test, and the 1-token probe against a real simulator on loopback."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pairctl import watch
+from pairctl.status import watch
 from tests.support.twin import Twin, free_port, wait_http
 
 CFG = watch.WatchConfig(

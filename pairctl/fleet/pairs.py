@@ -14,7 +14,7 @@ from typing import Any
 from pairctl import lifecycle as lc
 from pairctl.fleet.inventory import REPO, Fleet, PairEntry
 from pairctl.fleet.remote import Machine
-from pairctl.status import scrape
+from pairctl.status.pair import scrape
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def pair_status(pair: PairEntry) -> PairView:
 
     The pair's endpoint as its own launcher sees it: ``lifecycle.probe_health`` (/health +
     /v1/models, the check `up` uses) and the running/waiting gauges from one /metrics scrape
-    parsed like `status` does (``pairctl.status.scrape``), with the pair's API key and no
+    parsed like `status` does (``pairctl.status.pair.scrape``), with the pair's API key and no
     proxy. Per-rank container state is not asked from here: the fleet host is not the
     pair's rank 0, and `launch/dspark_launch.sh status` on the head has that view.
     """

@@ -1,7 +1,7 @@
 """Preflight: read-only checks with stable IDs, PASS/WARN/FAIL/SKIP and a remedy each.
 
-Every decision is a pure function of recorded evidence (``pairctl.evidence``, gathered by
-``pairctl.probe``) plus the config, so the verdicts are unit-tested without nodes. ``up``
+Every decision is a pure function of recorded evidence (``pairctl.preflight.evidence``, gathered by
+``pairctl.preflight.probe``) plus the config, so the verdicts are unit-tested without nodes. ``up``
 runs this first and stops on any FAIL before a single container is started or removed
 (exit 3). Layout: ``check`` (what a check is), ``checks_*`` (the checks, by concern),
 ``registry`` (all of them in report order, and the README table), ``runner`` (runs them

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pairctl.config import PairConfig
-from pairctl.evidence import ArgvCheck, Evidence, NodeEvidence
+from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.recipe import Recipe
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
@@ -43,7 +43,7 @@ class Need(enum.Enum):
     RANK1 = "rank 1"  # rank 1's probe; the check is SKIP when rank 1 did not answer
     RANK1_IF_REACHED = "rank 1 if reached"  # rank 1's probe when it answered, else rank 0 alone
     OVERLAY_SRC = "ship list"  # what mods/dsv4-flash-overlays ships, sha256 per file
-    ARGV = "vLLM parser"  # both ranks' argv read by vLLM's parser (pairctl.argcheck)
+    ARGV = "vLLM parser"  # both ranks' argv read by vLLM's parser (pairctl.preflight.argcheck)
 
 
 @dataclass(frozen=True)

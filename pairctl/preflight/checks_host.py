@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pairctl.config import PairConfig
-from pairctl.evidence import NodeEvidence
 from pairctl.plan import CACHE_VARS, LABEL_PAIR
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
+from pairctl.preflight.evidence import NodeEvidence
 
 PF_PORT_FREE = CheckSpec(
     "PF-PORT-FREE",

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from pairctl.evidence import NodeEvidence
 from pairctl.plan import LABEL_PAIR
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
+from pairctl.preflight.evidence import NodeEvidence
 
 PF_SSH = CheckSpec(
     "PF-SSH",

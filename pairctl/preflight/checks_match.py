@@ -9,11 +9,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from pairctl.evidence import NodeEvidence
 from pairctl.image import digest_pinned
 from pairctl.plan import resolve_image
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
-from pairctl.probe import MODEL_FILES
+from pairctl.preflight.evidence import NodeEvidence
+from pairctl.preflight.probe import MODEL_FILES
 
 PF_IMAGE_MATCH = CheckSpec(
     "PF-IMAGE-MATCH",

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 
-from pairctl.evidence import NodeEvidence
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec, Need
-from pairctl.roce import Gid
+from pairctl.preflight.evidence import NodeEvidence
+from pairctl.preflight.roce import Gid
 
 PF_HCA_2RAIL = CheckSpec(
     "PF-HCA-2RAIL",

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
-from pairctl.evidence import NodeEvidence
 from pairctl.plan import build_rank
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec, Need, View
 from pairctl.preflight.checks_host import own_running
+from pairctl.preflight.evidence import NodeEvidence
 
 # vLLM's default (vllm/config/cache.py CacheConfig.gpu_memory_utilization).
 VLLM_DEFAULT_UTIL = 0.92

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pairctl.config import PairConfig
-from pairctl.evidence import Evidence
 from pairctl.plan import with_recipe_defaults
 from pairctl.preflight.check import Check, CheckSpec, Inputs
 from pairctl.preflight.checks_host import (
@@ -45,6 +44,7 @@ from pairctl.preflight.checks_rdma import (
     PF_ROCE_MTU,
 )
 from pairctl.preflight.checks_system import PF_EARLYOOM, PF_KERNEL_CMA, PF_MEMORY
+from pairctl.preflight.evidence import Evidence
 from pairctl.recipe import Recipe
 
 CHECKS: tuple[CheckSpec, ...] = (

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from pairctl.evidence import Evidence
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check
+from pairctl.preflight.evidence import Evidence
 
 SCHEMA_VERSION = 1
 

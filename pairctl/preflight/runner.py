@@ -1,6 +1,6 @@
 """Running preflight: every check reported the moment its evidence is in.
 
-``pairctl.probe.gather`` resolves the names, then probes both nodes at once; this module
+``pairctl.preflight.probe.gather`` resolves the names, then probes both nodes at once; this module
 runs each registered check as soon as the evidence it declares has arrived (config-only
 checks at once, rank-0 checks when the local probe returns, rank-1 checks when ssh does),
 so an operator watching a slow or unreachable rank 1 sees everything else already judged
@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from pairctl.config import PairConfig
-from pairctl.evidence import ArgvCheck, Evidence
 from pairctl.plan import with_recipe_defaults
 from pairctl.preflight.check import PASS, SKIP, Check, CheckSpec, Inputs, Need
+from pairctl.preflight.evidence import ArgvCheck, Evidence
+from pairctl.preflight.probe import ARGV, NAMES, RANK0, RANK1, gather
 from pairctl.preflight.registry import CHECKS
-from pairctl.probe import ARGV, NAMES, RANK0, RANK1, gather
 from pairctl.recipe import Recipe
 
 # The gather() stage after which each kind of evidence is complete.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pairctl.argcheck import MARK as ARGCHECK_MARK
+from pairctl.preflight.argcheck import MARK as ARGCHECK_MARK
 from tests.fakes.mock_openai import MockConfig, MockServer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -33,9 +33,9 @@ import sys
 from pathlib import Path
 
 from pairctl.config import ConfigError, PairConfig
-from pairctl.evidence import ArgvCheck
 from pairctl.nodes import Node
 from pairctl.plan import LABEL_PAIR, LABEL_ROLE, build_rank
+from pairctl.preflight.evidence import ArgvCheck
 from pairctl.recipe import Recipe
 
 MARK = "@@DSV4-ARGCHECK@@"

@@ -1,6 +1,6 @@
 """Host facts the peers learned the hard way: the probe's shell fragment and its parsers.
 
-Sections (appended to pairctl.probe's script; all read-only except ``mkdir -p`` of the
+Sections (appended to pairctl.preflight.probe's script; all read-only except ``mkdir -p`` of the
 cache directories, which preflight creates like the TileLang cache):
 
 - ``kernel``/``gpu``/``meminfo``: ``uname -r``, the GPU's name (nvidia-smi; GB10 shares

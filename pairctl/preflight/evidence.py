@@ -1,6 +1,6 @@
 """Typed preflight evidence: what the probe saw on each node, and how it reached it.
 
-``pairctl.probe`` builds these from the nodes and ``pairctl.preflight`` decides on them
+``pairctl.preflight.probe`` builds these from the nodes and ``pairctl.preflight`` decides on them
 only, so every verdict replays on recorded evidence. ``dataclasses.asdict(Evidence)`` is the
 ``evidence`` object of ``preflight --json`` (schema_version 1); ``Evidence.from_dict``
 reads one back.
@@ -14,8 +14,8 @@ from typing import Any
 
 from pairctl.docker import Container
 from pairctl.image import ImageFacts
-from pairctl.probe_host import IbPort, Link
-from pairctl.roce import Gid
+from pairctl.preflight.probe_host import IbPort, Link
+from pairctl.preflight.roce import Gid
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class NodeEvidence:
 
 @dataclass(frozen=True)
 class ArgvCheck:
-    """Both ranks' vLLM argv, read by vLLM's own parser (pairctl.argcheck)."""
+    """Both ranks' vLLM argv, read by vLLM's own parser (pairctl.preflight.argcheck)."""
 
     where: str = ""  # which parser: "this machine's vLLM 0.33.0" or "image sha256:... on ..."
     ran: bool = False

@@ -3,7 +3,7 @@
 NCCL addresses a RoCE peer by a GID *index*. On a Spark the RoCEv2 IPv4 entry of a port
 can move to another index after a reboot or a netplan change; a pinned
 ``NCCL_IB_GID_INDEX`` that now points at a RoCEv1 or link-local entry makes ``ibv_modify_qp``
-fail. This module is the evidence side (section ``roce_gids`` of ``pairctl.probe``'s
+fail. This module is the evidence side (section ``roce_gids`` of ``pairctl.preflight.probe``'s
 script); PF-ROCE-GID decides on it in ``pairctl.preflight.checks_rdma``.
 """
 

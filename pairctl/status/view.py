@@ -17,8 +17,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from pairctl.servemetrics import ServingFigures
-from pairctl.status import HEALTHY, MetricsSample, PairStatus, RankStatus
+from pairctl.status.metrics import ServingFigures
+from pairctl.status.pair import HEALTHY, MetricsSample, PairStatus, RankStatus
 
 VERDICT_COLOUR = {"healthy": "bold green", "degraded": "bold yellow", "down": "bold red"}
 

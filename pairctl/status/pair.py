@@ -2,7 +2,7 @@
 
 ``pair_status(cfg)`` returns a ``PairStatus``: each rank's container (state, uptime), the
 endpoint's health and model, and live serving figures from ``/metrics``
-(``pairctl.servemetrics``), plus one verdict with its exit code: ``healthy`` (0) when both
+(``pairctl.status.metrics``), plus one verdict with its exit code: ``healthy`` (0) when both
 ranks run and the endpoint answers with a model, ``down`` (8) when the endpoint does not
 answer and no rank's container is known to run, ``degraded`` (7) for anything in between
 (a rank gone while the endpoint still answers, containers running but the endpoint not
@@ -27,10 +27,10 @@ from pairctl.lifecycle import endpoint, probe_health, session
 from pairctl.nodes import Node, nodes
 from pairctl.plan import LABEL_PLAN, container_name, plan_hash, with_recipe_defaults
 from pairctl.recipe import load_recipe
-from pairctl.servemetrics import MetricsParseError, Scrape, ServingFigures, figures, parse
+from pairctl.status.metrics import MetricsParseError, Scrape, ServingFigures, figures, parse
 
 SCHEMA_VERSION = 1
-DEFAULT_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "dsv4-flash-dspark.yaml"
+DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dsv4-flash-dspark.yaml"
 HEALTHY, DEGRADED, DOWN = "healthy", "degraded", "down"
 EXIT_CODES = {HEALTHY: EXIT_OK, DEGRADED: EXIT_DEGRADED, DOWN: EXIT_DOWN}
 MISSING, UNKNOWN = "missing", "unknown"  # no container of this rank / node did not answer

@@ -1,12 +1,13 @@
 """Evidence collection for preflight: one POSIX sh script per node, parsed into dataclasses.
 
 The script only reads (plus ``mkdir -p`` of the JIT cache dirs, which preflight creates
-when missing). Its output is plain sections, parsed into ``pairctl.evidence`` records, so
+when missing). Its output is plain sections, parsed into ``pairctl.preflight.evidence`` records, so
 recorded evidence replays in unit tests of the decisions in ``pairctl.preflight``. The
 host sections (kernel, memory, RDMA devices, links, caches, model revision, earlyoom) are
-``pairctl.probe_host``'s; the RoCE GID table is ``pairctl.roce``'s. After the probes,
-``gather`` has vLLM's own parser read the argv (``pairctl.argcheck``): locally when vLLM is
-importable here, else the image's parser in a throwaway container on SPARK1.
+``probe_host``'s; the RoCE GID table is ``roce``'s (both in ``pairctl.preflight``). After the
+probes, ``gather`` has vLLM's own parser read the argv (``pairctl.preflight.argcheck``):
+locally when vLLM is importable here, else the image's parser in a throwaway container on
+SPARK1.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 
-from pairctl import argcheck, probe_host
 from pairctl.config import PairConfig
 from pairctl.docker import parse_ps
-from pairctl.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.image import parse_inspect
 from pairctl.nodes import SSH_CONNECT_TIMEOUT_S, Node, nodes
 from pairctl.plan import CACHE_VARS, LABEL_PAIR, is_secret, resolve_image
+from pairctl.preflight import argcheck, probe_host
+from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
+from pairctl.preflight.roce import PROBE_SECTION as _ROCE_SECTION
+from pairctl.preflight.roce import parse_gids
 from pairctl.recipe import Recipe
-from pairctl.roce import PROBE_SECTION as _ROCE_SECTION
-from pairctl.roce import parse_gids
 
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 

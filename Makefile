@@ -21,7 +21,7 @@ $(VPY):
 	$(VPY) -m pip install -q -U pip
 
 venv: $(VPY)
-	$(VPY) -m pip install -q -e '.[dev,fleet]' -e mods/dsv4-flash-overlays
+	$(VPY) -m pip install -q -e '.[bench,sim,perfmodel,dev,fleet]' -e mods/dsv4-flash-overlays
 	@if [[ "$(WITH_VLLM)" == "1" ]]; then \
 	  $(VPY) -c 'import vllm' 2>/dev/null || { echo "installing vllm==0.33.0 (~4 min, ~9 GB)"; \
 	  $(VPY) -m pip install -q 'vllm==0.33.0'; }; fi

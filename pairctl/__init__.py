@@ -1,16 +1,21 @@
-"""pairctl: the testable logic behind ``launch/dspark_launch.sh``.
+"""pairctl: the control plane of a pair (``python -m pairctl``; ``launch/dspark_launch.sh``
+only finds Python and execs it).
 
-The bash launcher only sequences steps; everything that decides something (config
-validation, recipe to argv, preflight verdicts, health/phase tracking) lives here so it
-can be unit-tested on recorded evidence without a Spark, a docker daemon or ssh.
+Everything that decides something (config validation, recipe to argv, preflight verdicts,
+health/phase tracking, the up/down sequence) lives here so it can be unit-tested on
+recorded evidence without a Spark, a docker daemon or ssh.
 """
 
-# Exit codes of launch/dspark_launch.sh (docs/INTERFACES.md); pairctl uses the same.
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_PREFLIGHT = 3
-EXIT_BOOT = 4
-EXIT_TIMEOUT = 5
-EXIT_GATE = 6
-EXIT_DEGRADED = 7  # status: something runs, but the pair is not fully healthy
-EXIT_DOWN = 8  # status: the endpoint does not answer and no rank's container runs
+# The exit codes, defined once in pairctl.contracts (docs/INTERFACES.md is generated from it).
+from pairctl.contracts import (  # noqa: F401 - re-exported
+    EXIT_BOOT,
+    EXIT_DEGRADED,
+    EXIT_DOWN,
+    EXIT_GATE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PREFLIGHT,
+    EXIT_RUNTIME,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+)

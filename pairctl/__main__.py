@@ -1,4 +1,4 @@
-"""``python -m pairctl``: the launcher's Python half (launch/dspark_launch.sh calls it)."""
+"""``python -m pairctl``: every command of the launcher (launch/dspark_launch.sh execs it)."""
 
 import sys
 

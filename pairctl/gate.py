@@ -9,24 +9,23 @@ shell is not put between the gate and the pair (requests honours NO_PROXY).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
-from pairctl.config import PairConfig
-from pairctl.lifecycle import endpoint
+from pairctl.resolved import ResolvedPair
 
 
-def gate_env(cfg: PairConfig, base: dict[str, str]) -> dict[str, str]:
+def gate_env(pair: ResolvedPair, base: dict[str, str]) -> dict[str, str]:
     env = dict(base)
-    if cfg.VLLM_API_KEY:
-        env["OPENAI_API_KEY"] = cfg.VLLM_API_KEY
+    if pair.api_key:
+        env["OPENAI_API_KEY"] = pair.api_key
     hosts = [h for h in (env.get("NO_PROXY") or env.get("no_proxy") or "").split(",") if h]
-    env["NO_PROXY"] = env["no_proxy"] = ",".join([*hosts, cfg.SPARK1])
+    env["NO_PROXY"] = env["no_proxy"] = ",".join([*hosts, pair.spark1])
     return env
 
 
-def run_gate(cfg: PairConfig) -> int:
-    """Replace this process with the gate (its exit code is the launcher's to read)."""
-    argv = [sys.executable, "-m", "bench.quality_ref_dspark", "--url", endpoint(cfg)]
+def run_gate(pair: ResolvedPair) -> int:
+    """Run the gate against the pair's endpoint; its exit code."""
+    argv = [sys.executable, "-m", "bench.quality_ref_dspark", "--url", pair.endpoint]
     sys.stdout.flush()
-    os.execvpe(argv[0], argv, gate_env(cfg, dict(os.environ)))
-    return 1  # not reached
+    return subprocess.run(argv, env=gate_env(pair, dict(os.environ)), check=False).returncode

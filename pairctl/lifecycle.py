@@ -20,20 +20,11 @@ from dataclasses import dataclass
 
 from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT, bootlog
 from pairctl.bootlog import phase_of
-from pairctl.config import PairConfig
 from pairctl.docker import State, inspect, logs_tail, remove_pair
 from pairctl.image import ImageFacts, parse_inspect
 from pairctl.nodes import Node, nodes
-from pairctl.plan import (
-    CACHE_VARS,
-    ENTRYPOINT,
-    build_rank,
-    container_name,
-    mask_argv,
-    plan_hash,
-    resolve_image,
-)
-from pairctl.recipe import Recipe
+from pairctl.plan import CACHE_VARS, ENTRYPOINT, build_rank, container_name, mask_argv
+from pairctl.resolved import ResolvedPair
 
 
 def log(msg: str) -> None:
@@ -43,7 +34,9 @@ def log(msg: str) -> None:
 JOIN_HINT_AFTER_S = 90.0
 
 
-def join_hint(head_phase: str, worker_phase: str, waited_s: float, cfg: PairConfig) -> str | None:
+def join_hint(
+    head_phase: str, worker_phase: str, waited_s: float, pair: ResolvedPair
+) -> str | None:
     """A hint once the head has waited long in distributed init (the DistStoreError family).
 
     ``head_phase`` is the head's bootlog phase; only ``rendezvous`` (its worker logged
@@ -52,11 +45,11 @@ def join_hint(head_phase: str, worker_phase: str, waited_s: float, cfg: PairConf
     """
     if head_phase != bootlog.RENDEZVOUS or waited_s < JOIN_HINT_AFTER_S:
         return None
-    target = f"{cfg.master_addr}:{cfg.MASTER_PORT}"
+    target = f"{pair.master_addr}:{pair.master_port}"
     if worker_phase == bootlog.RENDEZVOUS:
         why = (
             f"rank 1 is in distributed init too, but cannot reach {target} (the head's "
-            f"TCP store) or the head's ZeroMQ ports over {cfg.NCCL_SOCKET_IFNAME}: check the "
+            f"TCP store) or the head's ZeroMQ ports over {pair.cfg.NCCL_SOCKET_IFNAME}: check the "
             "firewall, MASTER_ADDR and PF-NCCL-IFACE"
         )
     else:
@@ -73,12 +66,6 @@ def join_hint(head_phase: str, worker_phase: str, waited_s: float, cfg: PairConf
 def fmt_elapsed(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 60}m{s % 60:02d}s"
-
-
-def endpoint(cfg: PairConfig) -> str:
-    """Base URL of the pair's endpoint (rank 0); IPv6 literals get brackets."""
-    host = f"[{cfg.SPARK1}]" if ":" in cfg.SPARK1 else cfg.SPARK1
-    return f"http://{host}:{cfg.PORT}"
 
 
 @dataclass(frozen=True)
@@ -128,11 +115,11 @@ def probe_health(base: str, timeout: float = 3.0, api_key: str = "") -> Health:
     return Health(bool(models), models, sim, "ok" if models else "no models listed")
 
 
-def cleanup(cfg: PairConfig) -> int:
+def cleanup(pair: ResolvedPair) -> int:
     """Remove this pair's containers (label-selected) on both nodes; 0 if both went fine."""
     rc = EXIT_OK
-    for node in reversed(nodes(cfg)):
-        removed, err = remove_pair(node, cfg.PAIR_ID)
+    for node in reversed(nodes(pair.cfg)):
+        removed, err = remove_pair(node, pair.pair_id)
         if err:
             log(f"cleanup: {err}")
             rc = 1
@@ -151,12 +138,12 @@ docker image inspect "$IMAGE" 2>&1; echo "rc=$?"
 """
 
 
-def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str]) -> int:
+def start_rank(pair: ResolvedPair, rank: int) -> int:
     """docker run one rank on its node (overlay mount only if OVERLAY_DIR exists there)."""
-    node = nodes(cfg)[rank]
-    image = resolve_image(cfg, recipe)
-    caches = [cfg.values[v] for v in CACHE_VARS]
-    head = f"OV={shlex.quote(cfg.OVERLAY_DIR)}\nIMAGE={shlex.quote(image)}\n"
+    node = nodes(pair.cfg)[rank]
+    image = pair.image
+    caches = [pair.cfg.values[v] for v in CACHE_VARS]
+    head = f"OV={shlex.quote(pair.overlay_dir)}\nIMAGE={shlex.quote(image)}\n"
     head += f"set -- {shlex.join(caches)}\n"
     res = node.run_script(head + _START_SCRIPT, timeout=60)
     if res.rc == 255 and node.remote:
@@ -165,7 +152,7 @@ def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
     before, _, inspected = res.out.partition("==== image ====")
     if "overlay=yes" not in before:
         log(
-            f"WARN start: {cfg.OVERLAY_DIR} missing on {node.label}: booting without overlays "
+            f"WARN start: {pair.overlay_dir} missing on {node.label}: booting without overlays "
             "(run launch/dspark_launch.sh sync-overlays)"
         )
     if "mkdir=fail" in before:
@@ -179,7 +166,7 @@ def start_rank(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str
             f"--entrypoint {ENTRYPOINT}"
         )
     overlay = "overlay=yes" in before
-    rp = build_rank(cfg, recipe, rank, passthrough, overlay=overlay, image_facts=facts)
+    rp = build_rank(pair, rank, overlay=overlay, image_facts=facts)
     log(
         f"start: rank {rank} ({rp.role}) on {node.label}: docker "
         + shlex.join(mask_argv(rp.docker_argv[:4]))
@@ -246,25 +233,25 @@ def _print_dead(node: Node, name: str, why: str) -> None:
 
 
 def wait_healthy(
-    cfg: PairConfig,
+    pair: ResolvedPair,
     timeout_s: float,
     poll_s: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Poll until healthy (0), a rank dies (4) or the timeout passes (5). No teardown here."""
     start = clock()
-    base = endpoint(cfg)
+    base = pair.endpoint
     tty = sys.stderr.isatty()
     last_line, last_print = "", 0.0
-    pair = nodes(cfg)
+    ranks = nodes(pair.cfg)
     misses = {0: 0, 1: 0}
     waiting_since: float | None = None
     hinted = False
     while True:
         now = clock()
         dead: list[tuple[Node, str, State]] = []
-        for node in pair:
-            name = container_name(cfg.PAIR_ID, node.rank)
+        for node in ranks:
+            name = container_name(pair.pair_id, node.rank)
             st = inspect(node, name)
             if st is None:
                 misses[node.rank] += 1
@@ -281,9 +268,9 @@ def wait_healthy(
         if dead:
             if tty:
                 print(file=sys.stderr)
-            report_dead(dead + _also_dead(cfg, pair, dead))
+            report_dead(dead + _also_dead(pair.pair_id, ranks, dead))
             return EXIT_BOOT
-        h = probe_health(base, api_key=cfg.VLLM_API_KEY)
+        h = probe_health(base, api_key=pair.api_key)
         elapsed = fmt_elapsed(now - start)
         if h.healthy:
             if tty:
@@ -299,13 +286,13 @@ def wait_healthy(
                 f"{h.detail}. A first boot takes ~10 min (graph capture); raise --timeout "
                 "if this was one."
             )
-            for node in pair:
-                _print_dead(node, container_name(cfg.PAIR_ID, node.rank), "timed out")
+            for node in ranks:
+                _print_dead(node, container_name(pair.pair_id, node.rank), "timed out")
             return EXIT_TIMEOUT
         phases = []
         by_rank: dict[int, str] = {}
-        for node in pair:
-            text = logs_tail(node, container_name(cfg.PAIR_ID, node.rank), 60)
+        for node in ranks:
+            text = logs_tail(node, container_name(pair.pair_id, node.rank), 60)
             phase = by_rank[node.rank] = phase_of(text)
             phases.append(f"rank{node.rank}: {bootlog.shown(phase, node.rank)}")
             if node.rank == 0:
@@ -313,7 +300,8 @@ def wait_healthy(
                     waiting_since = None
                 elif waiting_since is None:
                     waiting_since = now
-        hint = join_hint(by_rank.get(0, ""), by_rank.get(1, ""), now - (waiting_since or now), cfg)
+        waited = now - (waiting_since or now)
+        hint = join_hint(by_rank.get(0, ""), by_rank.get(1, ""), waited, pair)
         if hint and not hinted:
             if tty:
                 print(file=sys.stderr)
@@ -332,24 +320,20 @@ ALSO_DEAD_AFTER_S = 1.0
 
 
 def _also_dead(
-    cfg: PairConfig, pair: tuple[Node, ...], dead: list[tuple[Node, str, State]]
+    pair_id: str, ranks: tuple[Node, ...], dead: list[tuple[Node, str, State]]
 ) -> list[tuple[Node, str, State]]:
     """The other rank, if it died too: one look after a second. A rank that crashes takes
     its peer down within moments, and the poll may have seen the peer go first (its
     inspect ran later); the first to die is the cause, so it must be in the report."""
     gone = {n.rank for n, _, _ in dead}
-    rest = [n for n in pair if n.rank not in gone]
+    rest = [n for n in ranks if n.rank not in gone]
     if not rest:
         return []
     time.sleep(ALSO_DEAD_AFTER_S)
     more = []
     for node in rest:
-        name = container_name(cfg.PAIR_ID, node.rank)
+        name = container_name(pair_id, node.rank)
         st = inspect(node, name)
         if st is not None and not st.running:
             more.append((node, name, st))
     return more
-
-
-def current_plan(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:
-    return plan_hash(cfg, recipe, passthrough)

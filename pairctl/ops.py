@@ -1,29 +1,29 @@
-"""The operator's commands behind ``launch/dspark_launch.sh``: status, logs, watch and
-sync-overlays (each gets the validated config from ``pairctl.cli``)."""
+"""The operator's commands besides up/down: status, logs, the gate, watch and sync-overlays
+(each gets the parsed command line and the resolved pair from ``pairctl.cli``)."""
 
 from __future__ import annotations
 
-import argparse
-import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from pairctl import EXIT_OK, EXIT_PREFLIGHT
-from pairctl import lifecycle as lc
 from pairctl import preflight as pf
-from pairctl.config import PairConfig
+from pairctl.contracts import EXIT_GATE, EXIT_OK, EXIT_PREFLIGHT, EXIT_RUNTIME
 from pairctl.docker import pair_containers
+from pairctl.frontdoor import Args
+from pairctl.gate import run_gate
 from pairctl.nodes import nodes
 from pairctl.overlays import sync
 from pairctl.plan import container_name
 from pairctl.preflight import runner
-from pairctl.recipe import Recipe
+from pairctl.resolved import ResolvedPair
 from pairctl.status import pair as pst
 from pairctl.status import view as status_view
 from pairctl.status import watch
+from pairctl.status.watch import lock_busy
+from pairctl.updown import lock_path
 
-EXIT_RUNTIME = 1
 # What sync-overlays must know before it writes to two machines: that this is SPARK1 and
 # SPARK2 is another machine (the checks, and the exit code, with which up refuses).
 IDENTITY_CHECKS = ("PF-SELF-IS-SPARK1", "PF-DISTINCT-NODES")
@@ -42,48 +42,39 @@ def progress(msg: str) -> None:
     log(f"preflight: {msg}...")
 
 
-def lock_path(cfg: PairConfig) -> str:
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    # SPARK1 in the name: two test pairs on one machine may share a PAIR_ID.
-    return f"{base}/dsv4-launch-{cfg.PAIR_ID}-{cfg.SPARK1}.lock"
-
-
-def status(args: argparse.Namespace, cfg: PairConfig, recipe: Recipe, extra: list[str]) -> int:
+def status(a: Args, pair: ResolvedPair) -> int:
     """Exit 0 healthy, 7 degraded, 8 down (with --watch: the last reading's)."""
-    want = lc.current_plan(cfg, recipe, extra)
-    if args.watch:
-        interval = args.interval if args.interval is not None else 2.0
+    if a.watch:
+        interval = a.interval if a.interval is not None else 2.0
 
         def reading(prev: pst.MetricsSample | None):
-            return pst.collect(cfg, prev, interval, want)
+            return pst.collect(pair, prev, interval)
 
-        return status_view.watch(reading, interval, args.count, as_json=args.json)
-    interval = args.interval if args.interval is not None else 1.0
-    st = pst.pair_status(cfg, interval_s=interval, want_plan=want)
-    text = status_view.render_json(st) + "\n" if args.json else status_view.render_text(st)
+        return status_view.watch(reading, interval, a.count, as_json=a.json)
+    interval = a.interval if a.interval is not None else 1.0
+    st = pst.pair_status(pair, interval_s=interval)
+    text = status_view.render_json(st) + "\n" if a.json else status_view.render_text(st)
     sys.stdout.write(text)
     return st.exit_code
 
 
-def sync_overlays(
-    args: argparse.Namespace, cfg: PairConfig, recipe: Recipe, extra: list[str]
-) -> int:
+def sync_overlays(a: Args, pair: ResolvedPair) -> int:
     """Refuse, as up does (exit 3), unless this is SPARK1 and SPARK2 is another machine."""
     specs = tuple(pf.BY_ID[i] for i in IDENTITY_CHECKS)
-    checks, _ = runner.run(cfg, recipe, extra, {}, print_check, progress, specs, False)
+    checks, _ = runner.run(pair, {}, print_check, progress, specs, False)
     if pf.failed(checks):
         log("sync-overlays refused: run it on this pair's rank-0 node; nothing was copied")
         return EXIT_PREFLIGHT
-    return sync(cfg, Path(args.src))
+    return sync(pair.cfg, Path(a.src))
 
 
-def logs(args: argparse.Namespace, cfg: PairConfig, recipe: Recipe, extra: list[str]) -> int:
+def logs(a: Args, pair: ResolvedPair) -> int:
     """One rank's container log. A node that cannot be asked, or no container, is a message
     and exit 1 (never ssh's bare 255)."""
-    node = nodes(cfg)[args.rank]
-    name = container_name(cfg.PAIR_ID, args.rank)
+    node = nodes(pair.cfg)[a.rank]
+    name = container_name(pair.pair_id, a.rank)
     via = " over ssh" if node.remote else ""
-    found, res = pair_containers(node, cfg.PAIR_ID)
+    found, res = pair_containers(node, pair.pair_id)
     if res.rc != 0:
         why = (res.err or res.out).strip()[-300:] or f"rc={res.rc}"
         log(f"logs: cannot ask docker on {node.label}{via}: {why}")
@@ -95,9 +86,9 @@ def logs(args: argparse.Namespace, cfg: PairConfig, recipe: Recipe, extra: list[
         )
         return EXIT_RUNTIME
     argv = ["docker", "logs"]
-    if args.tail is not None:
-        argv += ["--tail", str(args.tail)]
-    if args.follow:
+    if a.tail is not None:
+        argv += ["--tail", str(a.tail)]
+    if a.follow:
         argv.append("-f")
     argv.append(name)
     sys.stdout.flush()
@@ -111,29 +102,38 @@ def logs(args: argparse.Namespace, cfg: PairConfig, recipe: Recipe, extra: list[
     return EXIT_RUNTIME
 
 
-def watchdog(args: argparse.Namespace, cfg: PairConfig, recipe: Recipe, extra: list[str]) -> int:
+def gate(pair: ResolvedPair) -> int:
+    """The post-up quality gate, in this process; the endpoint stays up either way."""
+    rc = run_gate(pair)
+    if rc != EXIT_OK:
+        log(f"quality gate FAILED against {pair.endpoint} (endpoint left running for inspection)")
+        return EXIT_GATE
+    print("quality gate passed")
+    return EXIT_OK
+
+
+def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
     """Run the watchdog until SIGTERM/SIGINT (exit 0)."""
     wc = watch.WatchConfig(
-        interval_s=args.interval,
-        failures=args.failures,
-        probe_timeout_s=args.probe_timeout,
-        backoff_s=args.backoff,
-        backoff_max_s=max(args.backoff_max, args.backoff),
+        interval_s=a.interval if a.interval is not None else 30.0,
+        failures=a.failures,
+        probe_timeout_s=a.probe_timeout,
+        backoff_s=a.backoff,
+        backoff_max_s=max(a.backoff_max, a.backoff),
     )
-    say = watch.printer(cfg.PAIR_ID)
-    common = ["--env-file", args.env_file, "--recipe", args.recipe]
-    base = lc.endpoint(cfg)
+    say = watch.printer(pair.pair_id)
+    base = pair.endpoint
     dog = watch.Watchdog(
         wc,
-        probe=lambda: watch.probe_token(base, wc.probe_timeout_s, cfg.VLLM_API_KEY),
-        restart=watch.launcher_restart(args.launcher, common, args.timeout, extra, say),
+        probe=lambda: watch.probe_token(base, wc.probe_timeout_s, pair.api_key),
+        restart=restart,
         log=say,
-        busy=lambda: watch.lock_busy(lock_path(cfg)),
+        busy=lambda: lock_busy(lock_path(pair)),
     )
     what = (
         f"{base}/v1: a 1-token completion every {wc.interval_s:g} s (answer within "
         f"{wc.probe_timeout_s:g} s); after {wc.failures} failures in a row: down, then up "
-        f"(up --timeout {args.timeout}); a failed restart waits {wc.backoff_s:g} s, doubling "
+        f"(up --timeout {a.timeout}); a failed restart waits {wc.backoff_s:g} s, doubling "
         f"up to {wc.backoff_max_s:g} s"
     )
     return watch.serve(dog, what)

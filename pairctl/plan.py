@@ -12,12 +12,17 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from pairctl.config import SECRET_NAMES, ConfigError, PairConfig
 from pairctl.image import ImageFacts, pythonpath
 from pairctl.nodes import ssh_argv
 from pairctl.recipe import Mount, Recipe, serve_argv, substitute
+
+if TYPE_CHECKING:
+    from pairctl.resolved import ResolvedPair
 
 OVERLAY_MOUNT = "/opt/dsv4-flash-overlays"
 # The RDMA devices NCCL opens (uverbs*); without them it falls back to TCP sockets, which
@@ -91,7 +96,9 @@ def resolve_image(cfg: PairConfig, recipe: Recipe) -> str:
     return image
 
 
-def _placeholders(cfg: PairConfig, rank: int) -> dict[str, str]:
+def placeholders(cfg: PairConfig, rank: int) -> dict[str, str]:
+    """The recipe's ``${NAME}`` values for one rank: the env file's, plus MASTER_ADDR (with
+    its SPARK1 default), NODE_IP and RANK."""
     values = dict(cfg.values)
     values["MASTER_ADDR"] = cfg.master_addr
     values["NODE_IP"] = cfg.SPARK1 if rank == 0 else cfg.SPARK2
@@ -99,12 +106,19 @@ def _placeholders(cfg: PairConfig, rank: int) -> dict[str, str]:
     return values
 
 
-def vllm_args(cfg: PairConfig, recipe: Recipe, rank: int, passthrough: list[str]) -> list[str]:
-    """``vllm serve MODEL <recipe args> <per-rank args> <passthrough>``."""
+def vllm_args(
+    cfg: PairConfig,
+    recipe: Recipe,
+    rank: int,
+    values: Mapping[str, str],
+    passthrough: Sequence[str],
+) -> list[str]:
+    """``vllm serve MODEL <recipe args> <per-rank args> <passthrough>``; ``cfg`` has the
+    recipe's defaults applied (PORT), ``values`` are the rank's placeholders."""
     serve = dict(recipe.serve)
-    serve["port"] = int(with_recipe_defaults(cfg, recipe).PORT)  # env PORT > recipe port
+    serve["port"] = int(cfg.PORT)  # env PORT > recipe port
     argv = ["vllm", "serve", cfg.MODEL_PATH]
-    argv += serve_argv(serve, _placeholders(cfg, rank))
+    argv += serve_argv(serve, dict(values))
     argv += [
         "--node-rank",
         str(rank),
@@ -123,6 +137,7 @@ def container_env(
     cfg: PairConfig,
     recipe: Recipe,
     rank: int,
+    values: Mapping[str, str],
     overlay: bool,
     image: ImageFacts | None = None,
 ) -> dict[str, str]:
@@ -131,10 +146,9 @@ def container_env(
     With the overlays, PYTHONPATH is the image's own PYTHONPATH (``image``, read on the
     node) with the overlay mount appended.
     """
-    values = _placeholders(cfg, rank)
     env: dict[str, str] = {}
     for k, v in recipe.env.items():
-        val = substitute(v, values, f"recipe env {k}")
+        val = substitute(v, dict(values), f"recipe env {k}")
         if val != "":
             env[k] = val
     if overlay:
@@ -145,44 +159,44 @@ def container_env(
     return env
 
 
-def plan_hash(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> str:
-    """Short fingerprint of what would run; stored as a label to spot config drift."""
+def plan_hash(argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]], image: str) -> str:
+    """Short fingerprint of what would run (both ranks' vLLM argv and env with the overlay,
+    and the image); stored as a label to spot config drift."""
     h = hashlib.sha256()
-    for rank in (0, 1):
-        h.update("\0".join(vllm_args(cfg, recipe, rank, passthrough)).encode())
-        env = container_env(cfg, recipe, rank, overlay=True)
+    for argv, env in zip(argvs, envs, strict=True):
+        h.update("\0".join(argv).encode())
         h.update("\0".join(f"{k}={v}" for k, v in sorted(env.items())).encode())
-    h.update(resolve_image(cfg, recipe).encode())
+    h.update(image.encode())
     return h.hexdigest()[:12]
 
 
 def build_rank(
-    cfg: PairConfig,
-    recipe: Recipe,
+    pair: ResolvedPair,
     rank: int,
-    passthrough: list[str],
     overlay: bool = True,
     image_facts: ImageFacts | None = None,
 ) -> RankPlan:
     """The docker run argv for one rank; ``overlay`` False drops the overlay mount.
 
     ``image_facts``: what ``docker image inspect`` says about the image on this rank's node
-    (its PYTHONPATH is kept); None when it was not read (``plan``).
+    (its PYTHONPATH is kept); None when it was not read (``plan``). The vLLM argv, the
+    placeholders and the plan hash come from the resolved pair, computed once there.
     """
     if rank not in (0, 1):
         raise ConfigError(f"rank must be 0 or 1, not {rank}")
+    cfg, recipe = pair.cfg, pair.recipe
     role = "head" if rank == 0 else "worker"
-    name = container_name(cfg.PAIR_ID, rank)
-    image = resolve_image(cfg, recipe)
-    values = _placeholders(cfg, rank)
+    name = container_name(pair.pair_id, rank)
+    image = pair.image
+    values = pair.placeholders[rank]
     mounts = [Mount(cfg.MODEL_PATH, cfg.MODEL_PATH, ro=True)]
     mounts += [Mount(cfg.values[v], cfg.values[v]) for v in CACHE_VARS]
     if overlay:
         mounts.append(Mount(cfg.OVERLAY_DIR, OVERLAY_MOUNT, ro=True))
     for m in recipe.mounts:
         mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
-    env = container_env(cfg, recipe, rank, overlay, image_facts)
-    vargs = vllm_args(cfg, recipe, rank, passthrough)
+    env = container_env(cfg, recipe, rank, values, overlay, image_facts)
+    vargs = pair.vllm_argv[rank]
     argv: list[str] = [
         "run",
         "-d",
@@ -195,7 +209,7 @@ def build_rank(
         "--label",
         f"{LABEL_ROLE}={role}",
         "--label",
-        f"{LABEL_PLAN}={plan_hash(cfg, recipe, passthrough)}",
+        f"{LABEL_PLAN}={pair.plan_hash}",
         "--network",
         "host",
         "--gpus",
@@ -227,7 +241,7 @@ def build_rank(
     return RankPlan(
         rank=rank,
         role=role,
-        node=cfg.SPARK1 if rank == 0 else cfg.SPARK2,
+        node=pair.node_addr(rank),
         name=name,
         image=image,
         env=env,
@@ -254,19 +268,18 @@ def mask_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
-def render_plan(
-    cfg: PairConfig, recipe: Recipe, passthrough: list[str], argv_note: str = ""
-) -> str:
+def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
     """Human-readable plan: per rank, the docker line, env, mounts and vLLM args (masked).
 
     ``plan`` contacts no node, so what only a node can tell (the image's own PYTHONPATH
     and entrypoint) is stated as an assumption; ``up`` reads it on each node.
     """
+    cfg, recipe = pair.cfg, pair.recipe
     lines = [
-        f"# pair {cfg.PAIR_ID}: recipe {recipe.name} ({recipe.path}), "
-        f"env {cfg.env_file}, plan {plan_hash(cfg, recipe, passthrough)}",
-        f"# endpoint: http://{cfg.SPARK1}:{cfg.PORT}/v1 "
-        f"(master {cfg.master_addr}:{cfg.MASTER_PORT})",
+        f"# pair {pair.pair_id}: recipe {recipe.name} ({recipe.path}), "
+        f"env {cfg.env_file}, plan {pair.plan_hash}",
+        f"# endpoint: http://{pair.spark1}:{pair.port}/v1 "
+        f"(master {pair.master_addr}:{pair.master_port})",
         "# order: remove this pair's stale containers on both nodes (label "
         f"{LABEL_PAIR}={cfg.PAIR_ID}), start rank 1, start rank 0, wait for health",
         f"# if OVERLAY_DIR ({cfg.OVERLAY_DIR}) is missing on a node, that node boots "
@@ -279,7 +292,7 @@ def render_plan(
     if argv_note:
         lines.append(f"# {argv_note}")
     for rank in (1, 0):
-        rp = build_rank(cfg, recipe, rank, passthrough)
+        rp = build_rank(pair, rank)
         where = "local (SPARK1)" if rank == 0 else f"ssh {cfg.ssh_target()} (SPARK2)"
         lines.append("")
         lines.append(f"## rank {rank} ({rp.role}) on {rp.node} via {where}: container {rp.name}")

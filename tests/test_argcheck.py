@@ -19,6 +19,7 @@ from pairctl.preflight import argcheck
 from pairctl.preflight.checks_launch import check_vllm_args
 from pairctl.preflight.evidence import ArgvCheck
 from pairctl.recipe import load_recipe, parse_recipe
+from pairctl.resolved import resolve
 from tests.fakes.fakepair import Env, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ def test_real_parser_names_each_typo_and_where_it_came_from() -> None:
         (good, ["--bogus-flag", "1"]),
         (good, ["--max_num_seqs", "8"]),  # vLLM's own underscore spelling is a full name
     ]
-    argvs = [argv for r, extra in cases for argv in argcheck.rank_argvs(cfg, r, extra)]
+    argvs = [argv for r, extra in cases for argv in argcheck.rank_argvs(resolve(cfg, r, extra))]
     out, err = argcheck.run_script_locally(argvs)
     data = json.loads(out.split(argcheck.MARK, 1)[1])
     assert data["vllm"] == "0.33.0", err[-2000:]
@@ -108,7 +109,7 @@ def test_cache_key_ignores_only_the_launchers_wiring() -> None:
 
 def test_throwaway_container_is_labelled_isolated_and_removed() -> None:
     cfg = parse_env(ENV)
-    argv = argcheck.container_argv(cfg, "img:1", [["/m", "--max-num-seqs", "24"]])
+    argv = argcheck.container_argv(cfg.PAIR_ID, "img:1", [["/m", "--max-num-seqs", "24"]])
     i = argv.index("img:1")
     head = argv[:i]
     assert argv[:3] == ["docker", "run", "--rm"] and "-d" not in head

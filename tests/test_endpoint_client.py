@@ -16,9 +16,13 @@ import requests
 from pairctl.config import parse_env
 from pairctl.gate import gate_env
 from pairctl.lifecycle import probe_health
+from pairctl.recipe import load_recipe
+from pairctl.resolved import resolve
 from pairctl.status.pair import scrape
 from pairctl.status.watch import probe_token
 from tests.support.twin import Twin, free_port, wait_http
+
+REPO = Path(__file__).resolve().parents[1]
 
 KEY = "sk-pair-test-key"
 
@@ -83,9 +87,11 @@ def test_gate_gets_the_key_by_env_and_bypasses_the_proxy() -> None:
         "NCCL_SOCKET_IFNAME": "e",
         "GLOO_SOCKET_IFNAME": "e",
     }
-    out = gate_env(parse_env(dict(env, VLLM_API_KEY=KEY)), {"NO_PROXY": "corp.local"})
+    recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
+    keyed = resolve(parse_env(dict(env, VLLM_API_KEY=KEY)), recipe)
+    out = gate_env(keyed, {"NO_PROXY": "corp.local"})
     assert out["OPENAI_API_KEY"] == KEY and out["NO_PROXY"] == "corp.local,10.0.0.1"
-    assert "OPENAI_API_KEY" not in gate_env(parse_env(env), {})
+    assert "OPENAI_API_KEY" not in gate_env(resolve(parse_env(env), recipe), {})
 
 
 def test_the_gate_script_reads_the_key_from_the_env(keyed_twin: str, tmp_path: Path) -> None:

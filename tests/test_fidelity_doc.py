@@ -14,6 +14,7 @@ from pairctl.bootlog import NEEDLES
 from pairctl.config import parse_env
 from pairctl.plan import CACHE_VARS, build_rank, is_secret
 from pairctl.recipe import load_recipe
+from pairctl.resolved import resolve
 from tests.support.vllm_src import site_packages, string_constants
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ def _generated() -> dict[str, str]:
     by_path = {cfg.values[v]: v for v in ("MODEL_PATH", "OVERLAY_DIR", *CACHE_VARS)}
     items: dict[str, str] = {}
     for rank in (0, 1):
-        rp = build_rank(cfg, recipe, rank, [])
+        rp = build_rank(resolve(cfg, recipe), rank)
         argv = list(rp.docker_argv)
         image_at = argv.index(rp.image)
         items["docker run -d"] = "-d"

@@ -28,7 +28,7 @@ from pairctl.fleet import (
 )
 from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import Fleet, PairEntry
-from pairctl.fleet.pairs import PairView, env_file_matches, launcher_argv
+from pairctl.fleet.pairs import PairView, env_file_matches, pair_argv
 from pairctl.fleet.remote import PID_TAG, Machine, is_local_address
 from pairctl.nodes import Result
 from sim.rehearsal.docker_args import require_contract, run_args
@@ -217,7 +217,7 @@ def test_plan_prints_every_step_and_no_secret(f: Fleet) -> None:
     assert SECRET not in text
     assert "StrictHostKeyChecking=yes" in text and "BatchMode=yes" in text
     assert "StrictHostKeyChecking=no" not in text
-    assert "/srv/dsv4/launch/dspark_launch.sh up --env-file" in text
+    assert "/srv/dsv4/.venv/bin/python -m pairctl up --env-file" in text
     assert "docker run -d --name dsv4-fleet-test-router" in text
     assert text.count("## pair ") == 2
 
@@ -243,10 +243,14 @@ def test_remote_commands_keep_host_key_checking_and_announce_their_pid(f: Fleet)
     assert local.argv(["true"]) == ["true"]
 
 
-def test_launcher_runs_from_the_heads_checkout(f: Fleet) -> None:
-    argv = launcher_argv(f, f.pairs[1], "up", "--timeout", "60")
+def test_pair_command_runs_from_the_heads_checkout(f: Fleet) -> None:
+    """The pair's own `python -m pairctl up` on its head (never the bash launcher: one
+    process per pair command), from the head checkout's venv."""
+    argv = pair_argv(f, f.pairs[1], "up", "--timeout", "60")
     assert argv == [
-        "/srv/dsv4/launch/dspark_launch.sh",
+        "/srv/dsv4/.venv/bin/python",
+        "-m",
+        "pairctl",
         "up",
         "--env-file",
         f.pairs[1].remote_env_file,

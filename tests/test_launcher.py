@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -247,31 +246,22 @@ def test_generated_docker_lines_parse_with_real_docker_client(pair: Env) -> None
     docker = shutil.which("docker")
     if docker is None:
         pytest.skip("no docker client on PATH")
-    for rank in (0, 1):
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pairctl",
-                "argv",
-                "--rank",
-                str(rank),
-                "--env-file",
-                str(pair.env_file),
-            ],
-            capture_output=True,
-            check=True,
-        ).stdout.decode()
-        argv = out.rstrip("\0").split("\0")
-        _assert_real_client_parses(docker, argv)
+    from pairctl.contracts import DEFAULT_RECIPE
+    from pairctl.plan import build_rank
+    from pairctl.resolved import load
+
+    resolved = load(pair.env_file, DEFAULT_RECIPE)
+    for rank in (0, 1):  # the line up runs, unmasked (secrets travel by name: -e HF_TOKEN)
+        _assert_real_client_parses(docker, list(build_rank(resolved, rank).docker_argv))
     # the throwaway container preflight runs the image's own vLLM parser in
     from pairctl.config import load_env_file
     from pairctl.preflight.argcheck import container_argv, rank_argvs
     from pairctl.recipe import load_recipe
+    from pairctl.resolved import resolve
 
     cfg = load_env_file(pair.env_file)
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    line = container_argv(cfg, "img:1", rank_argvs(cfg, recipe, []))
+    line = container_argv(cfg.PAIR_ID, "img:1", rank_argvs(resolve(cfg, recipe)))
     _assert_real_client_parses(docker, line[1:])
 
 

@@ -44,6 +44,7 @@ from pairctl.preflight.checks_rdma import check_hca
 from pairctl.preflight.evidence import Evidence, NodeEvidence
 from pairctl.preflight.probe import parse_probe
 from pairctl.recipe import load_recipe
+from pairctl.resolved import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -446,7 +447,7 @@ def _decide(n1: NodeEvidence, n0: NodeEvidence | None = None, **env: str) -> dic
     cfg = parse_env(dict(ENV, **env))
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
     evidence = Evidence(resolved=RESOLVED, nodes={"0": n0 or ev(), "1": n1})
-    checks = decide(cfg, recipe, [], evidence, {"a.py": "x"})
+    checks = decide(resolve(cfg, recipe), evidence, {"a.py": "x"})
     assert [c.id for c in checks] == [s.id for s in CHECKS]  # report order = registry order
     return {c.id: c.status for c in checks}
 
@@ -485,7 +486,8 @@ def test_undeclared_evidence_raises() -> None:
     cfg = parse_env(ENV)
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
     greedy = replace(PF_SSH, decide=lambda v: check_ssh(v.rank1))
-    inputs = Inputs(cfg, recipe, (), Evidence(resolved=RESOLVED, nodes={"0": ev(), "1": ev()}), {})
+    evidence = Evidence(resolved=RESOLVED, nodes={"0": ev(), "1": ev()})
+    inputs = Inputs(resolve(cfg, recipe), evidence, {})
     with pytest.raises(UndeclaredEvidence, match="PF-SSH reads RANK1"):
         greedy.run(inputs)
 
@@ -506,7 +508,7 @@ def test_first_dead_rank_leads_the_report() -> None:
 def test_join_hint_only_after_a_long_wait() -> None:
     from pairctl.lifecycle import join_hint
 
-    cfg = parse_env(ENV)
+    cfg = resolve(parse_env(ENV), load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml"))
     assert join_hint("rendezvous", "rendezvous", 10, cfg) is None
     assert join_hint("loading weights", "rendezvous", 500, cfg) is None
     # both in distributed init: rank 1 cannot reach the head's store

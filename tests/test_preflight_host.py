@@ -27,6 +27,7 @@ from pairctl.preflight.evidence import NodeEvidence
 from pairctl.preflight.probe import parse_probe
 from pairctl.preflight.probe_host import PROBE_SECTION, parse_model_rev
 from pairctl.recipe import load_recipe
+from pairctl.resolved import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -90,7 +91,7 @@ def test_memory_reads_the_share_vllm_would_use() -> None:
     argv = ["--gpu-memory-utilization", "0.8", "--x", "1", "--gpu-memory-utilization=0.7"]
     assert last_value(argv, "--gpu-memory-utilization") == "0.7"
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    head = list(build_rank(parse_env(ENV), recipe, 0, []).vllm_argv)
+    head = list(build_rank(resolve(parse_env(ENV), recipe), 0).vllm_argv)
     assert last_value(head, "--gpu-memory-utilization") == "0.8"
     assert last_value(head, "--max-model-len") == "262144"
 
@@ -252,7 +253,7 @@ def test_overlay_path_is_appended_to_the_images_pythonpath() -> None:
     assert pythonpath(facts, OVERLAY_MOUNT) == f"/opt/a:/opt/b:{OVERLAY_MOUNT}"
     assert pythonpath(None, OVERLAY_MOUNT) == OVERLAY_MOUNT
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    rp = build_rank(parse_env(ENV), recipe, 0, [], image_facts=facts)
+    rp = build_rank(resolve(parse_env(ENV), recipe), 0, image_facts=facts)
     argv = list(rp.docker_argv)
     assert f"PYTHONPATH=/opt/a:/opt/b:{OVERLAY_MOUNT}" in argv
     assert argv[argv.index("--entrypoint") + 1] == "vllm"
@@ -264,7 +265,7 @@ def test_overlay_path_is_appended_to_the_images_pythonpath() -> None:
 def test_api_key_goes_to_rank0_by_name_only() -> None:
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
     cfg = parse_env(dict(ENV, VLLM_API_KEY="sk-pair-secret"))
-    head, worker = (build_rank(cfg, recipe, r, []) for r in (0, 1))
+    head, worker = (build_rank(resolve(cfg, recipe), r) for r in (0, 1))
     assert ("VLLM_API_KEY", "sk-pair-secret") in head.secret_env
     assert "VLLM_API_KEY" in head.docker_argv
     assert "sk-pair-secret" not in " ".join(head.docker_argv + worker.docker_argv)

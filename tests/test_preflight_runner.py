@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from pairctl.config import parse_env
-from pairctl.plan import with_recipe_defaults
 from pairctl.preflight import CHECKS, FAIL, PASS, SKIP, WARN, Need, decide, probe, runner
 from pairctl.preflight.check import Inputs
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.recipe import load_recipe
+from pairctl.resolved import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
@@ -57,10 +57,8 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
     emitted: list[str] = []
     seen_at: dict[str, list[str]] = {}
 
-    def fake_gather(
-        cfg, recipe, on_stage, progress, probe_rank1=True, passthrough=None, local_argv=None
-    ):
-        ev = Evidence(config=dict(cfg.values), resolved=resolved, image="img:1")
+    def fake_gather(pair, on_stage, progress, probe_rank1=True, check_args=False, local_argv=None):
+        ev = Evidence(config=dict(pair.cfg.values), resolved=resolved, image="img:1")
         seen_at["before"] = list(emitted)
         on_stage(probe.NAMES, ev)
         seen_at[probe.NAMES] = list(emitted)
@@ -69,7 +67,7 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
             ev = replace(ev, nodes={**ev.nodes, key: n})
             on_stage(stage, ev)
             seen_at[stage] = list(emitted)
-            if stage == "rank0" and passthrough is not None:  # the image's parser, as gather
+            if stage == "rank0" and check_args:  # the image's parser, as gather
                 ev = replace(ev, argv_check=ArgvCheck("image img:1", True))
                 on_stage(probe.ARGV, ev)
                 seen_at[probe.ARGV] = list(emitted)
@@ -81,7 +79,8 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
 def run_staged(monkeypatch, resolved, n0, n1, order=("rank0", "rank1")):
     fake, emitted, seen_at = staged(resolved, n0, n1, order)
     monkeypatch.setattr(runner, "gather", fake)
-    checks, evidence = runner.run(CFG, RECIPE, [], {"a.py": "x"}, lambda c: emitted.append(c.id))
+    pair = resolve(CFG, RECIPE)
+    checks, evidence = runner.run(pair, {"a.py": "x"}, lambda c: emitted.append(c.id))
     return checks, evidence, emitted, seen_at
 
 
@@ -101,7 +100,7 @@ def test_each_check_is_emitted_when_its_evidence_arrives(monkeypatch, order) -> 
     assert set(seen_at[order[0]]) == first
     assert sorted(emitted) == sorted(s.id for s in CHECKS) and len(set(emitted)) == len(emitted)
     # streaming changes when a verdict is shown, never what it is, nor the report order
-    assert checks == decide(CFG, RECIPE, [], evidence, {"a.py": "x"})
+    assert checks == decide(resolve(CFG, RECIPE), evidence, {"a.py": "x"})
 
 
 def test_without_rank1_probe_rank1_checks_are_decided_at_the_end(monkeypatch) -> None:
@@ -118,7 +117,7 @@ def test_unresolvable_spark1_turns_its_passes_into_skips(monkeypatch) -> None:
     resolved = dict(RESOLVED, SPARK1=None)
     checks, evidence, _, _ = run_staged(monkeypatch, resolved, node("10.0.0.1"), node("10.0.0.2"))
     specs = {s.id: s for s in CHECKS}
-    inputs = Inputs(with_recipe_defaults(CFG, RECIPE), RECIPE, (), evidence, {"a.py": "x"})
+    inputs = Inputs(resolve(CFG, RECIPE), evidence, {"a.py": "x"})
     for c in checks:
         if Need.RANK0 in specs[c.id].needs:
             assert c.status in (SKIP, FAIL, WARN), c
@@ -155,8 +154,7 @@ def test_gather_probes_both_nodes_at_once_and_says_what_it_waits_for(monkeypatch
     stages: list[tuple[str, float]] = []
     t0 = time.monotonic()
     ev = probe.gather(
-        CFG,
-        RECIPE,
+        resolve(CFG, RECIPE),
         on_stage=lambda s, e: stages.append((s, time.monotonic() - t0)),
         progress=said.append,
     )

@@ -530,6 +530,7 @@ def test_argv_check_runs_the_images_own_parser_in_a_throwaway(
     from pairctl.nodes import Node
     from pairctl.preflight.argcheck import run_in_image
     from pairctl.recipe import load_recipe
+    from pairctl.resolved import resolve
 
     pybin = tmp_path / "image-bin"
     pybin.mkdir()
@@ -556,11 +557,12 @@ def test_argv_check_runs_the_images_own_parser_in_a_throwaway(
             "MODEL_PATH": "/models/dsv4",
             "NCCL_SOCKET_IFNAME": "lo",
             "GLOO_SOCKET_IFNAME": "lo",
+            "IMAGE": "img:1",
         }
     )
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
     node = Node(0, "127.0.0.1", cfg)
-    res = run_in_image(node, cfg, recipe, ["--bogus-flag", "1"], "img:1", "sha256:ab12")
+    res = run_in_image(node, resolve(cfg, recipe, ["--bogus-flag", "1"]), "sha256:ab12")
     assert res.ran and "vLLM 0.33.0" in res.where, res
     assert res.errors == [
         "both ranks: extra vLLM args after --: vLLM's parser says: unrecognized arguments: "

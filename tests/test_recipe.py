@@ -15,6 +15,7 @@ import yaml
 from pairctl.config import ConfigError, parse_env
 from pairctl.plan import build_rank
 from pairctl.recipe import load_recipe, parse_recipe, serve_argv
+from pairctl.resolved import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -96,7 +97,7 @@ def test_unknown_placeholder_is_config_error() -> None:
     d["env"]["X"] = "${NOPE}"
     r = parse_recipe(d)
     with pytest.raises(ConfigError, match="NOPE"):
-        build_rank(parse_env(ENV), r, 0, [])
+        build_rank(resolve(parse_env(ENV), r), 0)
 
 
 def test_serve_argv_rendering() -> None:
@@ -106,13 +107,13 @@ def test_serve_argv_rendering() -> None:
 
 def test_precedence_cli_over_env_over_recipe() -> None:
     cfg = parse_env(dict(ENV, PORT="8123"))
-    rp = build_rank(cfg, load_recipe(MAIN), 0, ["--max-num-seqs", "8"])
+    rp = build_rank(resolve(cfg, load_recipe(MAIN), ["--max-num-seqs", "8"]), 0)
     argv = list(rp.vllm_argv)
     assert argv[argv.index("--port") + 1] == "8123"  # env PORT over recipe port 8000
     assert argv[-2:] == ["--max-num-seqs", "8"]  # passthrough last: argparse keeps the last
     assert rp.env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
     cfg = parse_env(dict(ENV, NCCL_IB_HCA=""))
-    assert "NCCL_IB_HCA" not in build_rank(cfg, load_recipe(MAIN), 0, []).env
+    assert "NCCL_IB_HCA" not in build_rank(resolve(cfg, load_recipe(MAIN)), 0).env
 
 
 def test_recipe_port_is_default_and_wiring_not_overridable() -> None:
@@ -185,7 +186,7 @@ def test_every_serve_key_is_a_real_vllm_flag(vllm_parse) -> None:
     for path in RECIPES:
         recipe = load_recipe(path)
         for rank in (0, 1):
-            cases.append(list(build_rank(cfg, recipe, rank, []).vllm_argv[2:]))
+            cases.append(list(build_rank(resolve(cfg, recipe), rank).vllm_argv[2:]))
     cases.append(["m", "--max-num-seqz", "3"])  # control: a typo must fail
     out = vllm_parse(cases)
     options = set(out["options"])

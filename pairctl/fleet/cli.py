@@ -1,7 +1,8 @@
 """`launch/dspark_launch.sh fleet plan|up|down|status|prometheus` (python -m pairctl.fleet).
 
 A fleet is several pairs behind one vLLM router with conversation affinity (X-Session-ID).
-Every pair is still brought up and down by its own launcher on its own head; the fleet runs
+Every pair is still brought up and down by its own `pairctl up|down` on its own head (the
+command its launcher execs; never the bash launcher itself); the fleet runs
 those side by side and manages the router container (label dsv4.fleet=<fleet_id>).
 """
 
@@ -13,11 +14,10 @@ import sys
 from pathlib import Path
 
 from pairctl.config import ConfigError
+from pairctl.contracts import BOOT_TIMEOUT_S, FLEET_EXITS, exit_text
 from pairctl.fleet import (
     EXIT_OK,
-    EXIT_PAIRS,
     EXIT_PREFLIGHT,
-    EXIT_ROUTER,
     EXIT_USAGE,
     monitoring,
     ops,
@@ -25,11 +25,11 @@ from pairctl.fleet import (
 )
 from pairctl.fleet.inventory import DEFAULT_INVENTORY, load_inventory
 
-EPILOG = f"""exit codes: 0 ok (also: up on a whole fleet, which changes nothing); 1 runtime
-error (down could not reach a machine); 2 usage or inventory error; 3 router host or image
-not ready, or another fleet up/down holds the lock (nothing started or removed); {EXIT_PAIRS}
-some pair(s) did not come up (the rest and the router did; the summary names them);
-{EXIT_ROUTER} the router did not become ready. docs/fleet.md has the details."""
+EPILOG = (
+    "exit codes:\n"
+    + exit_text(FLEET_EXITS)
+    + "docs/fleet.md has the details (python -m pairctl contracts fleet prints the table)."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--timeout",
         type=int,
-        default=900,
-        help="seconds each pair's launcher waits for health (default 900; first boot ~10 min)",
+        default=BOOT_TIMEOUT_S,
+        help=f"seconds each pair's up waits for health (default {BOOT_TIMEOUT_S}; first boot "
+        "~10 min)",
     )
     sp = add("down", "remove the fleet's router container, then run each pair's down")
     sp.add_argument(

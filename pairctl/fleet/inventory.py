@@ -20,13 +20,12 @@ from typing import Any
 import yaml
 
 from pairctl.config import ConfigError, PairConfig, _check, load_env_file
-from pairctl.lifecycle import endpoint
-from pairctl.plan import with_recipe_defaults
+from pairctl.contracts import BOOT_TIMEOUT_S, DEFAULT_INVENTORY, DEFAULT_RECIPE_REL, REPO
 from pairctl.recipe import load_recipe
+from pairctl.resolved import ResolvedPair
+from pairctl.resolved import resolve as resolve_pair
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_INVENTORY = REPO / "pairs" / "fleet.yaml"
-DEFAULT_RECIPE = "recipes/dsv4-flash-dspark.yaml"
+DEFAULT_RECIPE = DEFAULT_RECIPE_REL
 SUPPORTED_VERSIONS = (1,)
 # consistent_hash keys on X-Session-ID (vllm-project/router src/policies/hash_key.rs), so a
 # conversation stays on the pair that holds its prefix cache. round_robin is offered only to
@@ -57,7 +56,7 @@ class Tuning:
     health_check_timeout_s: int = 10
     health_failure_threshold: int = 3
     health_success_threshold: int = 2
-    worker_startup_timeout_s: int = 900
+    worker_startup_timeout_s: int = BOOT_TIMEOUT_S  # a pair may take as long as up waits
     request_timeout_s: int = 7200
     retry_max_retries: int = 4
     cb_failure_threshold: int = 2
@@ -108,20 +107,24 @@ class PairEntry:
     recipe: Path
     remote_env_file: str
     remote_recipe: str
-    cfg: PairConfig
+    pair: ResolvedPair
+
+    @property
+    def cfg(self) -> PairConfig:
+        return self.pair.cfg
 
     @property
     def pair_id(self) -> str:
-        return self.cfg.PAIR_ID
+        return self.pair.pair_id
 
     @property
     def head(self) -> str:
-        return self.cfg.SPARK1
+        return self.pair.spark1
 
     @property
     def endpoint(self) -> str:
         """The pair's own endpoint (rank 0): the router's worker URL for this pair."""
-        return endpoint(self.cfg)
+        return self.pair.endpoint
 
 
 @dataclass(frozen=True)
@@ -199,9 +202,8 @@ def _load_pair(path: Path, i: int, raw: Any, repo_dir: str) -> PairEntry:
         raise _err(path, f"{where}: env_file is required (e.g. pairs/pair-a.env)")
     env_local, env_remote = resolve(entry["env_file"], repo_dir)
     rec_local, rec_remote = resolve(str(entry.get("recipe") or DEFAULT_RECIPE), repo_dir)
-    cfg = load_env_file(env_local)
-    cfg = with_recipe_defaults(cfg, load_recipe(rec_local))
-    return PairEntry(env_local, rec_local, env_remote, rec_remote, cfg)
+    pair = resolve_pair(load_env_file(env_local), load_recipe(rec_local))
+    return PairEntry(env_local, rec_local, env_remote, rec_remote, pair)
 
 
 def _load_router(path: Path, raw: Any) -> Router:
@@ -296,7 +298,7 @@ def check_disjoint(path: Path, pairs: tuple[PairEntry, ...], router: Router) -> 
                     f"({p.env_file} {key}); a node belongs to one pair only",
                 )
             seen_nodes[node] = p.pair_id
-    by_endpoint = {(p.head, int(p.cfg.PORT)): p.pair_id for p in pairs}
+    by_endpoint = {(p.head, p.pair.port): p.pair_id for p in pairs}
     clash = by_endpoint.get((router.host, router.port)) or by_endpoint.get(
         (router.host, router.metrics_port)
     )

@@ -1,6 +1,7 @@
-"""fleet up / down / status: pairs side by side, each through its own launcher, then the router.
+"""fleet up / down / status: pairs side by side, each by its own `pairctl` command on its head,
+then the router.
 
-`up` brings up every pair that is not healthy, all at once, each with its own launcher on
+`up` brings up every pair that is not healthy, all at once, each with its own `pairctl up` on
 its own head (its own lock, preflight and teardown). One pair failing does not stop the
 others; the summary names it. The router is started only if it is not already running
 (label-selected), and `up` waits until it counts every healthy pair as a healthy worker.
@@ -19,25 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from pairctl import EXIT_PREFLIGHT as PAIR_EXIT_PREFLIGHT
-from pairctl import EXIT_TIMEOUT as PAIR_EXIT_TIMEOUT
+from pairctl import contracts
 from pairctl.fleet import EXIT_ERROR, EXIT_OK, EXIT_PAIRS, EXIT_PREFLIGHT, EXIT_ROUTER
 from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import Fleet, PairEntry
-from pairctl.fleet.pairs import PairView, env_file_matches, head, launcher_argv, pair_status
+from pairctl.fleet.pairs import PairView, env_file_matches, head, pair_argv, pair_status
 from pairctl.fleet.remote import PID_TAG, Machine
 from pairctl.plan import LABEL_PLAN
 
-# What a pair launcher's exit code means (docs/INTERFACES.md), for the summary.
-PAIR_EXITS = {
-    1: "runtime error",
-    2: "usage/config error",
-    PAIR_EXIT_PREFLIGHT: "preflight FAIL or its lock is held",
-    4: "boot failure (both ranks torn down)",
-    PAIR_EXIT_TIMEOUT: "health timeout (both ranks torn down)",
-    6: "quality gate failed",
-    255: "ssh to the head failed",
-}
+# ssh's own failure: the pair's command never ran on its head.
+SSH_FAILED = 255
+
+
+def pair_exit_meaning(rc: int) -> str:
+    """What a pair command's exit code means (pairctl.contracts), for the summary."""
+    return "ssh to the head failed" if rc == SSH_FAILED else contracts.meaning(rc)
 
 
 class Out:
@@ -95,7 +92,7 @@ class PairOutcome:
 
     def result(self) -> str:
         if self.rc not in (None, 0):
-            why = PAIR_EXITS.get(self.rc or 0, "failed")
+            why = pair_exit_meaning(self.rc or 0)
             note = f"; {self.note}" if self.note else ""
             return f"FAILED: launcher exit {self.rc} ({why}){note}"
         if self.note and not self.ok:
@@ -132,9 +129,9 @@ RUNNING = Running()
 def pair_launcher(
     fleet: Fleet, pair: PairEntry, command: str, extra: list[str], out: Out
 ) -> tuple[int, str]:
-    """Run the pair's launcher `command` on its head, its output tagged; (exit code, note)."""
+    """Run the pair's `pairctl command` on its head, its output tagged; (exit code, note)."""
     m = head(fleet, pair)
-    argv = launcher_argv(fleet, pair, command, *extra)
+    argv = pair_argv(fleet, pair, command, *extra)
     out.tagged(pair.pair_id, f"on {m.label}: {' '.join(argv)}")
     proc = m.popen(argv, cwd=fleet.repo_dir if not m.local else None)
     assert proc.stdout is not None
@@ -290,9 +287,9 @@ def up(fleet: Fleet, timeout_s: int, out: Out, deps: Deps | None = None) -> UpRe
         try:
             res.pairs = [f.result() for f in futures]
         except KeyboardInterrupt:
-            # Each booting pair's launcher tears its own boot down on SIGINT (its trap);
+            # Each booting pair's `pairctl up` tears its own boot down on SIGINT;
             # wait for them, so nothing is left half-started.
-            out.say("interrupted: telling every booting pair's launcher to tear down")
+            out.say("interrupted: telling every booting pair's up to tear its boot down")
             RUNNING.interrupt_all(out)
             for f in futures:
                 f.result()
@@ -319,7 +316,7 @@ class DownResult:
 
 
 def down(fleet: Fleet, router_only: bool, out: Out, deps: Deps | None = None) -> DownResult:
-    """Remove the router (fleet label only), then each pair via its own launcher's `down`."""
+    """Remove the router (fleet label only), then each pair via its own `pairctl down`."""
     deps = deps or Deps()
     res = DownResult()
     res.router_removed, err = deps.router_remove(fleet)

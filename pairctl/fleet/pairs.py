@@ -8,11 +8,12 @@ pairs need it and runs those launchers side by side.
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from pairctl import lifecycle as lc
-from pairctl.fleet.inventory import REPO, Fleet, PairEntry
+from pairctl.fleet.inventory import Fleet, PairEntry
 from pairctl.fleet.remote import Machine
 from pairctl.status.pair import scrape
 
@@ -37,7 +38,7 @@ class PairView:
 def pair_status(pair: PairEntry) -> PairView:
     """The one place the fleet asks how a pair is (an adapter: keep callers off the details).
 
-    The pair's endpoint as its own launcher sees it: ``lifecycle.probe_health`` (/health +
+    The pair's endpoint as its own `up` sees it: ``lifecycle.probe_health`` (/health +
     /v1/models, the check `up` uses) and the running/waiting gauges from one /metrics scrape
     parsed like `status` does (``pairctl.status.pair.scrape``), with the pair's API key and no
     proxy. Per-rank container state is not asked from here: the fleet host is not the
@@ -63,14 +64,16 @@ def head(fleet: Fleet, pair: PairEntry) -> Machine:
     return Machine(pair.head, fleet.ssh, f"{pair.pair_id} head")
 
 
-def launcher_argv(fleet: Fleet, pair: PairEntry, command: str, *extra: str) -> list[str]:
-    """The pair launcher on its head, with the pair's env file and recipe as the head has them."""
+def pair_argv(fleet: Fleet, pair: PairEntry, command: str, *extra: str) -> list[str]:
+    """The pair's own command (``python -m pairctl COMMAND``, what its launcher execs) on its
+    head, with the pair's env file and recipe as the head has them: this machine's Python
+    when the head is this machine, else the head checkout's venv (``make venv`` there)."""
     if head(fleet, pair).local:
-        repo, env_file, recipe = str(REPO), str(pair.env_file), str(pair.recipe)
+        python, env_file, recipe = sys.executable, str(pair.env_file), str(pair.recipe)
     else:
-        repo, env_file, recipe = fleet.repo_dir, pair.remote_env_file, pair.remote_recipe
-    launcher = f"{repo}/launch/dspark_launch.sh"
-    return [launcher, command, "--env-file", env_file, "--recipe", recipe, *extra]
+        python = f"{fleet.repo_dir}/.venv/bin/python"
+        env_file, recipe = pair.remote_env_file, pair.remote_recipe
+    return [python, "-m", "pairctl", command, "--env-file", env_file, "--recipe", recipe, *extra]
 
 
 def env_file_matches(fleet: Fleet, pair: PairEntry) -> str | None:

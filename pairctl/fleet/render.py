@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import shlex
 
+from pairctl.contracts import BOOT_TIMEOUT_S
 from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import Fleet
 from pairctl.fleet.ops import DownResult, FleetStatus, UpResult
-from pairctl.fleet.pairs import head, launcher_argv
+from pairctl.fleet.pairs import head, pair_argv
 from pairctl.fleet.remote import ssh_argv
 
 
@@ -26,12 +27,12 @@ def plan(fleet: Fleet) -> str:
         f"({r.policy}); inventory {fleet.path}",
         f"# clients: {r.url}/v1, one X-Session-ID per conversation (docs/fleet.md)",
         "# order: check the router image on the router host; bring up every pair that is not "
-        "healthy, in parallel, each with its own launcher (own lock, preflight, teardown); "
+        "healthy, in parallel, each with its own `pairctl up` (own lock, preflight, teardown); "
         "then start the router unless it runs; wait until it counts every healthy pair",
     ]
     for p in fleet.pairs:
         m = head(fleet, p)
-        argv = launcher_argv(fleet, p, "up", "--timeout", "900")
+        argv = pair_argv(fleet, p, "up", "--timeout", str(BOOT_TIMEOUT_S))
         out += ["", f"## pair {p.pair_id}: head {p.head}, worker {p.cfg.SPARK2}, {p.endpoint}/v1"]
         if m.local:
             out.append(f"# on this machine: {shlex.join(argv)}")

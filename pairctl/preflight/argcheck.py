@@ -32,11 +32,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pairctl.config import ConfigError, PairConfig
+from pairctl.config import ConfigError
 from pairctl.nodes import Node
-from pairctl.plan import LABEL_PAIR, LABEL_ROLE, build_rank
+from pairctl.plan import LABEL_PAIR, LABEL_ROLE
 from pairctl.preflight.evidence import ArgvCheck
 from pairctl.recipe import Recipe
+from pairctl.resolved import ResolvedPair
 
 MARK = "@@DSV4-ARGCHECK@@"
 ROLE = "argcheck"
@@ -86,9 +87,9 @@ print("@@DSV4-ARGCHECK@@" + json.dumps(out))
 """
 
 
-def rank_argvs(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> list[list[str]]:
-    """What follows ``vllm serve`` for rank 0 and rank 1."""
-    return [list(build_rank(cfg, recipe, r, passthrough).vllm_argv[2:]) for r in (0, 1)]
+def rank_argvs(pair: ResolvedPair) -> list[list[str]]:
+    """What follows ``vllm serve`` for rank 0 and rank 1 (built once, in the resolved pair)."""
+    return [list(pair.vllm_argv[r][2:]) for r in (0, 1)]
 
 
 def explain(flag: str, error: str, recipe: Recipe, passthrough: list[str]) -> str:
@@ -173,12 +174,13 @@ def local_parser() -> str | None:
         return "vllm==?"
 
 
-def run_local(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> ArgvCheck | None:
+def run_local(pair: ResolvedPair) -> ArgvCheck | None:
     """Check with the local vLLM; None when it is not importable (or the mode says image)."""
     parser_id = local_parser()
     if parser_id is None:
         return None
-    argvs = rank_argvs(cfg, recipe, passthrough)
+    recipe, passthrough = pair.recipe, list(pair.passthrough)
+    argvs = rank_argvs(pair)
     where = "this machine's vLLM"
     if _cached(parser_id, argvs):
         version = parser_id.partition("==")[2]
@@ -211,9 +213,9 @@ def run_script_locally(argvs: list[list[str]]) -> tuple[str, str]:
     return p.stdout, p.stderr
 
 
-def require_local(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> ArgvCheck | None:
+def require_local(pair: ResolvedPair) -> ArgvCheck | None:
     """``plan``/``preflight``: the local check, a rejection raised as a config error."""
-    res = run_local(cfg, recipe, passthrough)
+    res = run_local(pair)
     if res is not None and res.errors:
         raise ConfigError(
             "vLLM would refuse this command line; nothing was started:\n  "
@@ -235,14 +237,14 @@ def plan_note(res: ArgvCheck | None) -> str:
     return f"argv NOT checked: {res.where}: {res.detail}"
 
 
-def container_argv(cfg: PairConfig, image: str, argvs: list[list[str]]) -> list[str]:
+def container_argv(pair_id: str, image: str, argvs: list[list[str]]) -> list[str]:
     """The throwaway container: the image's python3 runs SCRIPT, no network, removed after."""
     return [
         "docker",
         "run",
         "--rm",
         "--label",
-        f"{LABEL_PAIR}={cfg.PAIR_ID}",
+        f"{LABEL_PAIR}={pair_id}",
         "--label",
         f"{LABEL_ROLE}={ROLE}",
         "--network",
@@ -261,21 +263,15 @@ def container_argv(cfg: PairConfig, image: str, argvs: list[list[str]]) -> list[
     ]
 
 
-def run_in_image(
-    node: Node,
-    cfg: PairConfig,
-    recipe: Recipe,
-    passthrough: list[str],
-    image: str,
-    image_id: str,
-) -> ArgvCheck:
+def run_in_image(node: Node, pair: ResolvedPair, image_id: str) -> ArgvCheck:
     """Check with the image's parser in a throwaway container on ``node`` (SPARK1)."""
-    argvs = rank_argvs(cfg, recipe, passthrough)
+    recipe, passthrough = pair.recipe, list(pair.passthrough)
+    argvs = rank_argvs(pair)
     parser_id = f"image:{image_id}"
     where = f"image {image_id[:19]} on {node.label}"
     if _cached(parser_id, argvs):
         return ArgvCheck(where, True, "passed before (cached)")
-    res = node.run(container_argv(cfg, image, argvs), timeout=300)
+    res = node.run(container_argv(pair.pair_id, pair.image, argvs), timeout=300)
     out = parse_output(res.out, where, recipe, passthrough)
     if not out.ran:
         err = (res.err or "").strip()[-300:]

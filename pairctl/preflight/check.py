@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pairctl.config import PairConfig
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.recipe import Recipe
+from pairctl.resolved import ResolvedPair
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 
@@ -48,11 +49,9 @@ class Need(enum.Enum):
 
 @dataclass(frozen=True)
 class Inputs:
-    """Everything preflight decides on (``cfg`` already has the recipe's defaults)."""
+    """Everything preflight decides on: the resolved pair and the evidence."""
 
-    cfg: PairConfig
-    recipe: Recipe
-    passthrough: tuple[str, ...]
+    pair: ResolvedPair
     evidence: Evidence
     overlay_want: Mapping[str, str]  # shipped overlay file -> sha256, from the repo
 
@@ -74,19 +73,21 @@ class View:
             raise UndeclaredEvidence(f"{self._id} reads {need.name} but does not declare it")
 
     @property
-    def cfg(self) -> PairConfig:
+    def pair(self) -> ResolvedPair:
         self._need(Need.CONFIG)
-        return self._in.cfg
+        return self._in.pair
+
+    @property
+    def cfg(self) -> PairConfig:
+        return self.pair.cfg
 
     @property
     def recipe(self) -> Recipe:
-        self._need(Need.CONFIG)
-        return self._in.recipe
+        return self.pair.recipe
 
     @property
     def passthrough(self) -> list[str]:
-        self._need(Need.CONFIG)
-        return list(self._in.passthrough)
+        return list(self.pair.passthrough)
 
     @property
     def names(self) -> dict[str, str | None]:

@@ -34,7 +34,7 @@ def check_no_compressed_mla(cfg: PairConfig, recipe: Recipe, passthrough: list[s
 
 def _head_no_ray(v: View) -> Check:
     """PF-NO-RAY on what rank 0 would actually run (recipe + extra args, last one wins)."""
-    head = build_rank(v.cfg, v.recipe, 0, v.passthrough)
+    head = build_rank(v.pair, 0)
     return check_no_ray(list(head.vllm_argv), head.env)
 
 
@@ -99,7 +99,7 @@ def check_vllm_args(res: ArgvCheck) -> Check:
 
 
 def _api_key(v: View) -> Check:
-    argv = list(build_rank(v.cfg, v.recipe, 0, v.passthrough).vllm_argv)
+    argv = list(v.pair.vllm_argv[0])
     host = "0.0.0.0"  # vLLM binds every address when --host is not given
     for i, a in enumerate(argv):
         if a == "--host" and i + 1 < len(argv):

@@ -10,7 +10,6 @@ import hashlib
 from collections.abc import Mapping
 
 from pairctl.image import digest_pinned
-from pairctl.plan import resolve_image
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
 from pairctl.preflight.evidence import NodeEvidence
 from pairctl.preflight.probe import MODEL_FILES
@@ -22,7 +21,7 @@ PF_IMAGE_MATCH = CheckSpec(
     remedy="docker pull IMAGE on both nodes (or docker save IMAGE | ssh SPARK2 docker load); "
     "pin IMAGE=repo@sha256:DIGEST in the env file so a later pull cannot change one node",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_image(resolve_image(v.cfg, v.recipe), v.rank0, v.rank1),
+    decide=lambda v: check_image(v.pair.image, v.rank0, v.rank1),
 )
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-from pairctl.plan import build_rank
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec, Need, View
 from pairctl.preflight.checks_host import own_running
 from pairctl.preflight.evidence import NodeEvidence
@@ -37,7 +36,7 @@ def _gib(kib: int) -> str:
 
 
 def _memory(v: View) -> Check:
-    argv = list(build_rank(v.cfg, v.recipe, 0, v.passthrough).vllm_argv)
+    argv = list(v.pair.vllm_argv[0])
     raw = last_value(argv, "--gpu-memory-utilization")
     return check_memory(raw, v.cfg.PAIR_ID, v.reached)
 

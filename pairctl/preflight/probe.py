@@ -23,12 +23,12 @@ from pairctl.config import PairConfig
 from pairctl.docker import parse_ps
 from pairctl.image import parse_inspect
 from pairctl.nodes import SSH_CONNECT_TIMEOUT_S, Node, nodes
-from pairctl.plan import CACHE_VARS, LABEL_PAIR, is_secret, resolve_image
+from pairctl.plan import CACHE_VARS, LABEL_PAIR, is_secret
 from pairctl.preflight import argcheck, probe_host
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.preflight.roce import PROBE_SECTION as _ROCE_SECTION
 from pairctl.preflight.roce import parse_gids
-from pairctl.recipe import Recipe
+from pairctl.resolved import ResolvedPair
 
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
@@ -198,29 +198,22 @@ HEARTBEAT_S = 5.0
 
 
 def check_argv(
-    node: Node,
-    cfg: PairConfig,
-    recipe: Recipe,
-    passthrough: list[str],
-    image: str,
-    ev0: NodeEvidence,
-    local: ArgvCheck | None,
+    node: Node, pair: ResolvedPair, ev0: NodeEvidence, local: ArgvCheck | None
 ) -> ArgvCheck:
     """The argv check's evidence: the local result if there was one, else the image's."""
     if local is not None:
         return local
     if ev0.image_facts is None:
-        return ArgvCheck("image", False, f"{image} is not on rank 0, so its parser cannot run")
-    return argcheck.run_in_image(node, cfg, recipe, passthrough, image, ev0.image_facts.id)
+        return ArgvCheck("image", False, f"{pair.image} is not on rank 0, so its parser cannot run")
+    return argcheck.run_in_image(node, pair, ev0.image_facts.id)
 
 
 def gather(
-    cfg: PairConfig,
-    recipe: Recipe,
+    pair: ResolvedPair,
     on_stage: Callable[[str, Evidence], None] | None = None,
     progress: Callable[[str], None] | None = None,
     probe_rank1: bool = True,
-    passthrough: list[str] | None = None,
+    check_args: bool = False,
     local_argv: ArgvCheck | None = None,
 ) -> Evidence:
     """Evidence from both nodes plus local name resolution (secrets masked in ``config``).
@@ -231,12 +224,12 @@ def gather(
     every ``HEARTBEAT_S`` seconds. ``probe_rank1=False`` leaves rank 1 unreached (for steps
     that only need to know who this machine is).
 
-    ``passthrough`` not None asks for the argv check: ``local_argv`` when a local vLLM
+    ``check_args`` asks for the argv check: ``local_argv`` when a local vLLM
     already read both ranks' argv, else the image's own parser on SPARK1 once rank 0's
     probe has shown the image (stage ``ARGV``).
     """
     say = progress or (lambda _msg: None)
-    image = resolve_image(cfg, recipe)
+    cfg, image = pair.cfg, pair.image
     n0, n1 = nodes(cfg)
     say(f"resolving SPARK1 ({cfg.SPARK1}), SPARK2 ({cfg.SPARK2}) and MASTER_ADDR on this machine")
     ev = Evidence(
@@ -250,7 +243,7 @@ def gather(
     )
     if on_stage:
         on_stage(NAMES, ev)
-    want_argv = passthrough is not None
+    want_argv = check_args
     if want_argv and local_argv is not None:
         ev = replace(ev, argv_check=local_argv)
         want_argv = False
@@ -280,8 +273,7 @@ def gather(
                     ev = replace(ev, nodes={**ev.nodes, key: fut.result()})
                 if stage == RANK0 and want_argv:
                     waits[ARGV] = f"the image's vLLM parser on rank 0 ({image})"
-                    argv = list(passthrough or [])
-                    job = pool.submit(check_argv, n0, cfg, recipe, argv, image, ev.rank0, None)
+                    job = pool.submit(check_argv, n0, pair, ev.rank0, None)
                     futures[job] = ARGV
                     pending.add(job)
                 if on_stage:

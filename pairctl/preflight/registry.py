@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pairctl.config import PairConfig
-from pairctl.plan import with_recipe_defaults
 from pairctl.preflight.check import Check, CheckSpec, Inputs
 from pairctl.preflight.checks_host import (
     PF_JIT_CACHES,
@@ -45,7 +43,7 @@ from pairctl.preflight.checks_rdma import (
 )
 from pairctl.preflight.checks_system import PF_EARLYOOM, PF_KERNEL_CMA, PF_MEMORY
 from pairctl.preflight.evidence import Evidence
-from pairctl.recipe import Recipe
+from pairctl.resolved import ResolvedPair
 
 CHECKS: tuple[CheckSpec, ...] = (
     PF_SSH,
@@ -78,17 +76,9 @@ if len(BY_ID) != len(CHECKS):
     raise AssertionError("two preflight checks share an id")
 
 
-def decide(
-    cfg: PairConfig,
-    recipe: Recipe,
-    passthrough: list[str],
-    evidence: Evidence,
-    overlay_want: Mapping[str, str],
-) -> list[Check]:
+def decide(pair: ResolvedPair, evidence: Evidence, overlay_want: Mapping[str, str]) -> list[Check]:
     """Every verdict, in ``CHECKS`` order; rank-1 checks SKIP when rank 1 did not answer."""
-    inputs = Inputs(
-        with_recipe_defaults(cfg, recipe), recipe, tuple(passthrough), evidence, overlay_want
-    )
+    inputs = Inputs(pair, evidence, overlay_want)
     return [spec.run(inputs) for spec in CHECKS]
 
 

@@ -15,12 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from pairctl.config import PairConfig
-from pairctl.plan import with_recipe_defaults
 from pairctl.preflight.check import PASS, SKIP, Check, CheckSpec, Inputs, Need
 from pairctl.preflight.evidence import ArgvCheck, Evidence
 from pairctl.preflight.probe import ARGV, NAMES, RANK0, RANK1, gather
 from pairctl.preflight.registry import CHECKS
-from pairctl.recipe import Recipe
+from pairctl.resolved import ResolvedPair
 
 # The gather() stage after which each kind of evidence is complete.
 STAGE_OF: dict[Need, str] = {
@@ -60,9 +59,7 @@ def unresolved_skip(spec: CheckSpec, check: Check, cfg: PairConfig, ev: Evidence
 
 
 def run(
-    cfg: PairConfig,
-    recipe: Recipe,
-    passthrough: list[str],
+    pair: ResolvedPair,
     overlay_want: Mapping[str, str],
     emit: Callable[[Check], None],
     progress: Callable[[str], None] | None = None,
@@ -76,12 +73,12 @@ def run(
     The argv check (vLLM's parser) runs only when some spec needs it: ``local_argv`` when a
     local vLLM already read the argv, else the image's parser once rank 0 is probed.
     """
-    full_cfg = with_recipe_defaults(cfg, recipe)
+    cfg = pair.cfg
     arrived: set[str] = set()
     verdicts: dict[str, Check] = {}
 
     def decide_ready(ev: Evidence, everything: bool = False) -> None:
-        inputs = Inputs(full_cfg, recipe, tuple(passthrough), ev, overlay_want)
+        inputs = Inputs(pair, ev, overlay_want)
         for spec in specs:
             if spec.id in verdicts:
                 continue
@@ -97,12 +94,11 @@ def run(
 
     needs_argv = any(Need.ARGV in s.needs for s in specs)
     evidence = gather(
-        cfg,
-        recipe,
+        pair,
         on_stage,
         progress,
         probe_rank1=probe_rank1,
-        passthrough=list(passthrough) if needs_argv else None,
+        check_args=needs_argv,
         local_argv=local_argv,
     )
     decide_ready(evidence, everything=True)  # rank 1 not probed: decide on what there is

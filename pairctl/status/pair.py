@@ -21,16 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_OK
-from pairctl.config import PairConfig, load_env_file
+from pairctl.contracts import DEFAULT_RECIPE
 from pairctl.docker import inspect, pair_containers
-from pairctl.lifecycle import endpoint, probe_health, session
+from pairctl.lifecycle import probe_health, session
 from pairctl.nodes import Node, nodes
-from pairctl.plan import LABEL_PLAN, container_name, plan_hash, with_recipe_defaults
-from pairctl.recipe import load_recipe
+from pairctl.plan import LABEL_PLAN, container_name
+from pairctl.resolved import ResolvedPair, load
 from pairctl.status.metrics import MetricsParseError, Scrape, ServingFigures, figures, parse
 
 SCHEMA_VERSION = 1
-DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dsv4-flash-dspark.yaml"
 HEALTHY, DEGRADED, DOWN = "healthy", "degraded", "down"
 EXIT_CODES = {HEALTHY: EXIT_OK, DEGRADED: EXIT_DEGRADED, DOWN: EXIT_DOWN}
 MISSING, UNKNOWN = "missing", "unknown"  # no container of this rank / node did not answer
@@ -174,27 +173,25 @@ def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]
 
 
 def collect(
-    cfg: PairConfig,
+    pair: ResolvedPair,
     previous: MetricsSample | None = None,
     interval_s: float = 0.0,
-    want_plan: str | None = None,
 ) -> tuple[PairStatus, MetricsSample | None]:
     """One status reading; serving rates cover the time since ``previous`` (if given), or
     ``interval_s`` seconds between two scrapes taken now (0: lifetime figures only).
 
     Returns the status and the newest /metrics sample (pass it back as ``previous``).
     """
-    base = endpoint(cfg)
-    key = cfg.VLLM_API_KEY
+    base = pair.endpoint
+    key = pair.api_key
     h = probe_health(base, api_key=key)
     ep = EndpointStatus(f"{base}/v1", h.healthy, h.detail, h.models, h.simulator)
     first, err = (None, "")
     if h.healthy and previous is None and interval_s > 0:
         first, err = scrape(base, api_key=key)
     now = datetime.now(UTC)
-    pair = nodes(cfg)
     with ThreadPoolExecutor(max_workers=2) as pool:  # rank 1's ssh runs alongside rank 0
-        ranks = list(pool.map(lambda n: rank_status(n, cfg.PAIR_ID, now), pair))
+        ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), nodes(pair.cfg)))
     serving, last = None, None
     if h.healthy:
         prev = previous or first
@@ -207,7 +204,7 @@ def collect(
     name, reasons = verdict(ranks, ep)
     status = PairStatus(
         schema_version=SCHEMA_VERSION,
-        pair_id=cfg.PAIR_ID,
+        pair_id=pair.pair_id,
         verdict=name,
         exit_code=EXIT_CODES[name],
         reasons=reasons,
@@ -216,21 +213,19 @@ def collect(
         serving=serving,
         metrics_error=err,
         running_plan=ranks[0].plan,
-        current_plan=want_plan,
+        current_plan=pair.plan_hash,
         checked_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
     )
     return status, last
 
 
-def pair_status(
-    cfg: PairConfig, interval_s: float = 1.0, want_plan: str | None = None
-) -> PairStatus:
+def pair_status(pair: ResolvedPair, interval_s: float = 1.0) -> PairStatus:
     """The pair's status now; rates over ``interval_s`` seconds (0 = lifetime figures).
 
-    ``cfg`` needs the recipe's defaults applied (``plan.with_recipe_defaults``);
-    ``pair_status_of`` does that from the files.
+    ``pair`` is the resolved pair (``pairctl.resolved.load``); ``pair_status_of`` builds it
+    from the files.
     """
-    return collect(cfg, None, interval_s, want_plan)[0]
+    return collect(pair, None, interval_s)[0]
 
 
 def pair_status_of(
@@ -238,6 +233,4 @@ def pair_status_of(
 ) -> PairStatus:
     """``pair_status`` from a pair's env file and recipe, validated as the launcher does
     (raises ``pairctl.config.ConfigError`` naming what is wrong)."""
-    recipe = load_recipe(recipe_file)
-    cfg = with_recipe_defaults(load_env_file(env_file), recipe)
-    return pair_status(cfg, interval_s, plan_hash(cfg, recipe, []))
+    return pair_status(load(env_file, recipe_file), interval_s)

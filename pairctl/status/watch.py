@@ -4,7 +4,7 @@ failures in a row, the pair is torn down and brought up again, with backoff.
 A pair can look alive and serve nothing: a rank died and the survivor holds its memory, the
 engine hung, a NCCL timeout took the workers. ``/health`` alone does not see all of these,
 so each probe asks for a 1-token completion, which needs both ranks to run a step. The
-restart is the launcher's own ``down`` then ``up`` (same lock, same preflight, same
+restart is ``down`` then ``up`` in this process (pairctl.updown) (same lock, same preflight, same
 teardown on a failed boot); a failed ``up`` is retried after a backoff that doubles up to
 a cap. While another ``up``/``down`` of the pair holds its lock, probes are not counted:
 an operator's maintenance is not an outage. Every event is one line with a UTC timestamp
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import fcntl
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -24,17 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pairctl import EXIT_OK
+from pairctl.contracts import EXIT_OK, meaning
 from pairctl.lifecycle import session
-
-# What `up`'s exit codes mean (docs/INTERFACES.md), for the watchdog's log lines.
-UP_EXIT = {
-    1: "runtime error",
-    2: "usage or configuration error",
-    3: "preflight FAIL or the pair's lock is held",
-    4: "boot failure",
-    5: "health timeout",
-}
 
 
 @dataclass(frozen=True)
@@ -165,9 +155,9 @@ class Watchdog:
             return self.cfg.interval_s
         wait = self.backoff
         self.backoff = min(self.backoff * 2, self.cfg.backoff_max_s)
-        meaning = UP_EXIT.get(rc, "unexpected exit")
+        why = meaning(rc)
         self.log(
-            f"restart {self.restarts} FAILED after {took:.0f} s (up exit {rc}: {meaning}); "
+            f"restart {self.restarts} FAILED after {took:.0f} s (up exit {rc}: {why}); "
             f"next probe in {wait:.0f} s"
         )
         return wait
@@ -183,33 +173,6 @@ class Stop(Exception):
     """SIGTERM/SIGINT: leave the loop (and any running restart) cleanly."""
 
 
-def launcher_restart(
-    launcher: str, common: list[str], up_timeout: int, passthrough: list[str], log
-) -> Callable[[], int]:
-    """``down`` then ``up`` through the launcher itself (its lock, preflight and teardown)."""
-
-    def run_step(argv: list[str]) -> int:
-        proc = subprocess.Popen(argv)
-        try:
-            return proc.wait()
-        except BaseException:
-            proc.terminate()  # the launcher tears a half-booted pair down on SIGTERM
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-
-    def restart() -> int:
-        rc = run_step([launcher, "down", *common])
-        if rc != EXIT_OK:
-            log(f"down exited {rc}; trying up anyway (it removes this pair's stale containers)")
-        tail = ["--", *passthrough] if passthrough else []
-        return run_step([launcher, "up", *common, "--timeout", str(up_timeout), *tail])
-
-    return restart
-
-
 def serve(dog: Watchdog, what: str) -> int:
     """Run until SIGTERM/SIGINT; exit 0 then."""
 
@@ -221,8 +184,8 @@ def serve(dog: Watchdog, what: str) -> int:
     dog.log(f"watching {what}")
     try:
         dog.run()
-    except Stop as exc:
-        dog.log(f"{exc}: watchdog stopped")
+    except (Stop, KeyboardInterrupt) as exc:  # an up's boot inside re-raises Ctrl-C
+        dog.log(f"{exc or 'SIGINT'}: watchdog stopped")
     return EXIT_OK
 
 

@@ -149,6 +149,25 @@ class Env:
     ) -> subprocess.CompletedProcess:
         """Run the launcher; ``path_first`` puts a test's own stand-ins before the fakes,
         ``env`` adds or overrides environment variables."""
+        argv = [str(LAUNCHER)]
+        if "--env-file" not in args:
+            argv += ["--env-file", str(self.env_file)]
+        argv += args
+        p = subprocess.run(
+            argv,
+            env=self.environ(path_first, env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert SECRET not in p.stdout + p.stderr, "secret leaked into launcher output"
+        return p
+
+    def environ(
+        self, path_first: Path | None = None, env: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        """The launcher's environment in these tests: fakes first on PATH, fast polls."""
         extra = env or {}
         env = dict(
             os.environ,
@@ -170,15 +189,7 @@ class Env:
         if path_first is not None:
             env["PATH"] = f"{path_first}:{env['PATH']}"
         env.update(extra)
-        argv = [str(LAUNCHER)]
-        if "--env-file" not in args:
-            argv += ["--env-file", str(self.env_file)]
-        argv += args
-        p = subprocess.run(
-            argv, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
-        assert SECRET not in p.stdout + p.stderr, "secret leaked into launcher output"
-        return p
+        return env
 
 
 # Fixtures of the launcher tests (tests/test_launcher.py, tests/test_launcher_ops.py);

@@ -1,0 +1,106 @@
+"""The pair, resolved once: env file + recipe + extra vLLM args in, one typed, frozen object out.
+
+Every command builds it at its top (``load``) and passes it down; nothing below re-reads the
+env file or recipe, re-applies the recipe's defaults, re-picks the image or rebuilds the
+other rank's argv. Ports are ints, addresses and the image are settled (MASTER_ADDR
+defaults to SPARK1, IMAGE to the recipe's), each rank's placeholders and vLLM argv are
+computed here, and so is the plan hash both ranks' containers are labelled with.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from pairctl import plan
+from pairctl.config import PairConfig, check_port_clash, load_env_file
+from pairctl.recipe import Recipe, check_passthrough, load_recipe
+
+
+@dataclass(frozen=True)
+class ResolvedPair:
+    """One pair as every step sees it (``cfg`` keeps the env file's validated values, with
+    the recipe's PORT default applied, for the few steps that need a raw variable)."""
+
+    cfg: PairConfig
+    recipe: Recipe
+    passthrough: tuple[str, ...]
+    pair_id: str
+    spark1: str
+    spark2: str
+    master_addr: str
+    master_port: int
+    port: int
+    image: str
+    model_path: str
+    overlay_dir: str
+    api_key: str = field(repr=False)
+    placeholders: tuple[Mapping[str, str], Mapping[str, str]] = field(repr=False)
+    vllm_argv: tuple[tuple[str, ...], tuple[str, ...]] = field(repr=False)
+    plan_hash: str = ""
+
+    @property
+    def endpoint(self) -> str:
+        """Base URL of the pair's endpoint on rank 0; IPv6 literals get brackets."""
+        host = f"[{self.spark1}]" if ":" in self.spark1 else self.spark1
+        return f"http://{host}:{self.port}"
+
+    def node_addr(self, rank: int) -> str:
+        """The address a rank's node is reached at (SPARK1 for rank 0, SPARK2 for rank 1)."""
+        return self.spark1 if rank == 0 else self.spark2
+
+
+def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) -> ResolvedPair:
+    """Settle everything the env file and recipe leave open; raises ConfigError."""
+    extra = tuple(passthrough)
+    full = plan.with_recipe_defaults(cfg, recipe)
+    check_port_clash(cfg, full.PORT)
+    check_passthrough(list(extra))
+    image = plan.resolve_image(full, recipe)
+    values = tuple(MappingProxyType(plan.placeholders(full, r)) for r in (0, 1))
+    argvs = tuple(tuple(plan.vllm_args(full, recipe, r, values[r], extra)) for r in (0, 1))
+    envs = [plan.container_env(full, recipe, r, values[r], overlay=True) for r in (0, 1)]
+    return ResolvedPair(
+        cfg=full,
+        recipe=recipe,
+        passthrough=extra,
+        pair_id=full.PAIR_ID,
+        spark1=full.SPARK1,
+        spark2=full.SPARK2,
+        master_addr=full.master_addr,
+        master_port=int(full.MASTER_PORT),
+        port=int(full.PORT),
+        image=image,
+        model_path=full.MODEL_PATH,
+        overlay_dir=full.OVERLAY_DIR,
+        api_key=full.VLLM_API_KEY,
+        placeholders=(values[0], values[1]),
+        vllm_argv=(argvs[0], argvs[1]),
+        plan_hash=plan.plan_hash(argvs, envs, image),
+    )
+
+
+def warn_unknown(cfg: PairConfig, say: Callable[[str], None]) -> None:
+    """Unknown variables in the env file: named, unless the name looks like a secret."""
+    for k in cfg.unknown:
+        shown = "" if plan.is_secret(k) else f" ({k})"
+        say(f"WARN: {cfg.env_file}: unknown variable{shown} ignored; see .env.example")
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def load(
+    env_file: str | Path,
+    recipe_file: str | Path,
+    passthrough: Sequence[str] = (),
+    say: Callable[[str], None] = _stderr,
+) -> ResolvedPair:
+    """Read and validate the env file and recipe, then resolve (the top of every command)."""
+    cfg = load_env_file(env_file)
+    warn_unknown(cfg, say)
+    return resolve(cfg, load_recipe(recipe_file), passthrough)

@@ -1,0 +1,153 @@
+"""``up`` and ``down`` of one pair, in one process: lock, health check, preflight, cleanup,
+rank 1 then rank 0, wait, and the teardown of a boot that did not finish.
+
+The order is the seed launcher's. A boot that fails (a rank dies: exit 4; no health in
+time: exit 5) or is interrupted (Ctrl-C, SIGTERM, SIGHUP: exit 130) is torn down before
+the process exits, so no half-started pair is left holding memory. ``down`` and ``up`` hold
+the pair's lock (``flock`` on a file named after PAIR_ID and SPARK1) for their whole run:
+two operators, or an operator and the watchdog, never race on one pair.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pairctl import lifecycle as lc
+from pairctl.contracts import (
+    BOOT_POLL_S,
+    EXIT_BOOT,
+    EXIT_OK,
+    EXIT_PREFLIGHT,
+    EXIT_RUNTIME,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+)
+from pairctl.resolved import ResolvedPair
+
+
+def log(msg: str) -> None:
+    print(f"dspark_launch: {msg}", file=sys.stderr, flush=True)
+
+
+def lock_path(pair: ResolvedPair) -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    # SPARK1 in the name: two test pairs on one machine may share a PAIR_ID.
+    return f"{base}/dsv4-launch-{pair.pair_id}-{pair.spark1}.lock"
+
+
+class LockHeld(Exception):
+    """Another up/down of this pair runs (exit 3, nothing started or removed)."""
+
+
+@contextmanager
+def pair_lock(pair: ResolvedPair) -> Iterator[None]:
+    """Hold the pair's lock for the block; LockHeld at once when another process has it."""
+    path = lock_path(pair)
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LockHeld(
+                f"another up/down for this pair is running (lock {path}); nothing was "
+                "started or removed"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM/SIGHUP during a boot: handled everywhere exactly as Ctrl-C is."""
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``Interrupted`` in this block (restored after), so a boot is
+    torn down on them exactly as on Ctrl-C."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def teardown(pair: ResolvedPair) -> None:
+    log("tearing down pair containers on both nodes")
+    if lc.cleanup(pair) != EXIT_OK:
+        log("teardown incomplete: run 'launch/dspark_launch.sh down' once the node answers")
+
+
+def boot(pair: ResolvedPair, timeout_s: float, poll_s: float = BOOT_POLL_S) -> int:
+    """Cleanup, rank 1, rank 0, wait; anything but healthy is torn down (4, 5 or 130)."""
+    with signals_interrupt():
+        try:
+            if lc.cleanup(pair) != EXIT_OK:
+                log("could not remove this pair's stale containers; nothing new was started")
+                return EXIT_BOOT
+            for rank in (1, 0):
+                if lc.start_rank(pair, rank) != EXIT_OK:
+                    log(f"rank {rank} did not start")
+                    teardown(pair)
+                    return EXIT_BOOT
+            rc = lc.wait_healthy(pair, timeout_s, poll_s=poll_s)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP as Interrupted
+            log("interrupted during boot")
+            teardown(pair)
+            raise
+    if rc != EXIT_OK:
+        teardown(pair)
+        return EXIT_TIMEOUT if rc == EXIT_TIMEOUT else EXIT_BOOT
+    return EXIT_OK
+
+
+def up(
+    pair: ResolvedPair,
+    timeout_s: float,
+    preflight: Callable[[ResolvedPair], int],
+    healthy: Callable[[ResolvedPair], bool],
+    gate: Callable[[ResolvedPair], int] | None = None,
+    poll_s: float = BOOT_POLL_S,
+) -> int:
+    """The whole ``up``: nothing is started unless preflight passed under the pair's lock."""
+    try:
+        with pair_lock(pair):
+            if not healthy(pair):
+                rc = preflight(pair)
+                if rc != EXIT_OK:
+                    if rc not in (EXIT_PREFLIGHT, EXIT_USAGE):
+                        log(f"preflight could not run (rc={rc}); nothing was started or removed")
+                        rc = EXIT_PREFLIGHT
+                    return rc
+                rc = boot(pair, timeout_s, poll_s)
+                if rc != EXIT_OK:
+                    return rc
+    except LockHeld as exc:
+        log(str(exc))
+        return EXIT_PREFLIGHT
+    return gate(pair) if gate is not None else EXIT_OK
+
+
+def down(pair: ResolvedPair) -> int:
+    """Remove this pair's containers on both nodes (label-selected), under its lock."""
+    try:
+        with pair_lock(pair):
+            if lc.cleanup(pair) != EXIT_OK:
+                log("down incomplete (a node did not answer); re-run once it does")
+                return EXIT_RUNTIME
+    except LockHeld as exc:
+        log(str(exc))
+        return EXIT_PREFLIGHT
+    print("pair down: no containers of this pair remain")
+    return EXIT_OK

@@ -21,12 +21,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import argtypes, cli, prompts, report
+from bench.benchlib import cli, prompts, report
 from bench.benchlib.guard import InFlightTracker
 from bench.benchlib.response import StreamResult
 from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import NS_PER_S, median, request_metrics, summarize, window_rate
+from pairctl import argtypes
 
 KEYS = ("per_req_decode_tok_s", "aggregate_tok_s", "aggregate_wave_tok_s", "active")
 HEADERS = [
@@ -112,10 +113,13 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         help="levels to sweep (comma-separated streams)",
     )
     p.add_argument(
-        "--max-tokens", type=argtypes.positive_int, default=256, help="tokens decoded per stream"
+        "--max-tokens", type=argtypes.int_at_least(1), default=256, help="tokens decoded per stream"
     )
     p.add_argument(
-        "--prompt-tokens", type=argtypes.positive_int, default=128, help="prompt length per stream"
+        "--prompt-tokens",
+        type=argtypes.int_at_least(1),
+        default=128,
+        help="prompt length per stream",
     )
 
 

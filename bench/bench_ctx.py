@@ -21,11 +21,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import argtypes, cli, prompts, report
+from bench.benchlib import cli, prompts, report
 from bench.benchlib.guard import GuardedPoint, InFlightTracker
 from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import median, request_metrics
+from pairctl import argtypes
 
 KEYS = (
     "ttft_ms",
@@ -50,7 +51,7 @@ HEADERS = [
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    pos = argtypes.positive_int
+    pos = argtypes.int_at_least(1)
     p.add_argument(
         "--depths",
         type=argtypes.size_list,
@@ -87,7 +88,7 @@ class Ladder:
     def _count(self, text: str) -> int | None:
         b = self.b
         msgs = prompts.messages_for(text, "[ref 00000000] ")
-        return prompts.count_tokens(b.session, b.url, b.model, msgs)
+        return prompts.count_tokens(b.session, b.endpoint, b.model, msgs)
 
     def depth(self, depth: int) -> tuple[GuardedPoint, dict[str, Any] | None]:
         """One request at this depth; per-position acceptance from the clean wave's deltas."""

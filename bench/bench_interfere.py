@@ -23,12 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import argtypes, cli, prompts, report
+from bench.benchlib import cli, prompts, report
 from bench.benchlib.guard import InFlightTracker
 from bench.benchlib.response import StreamResult
 from bench.benchlib.results import Point, PointSummary, summarize_points
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import NS_PER_S, chunk_token_counts, median, request_metrics
+from pairctl import argtypes
 
 STRETCH = 1.5  # a step this much longer than the stream's solo gap is an interfered step
 PHASES = ("solo", "under_prefill")
@@ -105,7 +106,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--lead-ms",
-        type=argtypes.positive_float,
+        type=argtypes.float_above(0.0),
         default=1500,
         help="decode alone before the prefill is sent (> 0)",
     )
@@ -170,7 +171,7 @@ class Waves:
 
     def _count(self, text: str) -> int | None:
         msgs = prompts.messages_for(text, "[ref 00000000] ")
-        return prompts.count_tokens(self.b.session, self.b.url, self.b.model, msgs)
+        return prompts.count_tokens(self.b.session, self.b.endpoint, self.b.model, msgs)
 
     def _decode_payload(self) -> dict[str, Any]:
         msgs = prompts.messages_for(self.short, prompts.nonce(self.rng))

@@ -39,24 +39,25 @@ from typing import Any
 import requests
 
 from bench import bench_router_runs as runs
-from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, endpoint, report
-from bench.benchlib import argtypes as t
+from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, report
 from bench.benchlib.cli import log
 from bench.benchlib.runner import git_sha
 from bench.benchlib.stats import summarize
+from pairctl import argtypes as t
+from pairctl.endpoint import Endpoint
 
 VARIANTS = ("direct", "affinity", "round_robin")
 
 
-def _pair_urls(text: str) -> list[str]:
-    """'URL,URL[,...]' -> normalised base URLs (the benches' own URL rules); two or more."""
+def _pair_endpoints(text: str) -> list[Endpoint]:
+    """'URL,URL[,...]' -> Endpoints (the benches' own URL rules); two or more."""
     try:
-        urls = [endpoint.normalize(u) for u in text.split(",") if u.strip()]
+        eps = [Endpoint.parse(u) for u in text.split(",") if u.strip()]
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    if len(urls) < 2:
+    if len(eps) < 2:
         raise argparse.ArgumentTypeError("needs at least two endpoints, comma-separated")
-    return urls
+    return eps
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--pairs",
         required=True,
-        type=_pair_urls,
+        type=_pair_endpoints,
         help="comma-separated pair endpoints (2 or more; HOST:PORT and /v1 accepted)",
     )
     p.add_argument("--router-bin", default=runs.default_router_bin(), help="vllm-router binary")
@@ -89,8 +90,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--turn-tokens", type=t.size, default="1k", help="size of each later user message"
     )
-    p.add_argument("--max-tokens", type=t.positive_int, default=32, help="reply length per turn")
-    p.add_argument("--repeats", type=t.positive_int, default=2, help="repeats of the variant set")
+    p.add_argument("--max-tokens", type=t.int_at_least(1), default=32, help="reply length per turn")
+    p.add_argument(
+        "--repeats", type=t.int_at_least(1), default=2, help="repeats of the variant set"
+    )
     p.add_argument(
         "--overhead-concurrency",
         dest="levels",
@@ -99,18 +102,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="concurrency levels of part 2",
     )
     p.add_argument(
-        "--overhead-requests", type=t.positive_int, default=128, help="requests per level/side"
+        "--overhead-requests", type=t.int_at_least(1), default=128, help="requests per level/side"
     )
     p.add_argument(
         "--overhead-warmups",
-        type=t.nonneg_int,
+        type=t.int_at_least(0),
         default=1,
         help="unmeasured waves per level/side first",
     )
     p.add_argument("--skip-multiturn", action="store_true", help="only part 2")
     p.add_argument("--skip-overhead", action="store_true", help="only part 1")
     p.add_argument(
-        "--timeout-s", type=t.positive_float, default=600, help="per-request socket timeout"
+        "--timeout-s", type=t.float_above(0.0), default=600, help="per-request socket timeout"
     )
     p.add_argument(
         "--json",
@@ -120,19 +123,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="write results JSON here (its directory must exist)",
     )
     args = p.parse_args(argv)
-    args.pair_urls = args.pairs
+    args.pair_urls = args.pairs  # Endpoints; the result JSON records their base URLs
     return args
 
 
-def idle_or_exit(sess: requests.Session, pairs: list[str]) -> None:
-    for url, snap in zip(pairs, runs.scrape_all(sess, pairs), strict=True):
+def idle_or_exit(sess: requests.Session, pairs: list[Endpoint]) -> None:
+    for ep, snap in zip(pairs, runs.scrape_all(sess, pairs), strict=True):
         if snap.in_flight:
-            log(f"{url} has {snap.in_flight:g} request(s) running or waiting: not idle")
+            log(f"{ep} has {snap.in_flight:g} request(s) running or waiting: not idle")
             raise SystemExit(EXIT_CONTAMINATED)
 
 
-def models(sess: requests.Session, url: str) -> tuple[str, bool]:
-    data = sess.get(f"{url}/v1/models", timeout=10).json()["data"]
+def models(sess: requests.Session, ep: Endpoint) -> tuple[str, bool]:
+    data = sess.get(ep.url("/v1/models"), timeout=10).json()["data"]
     return data[0]["id"], any(m.get("owned_by") == "spark-twin-simulator" for m in data)
 
 
@@ -140,13 +143,13 @@ def part1(args: argparse.Namespace, model: str, aff: runs.LocalRouter, rr: runs.
     """Multi-turn TTFT per variant: {variant: {turn: TurnStats}}."""
     sess = requests.Session()
     sids = [f"bench-conv-{i}" for i in range(args.conversations)]
-    home = [runs.which_pair(sess, args.pair_urls, aff.url, model, s) for s in sids]
+    home = [runs.which_pair(sess, args.pair_urls, aff.endpoint, model, s) for s in sids]
     per_pair = [home.count(i) for i in range(len(args.pair_urls))]
     log(f"sessions per pair (consistent_hash): {per_pair}")
     targets = {
-        "direct": [(args.pair_urls[h], {}) for h in home],
-        "affinity": [(aff.url, {"X-Session-ID": s}) for s in sids],
-        "round_robin": [(rr.url, {"X-Session-ID": s}) for s in sids],
+        "direct": [args.pair_urls[h] for h in home],
+        "affinity": [aff.endpoint.with_session(s) for s in sids],
+        "round_robin": [rr.endpoint.with_session(s) for s in sids],
     }
     stats: dict[str, dict[int, runs.TurnStats]] = {v: {} for v in VARIANTS}
     for rep in range(args.repeats):
@@ -164,7 +167,7 @@ def part2(args: argparse.Namespace, model: str, aff: runs.LocalRouter, home: int
     sid, pair = "bench-overhead-0", 0
     for i in range(64):
         s = f"bench-overhead-{i}"
-        pair = runs.which_pair(sess, args.pair_urls, aff.url, model, s)
+        pair = runs.which_pair(sess, args.pair_urls, aff.endpoint, model, s)
         sid = s
         if home is None or pair == home:
             break
@@ -173,8 +176,8 @@ def part2(args: argparse.Namespace, model: str, aff: runs.LocalRouter, home: int
         waves = max(1, args.overhead_requests // c)
         side = {"direct": runs.OverheadStats(), "router": runs.OverheadStats()}
         targets = {
-            "direct": (args.pair_urls[pair], {}),
-            "router": (aff.url, {"X-Session-ID": sid}),
+            "direct": args.pair_urls[pair],
+            "router": aff.endpoint.with_session(sid),
         }
         for target in targets.values():  # unmeasured: warm connection pools, as in use
             runs.overhead(target, model, c, args.overhead_warmups, args, runs.OverheadStats())

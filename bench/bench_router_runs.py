@@ -32,6 +32,7 @@ from bench.benchlib import promm, prompts
 from bench.benchlib.runner import CHAT_PATH, run_threads
 from bench.benchlib.stats import request_metrics
 from bench.benchlib.stream import open_connection, stream_request
+from pairctl.endpoint import Endpoint
 from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import Tuning
 
@@ -56,13 +57,15 @@ class LocalRouter:
         self,
         binary: str,
         policy: str,
-        workers: list[str],
+        pairs: list[Endpoint],
         log_path: Path,
         cpus: str | None = None,
     ) -> None:
         self.policy = policy
         self.port, self.metrics_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.endpoint = Endpoint.for_host("127.0.0.1", self.port)
+        self.url = self.endpoint.base
+        workers = [p.base for p in pairs]  # the fleet's router takes worker URLs as text
         pin = ["taskset", "-c", cpus] if cpus else []
         argv = [
             *pin,
@@ -102,7 +105,7 @@ class LocalRouter:
         self._log.close()
 
 
-def scrape_all(sess: requests.Session, pairs: list[str]) -> list[promm.Snapshot]:
+def scrape_all(sess: requests.Session, pairs: list[Endpoint]) -> list[promm.Snapshot]:
     return [promm.scrape(sess, p) for p in pairs]
 
 
@@ -131,14 +134,12 @@ def payload(model: str, messages: list[dict[str, str]], max_tokens: int) -> dict
 
 
 def which_pair(
-    sess: requests.Session, pairs: list[str], router_url: str, model: str, sid: str
+    sess: requests.Session, pairs: list[Endpoint], router: Endpoint, model: str, sid: str
 ) -> int:
     """Index of the pair the router sends session `sid` to (its prompt counter moves)."""
     before = scrape_all(sess, pairs)
     msgs = [{"role": "user", "content": f"{prompts.nonce()}Say hello."}]
-    r = stream_request(
-        router_url, CHAT_PATH, payload(model, msgs, 2), headers={"X-Session-ID": sid}
-    )
+    r = stream_request(router.with_session(sid), CHAT_PATH, payload(model, msgs, 2))
     if not r.ok:
         raise RuntimeError(f"probe for session {sid} failed: {r.error}")
     after = scrape_all(sess, pairs)
@@ -155,25 +156,24 @@ def which_pair(
     return moved[0]
 
 
-def wave(
-    targets: list[tuple[str, dict[str, str]]], bodies: list[dict], timeout_s: float
-) -> list[tuple[str, Any]]:
-    """One request per (url, headers) at once, on connections opened beforehand; each
-    carries its own X-Request-Id (vLLM makes it the request id). Returns (id, result)."""
+def wave(targets: list[Endpoint], bodies: list[dict], timeout_s: float) -> list[tuple[str, Any]]:
+    """One request per target (its X-Session-ID, if any, on it) at once, on connections opened
+    beforehand; each carries its own X-Request-Id (vLLM makes it the request id). Returns
+    (id, result)."""
     ids = [f"br-{uuid.uuid4().hex}" for _ in targets]
     socks = []
-    for url, _ in targets:
+    for ep in targets:
         try:
-            socks.append(open_connection(url, timeout_s))
+            socks.append(open_connection(ep, timeout_s))
         except OSError:
             socks.append(None)
     time.sleep(0.02)
     results = run_threads(
         [
-            lambda u=u, h=h, b=b, s=s, i=i: stream_request(
-                u, CHAT_PATH, b, timeout_s=timeout_s, sock=s, headers={**h, "X-Request-Id": i}
+            lambda ep=ep, b=b, s=s, i=i: stream_request(
+                ep, CHAT_PATH, b, timeout_s=timeout_s, sock=s, headers={"X-Request-Id": i}
             )
-            for (u, h), b, s, i in zip(targets, bodies, socks, ids, strict=True)
+            for ep, b, s, i in zip(targets, bodies, socks, ids, strict=True)
         ]
     )
     return list(zip(ids, results, strict=True))
@@ -187,12 +187,12 @@ def stamps(rid: str, r: Any) -> Stamp:
     return (f"chatcmpl-{rid}", r.t_request_ns, r.t_first_token_ns, r.t_done_ns)
 
 
-def server_records(sess: requests.Session, pairs: list[str]) -> dict[str, dict[str, Any]]:
+def server_records(sess: requests.Session, pairs: list[Endpoint]) -> dict[str, dict[str, Any]]:
     """The simulator's per-request records of every pair, by request id ({} for real vLLM)."""
     out: dict[str, dict[str, Any]] = {}
-    for url in pairs:
+    for ep in pairs:
         try:
-            r = sess.get(f"{url}/twin/requests", timeout=30)
+            r = sess.get(ep.url("/twin/requests"), timeout=30)
         except requests.RequestException:
             continue
         if r.status_code == 200:
@@ -247,9 +247,9 @@ class TurnStats:
 
 def conversations(
     variant: str,
-    targets: list[tuple[str, dict[str, str]]],
+    targets: list[Endpoint],
     model: str,
-    pairs: list[str],
+    pairs: list[Endpoint],
     args: Any,
     seed: int,
     out: dict[int, TurnStats],
@@ -309,7 +309,7 @@ class OverheadStats:
 
 
 def overhead(
-    target: tuple[str, dict[str, str]],
+    target: Endpoint,
     model: str,
     concurrency: int,
     waves: int,

@@ -20,18 +20,19 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import argtypes, cli, prompts, report
+from bench.benchlib import cli, prompts, report
 from bench.benchlib.guard import GuardedPoint, InFlightTracker
 from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import median, request_metrics, summarize
+from pairctl import argtypes
 
 KEYS = ("ttft_ms", "ttft_content_ms", "prompt_tokens")
 HEADERS = ["turn", "prompt_tok", "ttft_ms", "ttft_content_ms", "retries", "status"]
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    pos = argtypes.positive_int
+    pos = argtypes.int_at_least(1)
     p.add_argument("--turns", type=pos, default=8, help="conversation turns")
     p.add_argument(
         "--first-tokens", type=argtypes.size, default="4k", help="size of the first user message"

@@ -1,16 +1,32 @@
 """argparse types that reject nonsense with a message saying what is allowed.
 
-A value argparse accepts but the code cannot use (0 seconds, -3 failures, "nan") would
-otherwise surface later as a traceback or as a silently wrong loop; these turn it into a
-usage error (exit 2) naming the flag's rule and the value given.
+The one home of the repository's flag types (pairctl, perfmodel, the benches, the twin). A
+value argparse accepts but the code cannot use (0 seconds, -3 failures, "nan", a port of
+99999, an output path in a directory that does not exist) would otherwise surface later as
+a traceback, a silently wrong loop, or a result lost after minutes of work; these turn it
+into a usage error (exit 2) naming the flag's rule and the value given.
+
+Two wordings live side by side, each pinned by its callers' tests: ``positive_float``,
+``positive_int`` and ``non_negative_int`` name the kind and the bound ("must be a whole
+number >= 1, got '0'"; pairctl, perfmodel); ``int_at_least`` and ``float_above`` name the
+bound and say the kind only when the text is not a number ("must be >= 1, got 0"; benches).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+_SUFFIX = {"k": 1024, "m": 1024 * 1024}
 
 
+# ---- "must be a whole number >= 1, got '0'" ----------------------------------------------
 def positive_float(text: str) -> float:
     """A finite number > 0 (seconds, rates)."""
     try:
@@ -42,3 +58,160 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
     return value
+
+
+def port(text: str) -> int:
+    """A TCP port a server can bind: 1-65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {text!r}")
+    return value
+
+
+# ---- "must be >= 1, got 0" ----------------------------------------------------------------
+def _number(kind: type, text: str, what: str) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        noun = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"must be {noun} ({what}), got {text!r}") from None
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """A whole number >= low."""
+
+    def parse(text: str) -> int:
+        v = _number(int, text, f">= {low}")
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+
+    parse.__name__ = f"int >= {low}"
+    return parse
+
+
+def float_above(low: float, inclusive: bool = False) -> Callable[[str], float]:
+    """A number > low (>= low when inclusive)."""
+    sign = ">=" if inclusive else ">"
+
+    def parse(text: str) -> float:
+        v = _number(float, text, f"{sign} {low:g}")
+        if v != v or v < low or (v == low and not inclusive):  # v != v: NaN
+            raise argparse.ArgumentTypeError(f"must be {sign} {low:g}, got {text}")
+        return v
+
+    parse.__name__ = f"number {sign} {low:g}"
+    return parse
+
+
+def parse_size(text: str) -> int:
+    """'1k' -> 1024, '128k' -> 131072, '1m' -> 1048576, '500' -> 500 (tokens, >= 1)."""
+    s = text.strip().lower()
+    mult = _SUFFIX.get(s[-1:], 1)
+    try:
+        v = int(float(s[:-1] if mult > 1 else s) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a token count like 500, 4k or 1m, got {text!r}"
+        ) from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 token, got {text!r}")
+    return v
+
+
+def size(text: str) -> int:
+    return parse_size(text)
+
+
+size.__name__ = "token count"
+
+
+def size_list(text: str) -> list[int]:
+    """'1k,4k,16k' -> [1024, 4096, 16384]; at least one."""
+    items = [t for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("needs at least one token count, e.g. 1k,4k")
+    return [parse_size(t) for t in items]
+
+
+def int_list(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; positive whole numbers, at least one."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("needs at least one whole number, e.g. 1,2,4")
+    out = []
+    for t in items:
+        try:
+            v = int(t)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"needs comma-separated whole numbers >= 1 (e.g. 1,2,4), got {t!r}"
+            ) from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"needs whole numbers >= 1, got {v}")
+        out.append(v)
+    return out
+
+
+# ---- JSON values ----------------------------------------------------------------------------
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object such as chat_template_kwargs."""
+    try:
+        v = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(
+            f"must be a JSON object such as '{{\"thinking\": false}}' ({e})"
+        ) from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return v
+
+
+def speculative_config(text: str) -> dict[str, Any]:
+    """vLLM's --speculative-config: a JSON object (its own wording names the flag)."""
+    try:
+        val = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"--speculative-config must be JSON, e.g. "
+            f'\'{{"method":"dspark","num_speculative_tokens":5}}\' ({exc})'
+        ) from exc
+    if not isinstance(val, dict):
+        raise argparse.ArgumentTypeError("--speculative-config must be a JSON object")
+    return val
+
+
+# ---- output files ---------------------------------------------------------------------------
+def output_file(text: str) -> str:
+    """A file we can write later: its directory exists and is writable; it is not a directory."""
+    p = Path(text).expanduser()
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"directory {parent} does not exist (create it first: mkdir -p {parent})"
+        )
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text} is not writable")
+    return str(p)
+
+
+output_file.__name__ = "output file"
+
+
+def png_file(text: str) -> str:
+    """An output file for a plot; matplotlib must be importable (checked now, not at the end)."""
+    path = output_file(text)
+    # Looked up, not imported: only a bench that plots needs it (the [bench] extra).
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError(
+            "needs matplotlib, which is not installed (pip install matplotlib)"
+        )
+    return path
+
+
+png_file.__name__ = "plot file"

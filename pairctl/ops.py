@@ -12,7 +12,7 @@ from pairctl import preflight as pf
 from pairctl.contracts import EXIT_GATE, EXIT_OK, EXIT_PREFLIGHT, EXIT_RUNTIME
 from pairctl.docker import pair_containers
 from pairctl.frontdoor import Args
-from pairctl.gate import run_gate
+from pairctl.gate import run_for_pair
 from pairctl.nodes import nodes
 from pairctl.overlays import sync
 from pairctl.plan import container_name
@@ -104,7 +104,7 @@ def logs(a: Args, pair: ResolvedPair) -> int:
 
 def gate(pair: ResolvedPair) -> int:
     """The post-up quality gate, in this process; the endpoint stays up either way."""
-    rc = run_gate(pair)
+    rc = run_for_pair(pair.endpoint, pair.api_key)  # the key in headers, no proxy
     if rc != EXIT_OK:
         log(f"quality gate FAILED against {pair.endpoint} (endpoint left running for inspection)")
         return EXIT_GATE

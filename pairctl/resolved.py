@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from pairctl import plan
 from pairctl.config import PairConfig, check_port_clash, load_env_file
+from pairctl.endpoint import Endpoint
 from pairctl.recipe import Recipe, check_passthrough, load_recipe
 
 
@@ -44,9 +45,9 @@ class ResolvedPair:
 
     @property
     def endpoint(self) -> str:
-        """Base URL of the pair's endpoint on rank 0; IPv6 literals get brackets."""
-        host = f"[{self.spark1}]" if ":" in self.spark1 else self.spark1
-        return f"http://{host}:{self.port}"
+        """Base URL of the pair's endpoint on rank 0 (``pairctl.endpoint``'s rules: an IPv6
+        literal gets brackets)."""
+        return Endpoint.for_host(self.spark1, self.port).base
 
     def node_addr(self, rank: int) -> str:
         """The address a rank's node is reached at (SPARK1 for rank 0, SPARK2 for rank 1)."""

@@ -26,6 +26,7 @@ from bench.benchlib.response import StreamResult
 from bench.benchlib.results import Results, Tally, clean_metrics, summarize_points
 from bench.benchlib.stats import percentile, request_metrics, summarize, window_rate
 from bench.benchlib.stream import stream_request
+from pairctl.endpoint import Endpoint
 from tests.fakes.mock_openai import MockConfig, MockServer
 
 CHAT = "/v1/chat/completions"
@@ -45,7 +46,7 @@ def payload(max_tokens: int = 31, text: str = "hello there") -> dict:
 def test_stream_timings_match_mock_speeds():
     cfg = MockConfig(ttft_s=0.06, step_s=0.02, tokens_per_step=(3, 2))
     with MockServer(cfg) as m:
-        r = stream_request(m.url, CHAT, payload(max_tokens=61))
+        r = stream_request(m.endpoint, CHAT, payload(max_tokens=61))
     assert r.ok, r.error
     m_ = request_metrics(r)
     # The role-only chunk arrives at once; TTFT must not be taken from it.
@@ -62,11 +63,11 @@ def test_stream_timings_match_mock_speeds():
 
 def test_errors_are_kept_with_text_and_metrics_are_null():
     with MockServer(MockConfig(mode="http500")) as m:
-        r = stream_request(m.url, CHAT, payload())
+        r = stream_request(m.endpoint, CHAT, payload())
     assert not r.ok and r.status == 500 and "boom" in r.error
     m_ = request_metrics(r)
     assert m_["ttft_ms"] is None and m_["decode_tok_s"] is None and m_["tpot_ms"] is None
-    dead = stream_request("http://127.0.0.1:9", CHAT, payload(), timeout_s=2)
+    dead = stream_request(Endpoint.parse("http://127.0.0.1:9"), CHAT, payload(), timeout_s=2)
     assert not dead.ok and "Connection" in dead.error or "refused" in dead.error.lower()
 
 
@@ -179,7 +180,7 @@ def test_tracker_peak_covers_the_scrape_window():
     assert tr.end_window() == 0 and tr.count() == 0
 
 
-def _wave_of(url: str, n: int, max_tokens: int = 12):
+def _wave_of(url: Endpoint, n: int, max_tokens: int = 12):
     def wave(tr: InFlightTracker):
         out = [None] * n
 
@@ -204,7 +205,7 @@ def test_clean_waves_are_never_flagged_despite_gauge_lag():
     cfg = MockConfig(ttft_s=0.03, step_s=0.01, count_lag_s=0.15, start_lag_s=0.01)
     with MockServer(cfg) as m:
         for n in (1, 4, 8, 8, 1, 4):
-            gp = run_guarded(m.url, _wave_of(m.url, n), FAST_GUARD)
+            gp = run_guarded(m.endpoint, _wave_of(m.endpoint, n), FAST_GUARD)
             assert gp.status == "ok" and gp.retries == 0, gp.attempts[-1].reason
             during = [s for s in gp.attempts[0].samples if s["phase"] == "during"]
             assert during and max(s["ours"] for s in during) <= n
@@ -220,9 +221,9 @@ def test_foreign_traffic_during_a_wave_is_detected_and_retried(at_s):
             calls.append(1)
             if len(calls) == 1:  # only the first attempt is polluted
                 threading.Timer(at_s, m.inject_foreign, args=(1, 0.15)).start()
-            return _wave_of(m.url, 2, max_tokens=66)(tr)  # ~0.24 s
+            return _wave_of(m.endpoint, 2, max_tokens=66)(tr)  # ~0.24 s
 
-        gp = run_guarded(m.url, wave, FAST_GUARD)
+        gp = run_guarded(m.endpoint, wave, FAST_GUARD)
     assert gp.status == "ok" and gp.retries == 1
     assert not gp.attempts[0].clean and "server had" in gp.attempts[0].reason
     assert gp.attempts[1].clean and gp.deltas is not None
@@ -231,7 +232,7 @@ def test_foreign_traffic_during_a_wave_is_detected_and_retried(at_s):
 def test_persistent_foreign_traffic_refuses():
     with MockServer(MockConfig(ttft_s=0.02, step_s=0.01)) as m:
         m.inject_foreign(2, 30)
-        gp = run_guarded(m.url, _wave_of(m.url, 1), FAST_GUARD)
+        gp = run_guarded(m.endpoint, _wave_of(m.endpoint, 1), FAST_GUARD)
     assert gp.status == "contaminated" and gp.result is None and gp.deltas is None
     assert len(gp.attempts) == 3 and not any(a.clean for a in gp.attempts)
     assert "before" in gp.attempts[0].reason  # noticed before even sending
@@ -239,14 +240,14 @@ def test_persistent_foreign_traffic_refuses():
 
 def test_guard_needs_the_gauges():
     with MockServer(MockConfig(mode="nogauges")) as m, pytest.raises(GuardError):
-        run_guarded(m.url, _wave_of(m.url, 1), FAST_GUARD)
+        run_guarded(m.endpoint, _wave_of(m.endpoint, 1), FAST_GUARD)
 
 
 def test_deltas_give_acceptance_of_the_clean_wave():
     # 4 tokens per step = 3 accepted of 5 drafts at positions 0..2.
     with MockServer(MockConfig(ttft_s=0.02, step_s=0.005, tokens_per_step=(4,))) as m:
-        gp = run_guarded(m.url, _wave_of(m.url, 2, max_tokens=41), FAST_GUARD)
-        live = promm.scrape(requests.Session(), m.url)
+        gp = run_guarded(m.endpoint, _wave_of(m.endpoint, 2, max_tokens=41), FAST_GUARD)
+        live = promm.scrape(requests.Session(), m.endpoint)
     assert gp.deltas["mean_accept_len"] == pytest.approx(4.0)
     assert gp.deltas["accept_rate_pos"] == pytest.approx([1, 1, 1, 0, 0])
     assert gp.deltas["generation_tokens"] == live.counters["vllm:generation_tokens_total"]
@@ -266,9 +267,9 @@ def test_contaminated_wave_is_cut_short_unless_told_not_to(abort):
             calls.append(1)
             if len(calls) == 1:
                 threading.Timer(0.1, m.inject_foreign, args=(1, 0.2)).start()
-            return _wave_of(m.url, 1, max_tokens=240)(tr)  # ~0.8 s when left alone
+            return _wave_of(m.endpoint, 1, max_tokens=240)(tr)  # ~0.8 s when left alone
 
-        gp = run_guarded(m.url, wave, cfg)
+        gp = run_guarded(m.endpoint, wave, cfg)
     assert gp.status == "ok" and gp.retries == 1 and gp.result[0].ok
     first, clean = gp.attempts
     assert not first.clean
@@ -399,9 +400,9 @@ def test_a_foreign_request_between_two_samples_is_caught_by_conservation():
             calls.append(1)
             if len(calls) == 1:
                 m.count_foreign(1, prompt_tokens=64, tokens=1)
-            return _wave_of(m.url, 1, max_tokens=12)(tr)
+            return _wave_of(m.endpoint, 1, max_tokens=12)(tr)
 
-        gp = run_guarded(m.url, wave, cfg)
+        gp = run_guarded(m.endpoint, wave, cfg)
     first, second = gp.attempts
     assert not first.clean and first.reason.startswith("conservation:")
     assert all(s["running"] <= s["ours"] for s in first.samples)  # sampling saw nothing

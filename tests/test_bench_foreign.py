@@ -119,7 +119,7 @@ def test_guard_catches_foreign_requests_sampling_cannot_see(moment, which, reque
     cfg = GuardConfig(retries=2, interval_s=interval_s, grace_s=0.3, backoff_s=0.1)
     if before:
         t.arm(after, offset_ms)  # 2 ms after the first attempt's before-scrape
-    gp = run_guarded(t.url, wave, cfg)
+    gp = run_guarded(t.endpoint, wave, cfg)
     first = gp.attempts[0]
     assert not first.clean and first.reason.startswith("conservation: "), first.reason
     assert "requests finished" in first.reason and "prompt tokens" in first.reason

@@ -171,7 +171,7 @@ def test_foreign_traffic_in_a_wave_is_detected_retried_and_the_figure_is_clean(t
         return b.stream(b.chat_payload(msgs, 400), tr)  # ~1.1 s of decode
 
     cfg = GuardConfig(retries=4, interval_s=0.05, grace_s=0.3, backoff_s=0.3)
-    gp = run_guarded(twin.url, wave, cfg)
+    gp = run_guarded(twin.endpoint, wave, cfg)
     assert gp.status == "ok" and gp.retries >= 1
     assert not gp.attempts[0].clean and "server had" in gp.attempts[0].reason
     m = request_metrics(gp.result)

@@ -143,9 +143,9 @@ def ours(twin: Twin, backend: str, texts: list[str]) -> dict:
         }
 
     def wave(tr: InFlightTracker) -> list:
-        return [stream_request(twin.url, path, payload(t), tracker=tr) for t in texts]
+        return [stream_request(twin.endpoint, path, payload(t), tracker=tr) for t in texts]
 
-    gp = run_guarded(twin.url, wave, GuardConfig(retries=1, interval_s=0.2, grace_s=0.3))
+    gp = run_guarded(twin.endpoint, wave, GuardConfig(retries=1, interval_s=0.2, grace_s=0.3))
     assert gp.status == "ok", gp.reason
     ms = [request_metrics(r) for r in gp.result]
     assert all(m["ok"] for m in ms), [m["error"] for m in ms]

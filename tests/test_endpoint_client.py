@@ -13,11 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from pairctl.config import parse_env
-from pairctl.gate import gate_env
+from pairctl.gate import run_for_pair
 from pairctl.lifecycle import probe_health
-from pairctl.recipe import load_recipe
-from pairctl.resolved import resolve
 from pairctl.status.pair import scrape
 from pairctl.status.watch import probe_token
 from tests.support.twin import Twin, free_port, wait_http
@@ -78,20 +75,19 @@ def test_probes_ignore_a_proxy_in_the_environment(
     assert probe_token(keyed_twin, timeout=10, api_key=KEY) is None
 
 
-def test_gate_gets_the_key_by_env_and_bypasses_the_proxy() -> None:
-    env = {
-        "PAIR_ID": "pair-a",
-        "SPARK1": "10.0.0.1",
-        "SPARK2": "10.0.0.2",
-        "MODEL_PATH": "/m",
-        "NCCL_SOCKET_IFNAME": "e",
-        "GLOO_SOCKET_IFNAME": "e",
-    }
-    recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    keyed = resolve(parse_env(dict(env, VLLM_API_KEY=KEY)), recipe)
-    out = gate_env(keyed, {"NO_PROXY": "corp.local"})
-    assert out["OPENAI_API_KEY"] == KEY and out["NO_PROXY"] == "corp.local,10.0.0.1"
-    assert "OPENAI_API_KEY" not in gate_env(resolve(parse_env(env), recipe), {})
+def test_gate_gets_the_key_and_bypasses_the_proxy(
+    keyed_twin: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up --gate` runs the gate in its own process: the pair's key reaches the endpoint
+    (in the session's headers, not the environment or a command line) and a proxy in the
+    operator's environment is not put between the gate and the pair."""
+    proxy = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    for var in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.setenv(var, proxy)
+    for var in ("NO_PROXY", "no_proxy", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    assert run_for_pair(keyed_twin, KEY) == 0
+    assert run_for_pair(keyed_twin, None) == 1  # the key is what let it in: 401 without
 
 
 def test_the_gate_script_reads_the_key_from_the_env(keyed_twin: str, tmp_path: Path) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from bench import quality_ref_dspark as q
 from tests.fakes.mock_openai import MockConfig, MockServer
 
-REF = json.loads((Path(q.__file__).parent / "quality_ref_dspark.json").read_text())
+REF = json.loads(q.DEFAULT_PROMPTS.read_text())
 RIGHT = {p["prompt"]: p["answer"] for p in REF["prompts"]}
 
 

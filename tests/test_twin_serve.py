@@ -9,7 +9,8 @@ import pytest
 import requests
 import yaml
 
-from tests.support.twin import REPO, Twin, free_port, metric, metrics, stream, wait_http
+from pairctl.gate.check import DEFAULT_PROMPTS
+from tests.support.twin import Twin, free_port, metric, metrics, stream, wait_http
 
 MSG = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]
 
@@ -217,7 +218,7 @@ def test_tokenize_prompt_and_messages(twin):
         twin.base + "/v1/chat/completions", timeout=60, json={"messages": MSG, "max_tokens": 2}
     ).json()
     assert m["count"] == r["usage"]["prompt_tokens"]
-    ref = json.loads((REPO / "bench" / "quality_ref_dspark.json").read_text())["prompts"][0]
+    ref = json.loads(DEFAULT_PROMPTS.read_text())["prompts"][0]
     r = requests.post(
         twin.base + "/v1/chat/completions",
         timeout=60,

@@ -9,9 +9,13 @@ Modules:
   kstamp   - kernel socket timestamps: connect, departure stamps, the receive loop
   response - StreamResult, and the post-hoc HTTP/chunked/SSE parsing that fills it
   stats    - aggregation of raw timings into TTFT/TPOT/ITL/tok/s (null, never 0, when missing)
-  promm    - /metrics scraping (prometheus_client parser) and counter deltas
+  promm    - /metrics scraping (pairctl.status.metrics parses) and counter deltas
   guard    - in-flight tracker, background sampler, guarded wave runner with retries
   prompts  - real-looking filler text calibrated to a token count via /tokenize
+  endpoint - pairctl.endpoint under the benches' name: Endpoint, readiness, simulator marks
+
+From pairctl (the lowest layer, shared with operations): the Endpoint every function here
+takes (parsed once from --url), and the argparse types (pairctl.argtypes).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 Scripts follow vLLM's benchmarks (vllm/benchmarks/serve.py): `add_cli_args(parser)` adds the
 flags, a run function measures, a summarise function turns points into a dataclass, and `main`
 only wires them together. These are the flags of every script; each adds its own after them.
+`--url` becomes a pairctl Endpoint here, once; everything downstream takes that object.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import argparse
 import os
 import sys
 
-from bench.benchlib import argtypes as t
 from bench.benchlib import endpoint
+from pairctl import argtypes as t
 
 EPILOG = (
     "Exit codes: 0 ok; 1 endpoint/request failure; 2 usage; 3 refused: a point "
@@ -27,7 +28,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     """
     p.add_argument(
         "--url",
-        type=endpoint.url_arg(),
+        type=endpoint.endpoint_arg(),
         default="http://127.0.0.1:8000",
         help="the server's base URL; HOST:PORT and a trailing /v1 are accepted",
     )
@@ -39,13 +40,18 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         help="send X-Session-ID: ID with every request, so a router with session affinity "
         "(launch/dspark_launch.sh fleet) keeps the run on one pair",
     )
-    p.add_argument("--runs", type=t.positive_int, default=1, help="measured repeats per point")
+    p.add_argument("--runs", type=t.int_at_least(1), default=1, help="measured repeats per point")
     p.add_argument(
-        "--warmups", type=t.nonneg_int, default=1, help="unmeasured requests before measuring"
+        "--warmups", type=t.int_at_least(0), default=1, help="unmeasured requests before measuring"
     )
-    p.add_argument("--retries", type=t.nonneg_int, default=3, help="retries of a contaminated wave")
     p.add_argument(
-        "--backoff-s", type=t.nonneg_float, default=2.0, help="first backoff; doubles per retry"
+        "--retries", type=t.int_at_least(0), default=3, help="retries of a contaminated wave"
+    )
+    p.add_argument(
+        "--backoff-s",
+        type=t.float_above(0.0, inclusive=True),
+        default=2.0,
+        help="first backoff; doubles per retry",
     )
     p.add_argument(
         "--guard-interval-ms",
@@ -55,7 +61,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--guard-grace-ms",
-        type=t.nonneg_float,
+        type=t.float_above(0.0, inclusive=True),
         default=500,
         help="how long a finished request of ours still counts as ours (server gauge lag)",
     )
@@ -66,16 +72,16 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         help="let a contaminated wave run to its end instead of cutting it short",
     )
     p.add_argument(
-        "--timeout-s", type=t.positive_float, default=900, help="per-request socket timeout"
+        "--timeout-s", type=t.float_above(0.0), default=900, help="per-request socket timeout"
     )
     p.add_argument(
         "--settle-ms",
-        type=t.nonneg_float,
+        type=t.float_above(0.0, inclusive=True),
         default=20,
         help="pause between opening connections and sending (server accepts them)",
     )
     p.add_argument(
-        "--ready-timeout-s", type=t.positive_float, default=60, help="wait for /v1/models"
+        "--ready-timeout-s", type=t.float_above(0.0), default=60, help="wait for /v1/models"
     )
     p.add_argument("--seed", type=int, default=0, help="prompt text seed")
     p.add_argument(
@@ -105,6 +111,11 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
     )
     add_cli_args(p)
     return p
+
+
+def endpoint_of(args: argparse.Namespace) -> endpoint.Endpoint:
+    """--url's Endpoint with --api-key and --session-id on it (the URL is not parsed again)."""
+    return args.url.with_auth(args.api_key, getattr(args, "session_id", None))
 
 
 def log(msg: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 import requests
 
 from bench.benchlib import conserve, promm
+from pairctl.endpoint import Endpoint
 
 T = TypeVar("T")
 
@@ -134,9 +135,11 @@ class GuardError(RuntimeError):
 class Sampler:
     """Takes guard samples: on demand (before/after) and every interval in a background thread."""
 
-    def __init__(self, url: str, tracker: InFlightTracker, cfg: GuardConfig, t0_ns: int) -> None:
-        self.url, self.tracker, self.cfg, self.t0_ns = url, tracker, cfg, t0_ns
-        self.session = requests.Session()
+    def __init__(
+        self, endpoint: Endpoint, tracker: InFlightTracker, cfg: GuardConfig, t0_ns: int
+    ) -> None:
+        self.endpoint, self.tracker, self.cfg, self.t0_ns = endpoint, tracker, cfg, t0_ns
+        self.session = requests.Session()  # no key: vLLM serves /metrics without one
         self.samples: list[dict[str, Any]] = []
         self.reason: str | None = None
         self._stop = threading.Event()
@@ -145,7 +148,7 @@ class Sampler:
     def sample(self, phase: str) -> promm.Snapshot | None:
         self.tracker.begin_window()
         try:
-            snap = promm.scrape(self.session, self.url, self.cfg.scrape_timeout_s)
+            snap = promm.scrape(self.session, self.endpoint, self.cfg.scrape_timeout_s)
         except (requests.RequestException, ValueError) as e:
             self.samples.append({"phase": phase, "t_ms": self._t_ms(), "error": str(e)[:300]})
             return None
@@ -238,7 +241,7 @@ class GuardedPoint(Generic[T]):
 
 
 def run_guarded(
-    url: str,
+    endpoint: Endpoint,
     wave: Callable[[InFlightTracker], T],
     cfg: GuardConfig,
     log: Callable[[str], None] = lambda s: None,
@@ -261,7 +264,7 @@ def run_guarded(
             time.sleep(pause)
         tracker = InFlightTracker(cfg.grace_s)
         t0 = time.monotonic_ns()
-        s = Sampler(url, tracker, cfg, t0)
+        s = Sampler(endpoint, tracker, cfg, t0)
         if not cfg.enabled:
             result = wave(tracker)
             attempts.append(Attempt(True, "guard disabled", [], (time.monotonic_ns() - t0) / 1e9))

@@ -1,9 +1,9 @@
-"""Scrape vLLM's /metrics and compute counter deltas.
+"""The guard's view of vLLM's /metrics: in-flight gauges, counter deltas, DSpark acceptance.
 
-Parsing goes through prometheus_client's text parser (no regexes). A real vLLM /metrics page is
-tens of kB of histograms; the guard scrapes it every ~150 ms while streams are being timed, so we
-first keep only the lines of the families we use (a cheap `startswith`) and let the parser do the
-rest — less Python work under the GIL that the stream threads need.
+Parsing is pairctl.status.metrics's (the repository's one /metrics parser, prometheus_client's
+text parser underneath); the guard scrapes every ~150 ms while streams are being timed, so
+it asks for only the families used here. What stays here is bench-specific: a Snapshot of
+those families, the deltas over a wave and the acceptance they imply.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
+from pairctl.endpoint import Endpoint
+from pairctl.status import metrics
+from pairctl.status.metrics import RUNNING, WAITING
+
 COUNTERS = (
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
@@ -27,7 +28,7 @@ COUNTERS = (
     "vllm:prefix_cache_hits_total",
     "vllm:request_success_total",  # summed over its finished_reason label
 )
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+PER_POS = metrics.ACCEPTED_PER_POS
 _FAMILIES = (RUNNING, WAITING, PER_POS.removesuffix("_total")) + tuple(
     c.removesuffix("_total") for c in COUNTERS
 )
@@ -51,33 +52,26 @@ class Snapshot:
         return (self.running or 0.0) + (self.waiting or 0.0)
 
 
-def _keep(line: str) -> bool:
-    if line.startswith("# HELP ") or line.startswith("# TYPE "):
-        line = line[7:]
-    return line.startswith(_FAMILIES)
-
-
 def parse(text: str, t_ns: int | None = None) -> Snapshot:
-    """Parse Prometheus text exposition into a Snapshot (unknown families are ignored)."""
-    snap = Snapshot(t_ns=time.monotonic_ns() if t_ns is None else t_ns)
-    kept = "\n".join(ln for ln in text.splitlines() if _keep(ln)) + "\n"
-    for fam in text_string_to_metric_families(kept):
-        for s in fam.samples:
-            if s.name == RUNNING:
-                snap.running = (snap.running or 0.0) + s.value
-            elif s.name == WAITING:
-                snap.waiting = (snap.waiting or 0.0) + s.value
-            elif s.name == PER_POS:
-                pos = int(s.labels.get("position", "-1"))
-                snap.per_pos[pos] = snap.per_pos.get(pos, 0.0) + s.value
-            elif s.name in COUNTERS:
-                snap.counters[s.name] = snap.counters.get(s.name, 0.0) + s.value
+    """Parse Prometheus text exposition into a Snapshot (unknown families are ignored).
+
+    Raises ValueError (metrics.MetricsParseError) when the body is not that format.
+    """
+    t = time.monotonic_ns() if t_ns is None else t_ns
+    scrape = metrics.parse(text, families=_FAMILIES)
+    snap = Snapshot(t_ns=t, running=scrape.total(RUNNING), waiting=scrape.total(WAITING))
+    for name in COUNTERS:
+        value = scrape.total(name)
+        if value is not None:
+            snap.counters[name] = value
+    for pos, value in scrape.by_label(PER_POS, "position").items():
+        snap.per_pos[int(pos)] = value
     return snap
 
 
-def scrape(session: requests.Session, url: str, timeout_s: float = 5.0) -> Snapshot:
-    """GET {url}/metrics and parse it; raises requests exceptions on failure."""
-    r = session.get(url.rstrip("/") + "/metrics", timeout=timeout_s)
+def scrape(session: requests.Session, endpoint: Endpoint, timeout_s: float = 5.0) -> Snapshot:
+    """GET /metrics of the endpoint and parse it; raises requests exceptions on failure."""
+    r = session.get(endpoint.url("/metrics"), timeout=timeout_s)
     r.raise_for_status()
     return parse(r.text)
 

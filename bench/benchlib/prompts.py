@@ -15,6 +15,8 @@ from typing import Any
 
 import requests
 
+from pairctl.endpoint import Endpoint
+
 _ADJ = (
     "quiet old bright narrow distant careful patient heavy gentle rapid hidden northern "
     "wooden silver broken early late steady simple curious ancient modern open crowded"
@@ -83,12 +85,12 @@ def messages_for(text: str, tag: str = "", instruction: str = "") -> list[dict[s
 
 
 def count_tokens(
-    session: requests.Session, url: str, model: str, messages: list[dict[str, Any]]
+    session: requests.Session, endpoint: Endpoint, model: str, messages: list[dict[str, Any]]
 ) -> int | None:
     """Prompt tokens as the server renders and tokenizes the chat; None if /tokenize is missing."""
     try:
         r = session.post(
-            url.rstrip("/") + "/tokenize",
+            endpoint.url("/tokenize"),
             json={"model": model, "messages": messages},
             timeout=120,
         )

@@ -18,10 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, endpoint
-from bench.benchlib.cli import log
+from bench.benchlib.cli import endpoint_of, log
 from bench.benchlib.guard import GuardConfig, GuardedPoint, GuardError, InFlightTracker, run_guarded
 from bench.benchlib.kstamp import clock_offset_cached
 from bench.benchlib.results import Results
@@ -49,14 +47,10 @@ class Bench:
 
     def __init__(self, script: str, args: argparse.Namespace) -> None:
         self.script, self.args = script, args
-        self.url = endpoint.normalize(args.url)  # already normalised by --url's type
-        self.session = requests.Session()
-        if args.api_key:
-            self.session.headers["Authorization"] = f"Bearer {args.api_key}"
-        # X-Session-ID on every request (--session-id): a router keeps the run on one pair.
-        session_id = getattr(args, "session_id", None)
-        self.headers = {"X-Session-ID": session_id} if session_id else {}
-        self.session.headers.update(self.headers)
+        # --url's Endpoint, with the bearer token and X-Session-ID (--session-id: a router
+        # keeps the run on one pair) that every request, streamed or not, carries.
+        self.endpoint = endpoint_of(args)
+        self.session = self.endpoint.session(trust_env=True)  # a user's proxy settings hold
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.models: Any = None
         self.model: str = args.model or ""
@@ -79,7 +73,7 @@ class Bench:
         """Wait for /v1/models (progress on stderr); one line naming the URL if it never comes."""
         try:
             self.identity = endpoint.wait_ready(
-                self.session, self.url, self.args.ready_timeout_s, log
+                self.session, self.endpoint, self.args.ready_timeout_s, log
             )
         except endpoint.NotReady as e:
             raise SystemExit(self.fail(str(e))) from None
@@ -124,7 +118,7 @@ class Bench:
         socks: list[Any] = []
         for _ in payloads:
             try:
-                socks.append(open_connection(self.url, self.args.timeout_s))
+                socks.append(open_connection(self.endpoint, self.args.timeout_s))
             except OSError:
                 socks.append(None)  # stream_request will connect itself and report the error
         time.sleep(self.args.settle_ms / 1000)
@@ -132,14 +126,12 @@ class Bench:
         return run_threads(
             [
                 lambda p=p, s=s: stream_request(
-                    self.url,
+                    self.endpoint,
                     CHAT_PATH,
                     p,
                     timeout_s=self.args.timeout_s,
-                    api_key=self.args.api_key,
                     tracker=tracker,
                     sock=s,
-                    headers=self.headers,
                 )
                 for p, s in zip(payloads, socks, strict=True)
             ]
@@ -157,7 +149,7 @@ class Bench:
 
     def guarded(self, label: str, wave: Callable[[InFlightTracker], Any]) -> GuardedPoint:
         try:
-            return run_guarded(self.url, wave, self.guard, log=log, label=label)
+            return run_guarded(self.endpoint, wave, self.guard, log=log, label=label)
         except GuardError as e:
             raise SystemExit(self.fail(str(e))) from e
 
@@ -174,7 +166,7 @@ class Bench:
             "script": self.script,
             "command_line": [sys.executable, *sys.argv],
             "git_sha": git_sha(),
-            "url": self.url,
+            "url": self.endpoint.base,
             "model": self.model,
             "models": self.models,
             "started_at": self.started_at,

@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from bench.benchlib import kstamp
 from bench.benchlib.response import StreamResult, parse_response
+from pairctl.endpoint import Endpoint
 
 
 class InFlight(Protocol):
@@ -32,66 +31,46 @@ class InFlight(Protocol):
     def finish(self) -> None: ...
 
 
-@dataclass
-class Endpoint:
-    """Host/port split once, so each request only formats bytes."""
-
-    host: str
-    port: int
-    base_path: str = ""
-
-    @classmethod
-    def parse(cls, url: str) -> Endpoint:
-        u = urlsplit(url if "://" in url else f"http://{url}")
-        if u.scheme != "http":
-            raise ValueError(f"only http:// endpoints are supported, got {url!r}")
-        return cls(u.hostname or "127.0.0.1", u.port or 80, u.path.rstrip("/"))
-
-
 def build_request(
     ep: Endpoint,
     path: str,
     payload: dict[str, Any],
-    api_key: str | None,
     headers: dict[str, str] | None = None,
 ) -> tuple[bytes, bytes]:
     """(head, body) of an HTTP/1.1 POST with Connection: close (end of stream = server closes).
 
     Head and body are sent separately: the head's departure stamp is when the request started
-    to leave, however long a 128k-token body then takes to stream through the socket.
+    to leave, however long a 128k-token body then takes to stream through the socket. The
+    endpoint's own headers (bearer token, X-Session-ID) come first, then `headers`.
     """
     body = json.dumps(payload).encode()
     lines = [
-        f"POST {ep.base_path}{path} HTTP/1.1",
+        f"POST {ep.path}{path} HTTP/1.1",
         f"Host: {ep.host}:{ep.port}",
         "Content-Type: application/json",
         "Accept: text/event-stream",
         f"Content-Length: {len(body)}",
         "Connection: close",
     ]
-    if api_key:
-        lines.append(f"Authorization: Bearer {api_key}")
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    lines += [f"{k}: {v}" for k, v in {**ep.headers(), **(headers or {})}.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode(), body
 
 
-def open_connection(url: str, timeout_s: float = 600.0) -> socket.socket:
-    """A connection to url's host, opened ahead of a wave (see kstamp.connect).
+def open_connection(ep: Endpoint, timeout_s: float = 600.0) -> socket.socket:
+    """A connection to the endpoint's host, opened ahead of a wave (see kstamp.connect).
 
     Connecting ahead of a wave keeps the server's accept/handler start-up out of TTFT, as a
     client with a warm keep-alive pool would; connect time is reported apart.
     """
-    ep = Endpoint.parse(url)
     return kstamp.connect(ep.host, ep.port, timeout_s)
 
 
 def stream_request(
-    url: str,
+    ep: Endpoint,
     path: str,
     payload: dict[str, Any],
     *,
     timeout_s: float = 600.0,
-    api_key: str | None = None,
     tracker: InFlight | None = None,
     sock: socket.socket | None = None,
     headers: dict[str, str] | None = None,
@@ -99,13 +78,13 @@ def stream_request(
     """Send one streaming request and return its raw timings; never raises for HTTP/IO errors.
 
     `sock` may be a connection opened beforehand with open_connection(); it is consumed.
-    `headers` are extra request headers (e.g. X-Session-ID for a router's session affinity).
+    The endpoint brings its bearer token and X-Session-ID; `headers` are extra request headers
+    (e.g. X-Request-Id).
     The tracker counts this request in flight from before the request is written until after the
     socket is closed, which brackets the server's own view of it (it sees us later and forgets
     us earlier).
     """
-    ep = Endpoint.parse(url)
-    head, body = build_request(ep, path, payload, api_key, headers)
+    head, body = build_request(ep, path, payload, headers)
     res = StreamResult()
     rec = kstamp.Receiver()
     if tracker is not None:

@@ -1,11 +1,16 @@
-"""Live serving figures from vLLM's ``/metrics``: the maths, pure and unit-tested.
+"""vLLM's ``/metrics``: the one parser, and the serving figures, pure and unit-tested.
 
-A scrape is parsed with prometheus_client's own text parser into samples; figures come
-from two scrapes ``dt`` seconds apart (rates over that interval), or from one scrape alone
-(lifetime averages, and no decode rate). Names, types and labels are vLLM 0.33's, as
-defined in vllm/v1/metrics/loggers.py (scheduler gauges, token counters, the TTFT
-histogram, prefix cache) and vllm/v1/spec_decode/metrics.py (drafts, accepted tokens per
-position). The acceptance formulas are the PromQL ones documented on ``SpecDecodingProm``
+Every reader of /metrics parses it here (status, the fleet, the benches' guard, the twin's
+tests): ``parse`` turns a body into a ``Scrape`` with prometheus_client's own text parser.
+A scrape taken many times a second keeps only the families it needs (``families``): a real
+vLLM page is tens of kB of histograms, and a cheap ``startswith`` per line leaves the parser
+less Python work under the GIL that the benches' stream threads need.
+
+Figures come from two scrapes ``dt`` seconds apart (rates over that interval), or from one
+scrape alone (lifetime averages, and no decode rate). Names, types and labels are vLLM
+0.33's, as defined in vllm/v1/metrics/loggers.py (scheduler gauges, token counters, the
+TTFT histogram, prefix cache) and vllm/v1/spec_decode/metrics.py (drafts, accepted tokens
+per position). The acceptance formulas are the PromQL ones documented on ``SpecDecodingProm``
 in that file: per position ``accepted_per_pos / drafts``, mean acceptance length
 ``1 + accepted / drafts`` (the bonus token included).
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -42,9 +48,12 @@ class Scrape:
 
     samples: dict[str, list[tuple[Labels, float]]] = field(default_factory=dict)
 
-    def total(self, name: str) -> float | None:
-        """Sum over every label set (engines, models); None when the name is absent."""
+    def total(self, name: str, **labels: str) -> float | None:
+        """Sum over every label set (engines, models) that has ``labels``; None when the name
+        is absent (or no row has them)."""
         rows = self.samples.get(name)
+        if rows and labels:
+            rows = [(lb, v) for lb, v in rows if all(lb.get(k) == w for k, w in labels.items())]
         if not rows:
             return None
         return sum(v for _, v in rows)
@@ -68,8 +77,26 @@ class Scrape:
         return sorted((float(le), c) for le, c in per_le.items())
 
 
-def parse(text: str) -> Scrape:
-    """Parse Prometheus text exposition with prometheus_client's parser."""
+def _keeper(families: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a line (sample, # HELP or # TYPE) belongs to one of ``families``."""
+
+    def keep(line: str) -> bool:
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            line = line[7:]
+        return line.startswith(families)
+
+    return keep
+
+
+def parse(text: str, families: tuple[str, ...] | None = None) -> Scrape:
+    """Parse Prometheus text exposition with prometheus_client's parser.
+
+    ``families``: keep only lines whose metric name starts with one of these (a counter's
+    family is its name without ``_total``); None parses everything.
+    """
+    if families is not None:
+        keep = _keeper(families)
+        text = "\n".join(ln for ln in text.splitlines() if keep(ln)) + "\n"
     samples: dict[str, list[tuple[Labels, float]]] = defaultdict(list)
     try:
         for family in text_string_to_metric_families(text):

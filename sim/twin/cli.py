@@ -9,40 +9,17 @@ Precedence as in vLLM: command line > ``--config FILE.yaml`` > defaults.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from pairctl.argtypes import port, speculative_config
+
 
 class UsageError(ValueError):
     """Bad command line or config file; the message says what to fix."""
-
-
-def _spec_config(text: str) -> dict[str, Any]:
-    try:
-        val = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(
-            f"--speculative-config must be JSON, e.g. "
-            f'\'{{"method":"dspark","num_speculative_tokens":5}}\' ({exc})'
-        ) from exc
-    if not isinstance(val, dict):
-        raise argparse.ArgumentTypeError("--speculative-config must be a JSON object")
-    return val
-
-
-def _port(text: str) -> int:
-    """A TCP port the twin can bind: 1-65535 (argparse turns the error into usage, exit 2)."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {text!r}")
-    return port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--model", dest="model_flag", default=None, help="same as the positional MODEL")
     a("--config", default=None, help="YAML file whose keys are long flag names")
     a("--host", default="0.0.0.0")
-    a("--port", type=_port, default=8000)
+    a("--port", type=port, default=8000)
     a("--served-model-name", nargs="+", default=None)
     a("--tensor-parallel-size", "-tp", type=int, default=1)
     a("--pipeline-parallel-size", "-pp", type=int, default=1)
@@ -65,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--nnodes", type=int, default=1)
     a("--node-rank", type=int, default=0)
     a("--master-addr", default="127.0.0.1")
-    a("--master-port", type=_port, default=29501)
+    a("--master-port", type=port, default=29501)
     a("--headless", action="store_true")
     a("--max-num-seqs", type=int, default=None)
     a("--max-num-batched-tokens", type=int, default=None)
@@ -73,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-model-len", type=int, default=None)
     a("--gpu-memory-utilization", type=float, default=0.92)  # vllm/config/cache.py
     a("--kv-cache-dtype", default="auto")
-    a("--speculative-config", type=_spec_config, default=None)
+    a("--speculative-config", type=speculative_config, default=None)
     a("--tokenizer", default=None)
     a("--tokenizer-mode", default="auto")
     a("--reasoning-parser", default=None)
@@ -145,7 +122,7 @@ def _config_defaults(parser: argparse.ArgumentParser, path: str) -> tuple[dict[s
             unknown.append(str(key))
             continue
         if dest == "speculative_config" and isinstance(val, str):
-            val = _spec_config(val)
+            val = speculative_config(val)
         elif act.type is not None and val is not None and not isinstance(val, bool | dict):
             try:
                 val = act.type(val) if not isinstance(val, list) else val

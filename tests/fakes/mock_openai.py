@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from pairctl.endpoint import Endpoint
+
 
 @dataclass
 class MockConfig:
@@ -353,6 +355,7 @@ class MockServer:
         self.httpd.kernel_stamps = self.state.cfg.kernel_stamps
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.endpoint = Endpoint.parse(self.url)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def __enter__(self) -> MockServer:

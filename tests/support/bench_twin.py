@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from pairctl.endpoint import Endpoint
+
 REPO = Path(__file__).resolve().parents[2]
 
 # Sampling that cannot see a short foreign request (no sample inside a wave of < 5 s): what
@@ -51,7 +53,7 @@ boot:
   api_server_s: 0.0
   jit_stall_s: 0.0
 answers:
-  file: {REPO}/bench/quality_ref_dspark.json
+  file: {REPO}/pairctl/gate/quality_ref_dspark.json
 """
 
 
@@ -69,6 +71,7 @@ class Twin:
         prof.write_text(profile)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.endpoint = Endpoint.parse(self.url)
         self.log_path = tmp / f"twin-{self.port}.log"
         env = dict(os.environ, TILELANG_CACHE_DIR=str(tmp / "tilelang"))
         env.pop("TWIN_FAULT", None)
@@ -125,7 +128,7 @@ class Twin:
 
         s = requests.Session()
         deadline = time.monotonic() + timeout_s
-        while promm.scrape(s, self.url).in_flight and time.monotonic() < deadline:
+        while promm.scrape(s, self.endpoint).in_flight and time.monotonic() < deadline:
             time.sleep(0.2)
 
     def stop(self) -> None:

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import requests
 
+from pairctl.status.metrics import Scrape
+from pairctl.status.metrics import parse as parse_metrics
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -101,23 +104,11 @@ def stream(base: str, body: dict, path: str = "/v1/chat/completions") -> tuple[l
         return events, times, dict(resp.headers)
 
 
-def metrics(base: str) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value} (labels kept verbatim)."""
-    out = {}
-    for line in requests.get(base + "/metrics", timeout=5).text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, val = line.rpartition(" ")
-            out[key] = float(val)
-    return out
+def metrics(base: str) -> Scrape:
+    """The twin's /metrics, read by the repository's one parser (pairctl.status.metrics)."""
+    return parse_metrics(requests.get(base + "/metrics", timeout=5).text)
 
 
-def metric(snapshot: dict[str, float], name: str, **labels: str) -> float:
-    """Sum of samples named ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for key, val in snapshot.items():
-        base, _, rest = key.partition("{")
-        if base != name:
-            continue
-        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += val
-    return total
+def metric(snapshot: Scrape, name: str, **labels: str) -> float:
+    """Sum of samples named ``name`` whose labels include ``labels`` (0 when there are none)."""
+    return snapshot.total(name, **labels) or 0.0

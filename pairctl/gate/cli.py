@@ -1,0 +1,93 @@
+"""The quality gate's command line (``python -m pairctl.gate``, ``python -m
+bench.quality_ref_dspark``): flags checked before any request, then ``run_gate``.
+
+Example: python -m pairctl.gate --url http://HOST:8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from pairctl import argtypes
+from pairctl.endpoint import endpoint_arg
+from pairctl.gate import GateOptions, run_gate
+from pairctl.gate.check import DEFAULT_PROMPTS, load_reference
+
+DESCRIPTION = (
+    "Quality gate: 5 greedy prompts with exact-answer checks; exit non-zero on any failure."
+)
+EPILOG = "Exit codes: 0 all passed; 1 a prompt failed or endpoint unreachable; 2 usage."
+
+
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        type=endpoint_arg(("http", "https")),
+        default="http://127.0.0.1:8000",
+        help="the server's base URL; HOST:PORT and a trailing /v1 are accepted",
+    )
+    p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
+    p.add_argument(
+        "--session-id",
+        default=None,
+        help="send X-Session-ID: ID with every request (a router with session affinity then "
+        "sends the whole gate to one pair)",
+    )
+    p.add_argument(
+        "--prompts",
+        type=load_reference,
+        default=str(DEFAULT_PROMPTS),
+        help="reference prompts JSON",
+    )
+    p.add_argument(
+        "--timeout-s", type=argtypes.float_above(0.0), default=120, help="per-prompt timeout"
+    )
+    p.add_argument(
+        "--ready-timeout-s",
+        type=argtypes.float_above(0.0),
+        default=30,
+        help="wait this long for /v1/models (progress on stderr)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=argtypes.int_at_least(1),
+        default=None,
+        help="override the file's max_tokens",
+    )
+    p.add_argument("--thinking", action="store_true", help="render in thinking mode")
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        type=argtypes.output_file,
+        default=None,
+        help="write verdicts JSON here (its directory must exist)",
+    )
+
+
+def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=DESCRIPTION,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=EPILOG,
+    )
+    add_cli_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m pairctl.gate") -> int:
+    """Parse the flags (exit 2 on a bad one) and run the gate; its exit code."""
+    args = parse_args(argv, prog)
+    options = GateOptions(
+        prompts=args.prompts,
+        model=args.model,
+        timeout_s=args.timeout_s,
+        ready_timeout_s=args.ready_timeout_s,
+        max_tokens=args.max_tokens,
+        thinking=args.thinking,
+        json_path=args.json_path,
+    )
+    # The environment's proxy settings hold, as for any client a user runs by hand.
+    return run_gate(args.url.with_auth(args.api_key, args.session_id), options, trust_env=True)

@@ -1,6 +1,6 @@
 """A pair's status as data: the stable interface of ``status --json`` and of ``pair_status``.
 
-``pair_status(cfg)`` returns a ``PairStatus``: each rank's container (state, uptime), the
+``pair_status(pair)`` returns a ``PairStatus``: each rank's container (state, uptime), the
 endpoint's health and model, and live serving figures from ``/metrics``
 (``pairctl.status.metrics``), plus one verdict with its exit code: ``healthy`` (0) when both
 ranks run and the endpoint answers with a model, ``down`` (8) when the endpoint does not

@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 from dsv4_flash_overlays.fp8_head import configs as C
-from dsv4_flash_overlays.fp8_head import search, tune
 
+from bench.kernels.fp8_tune import search, tune
 from tests.conftest import REPO
 
 RESULTS = REPO / "bench" / "results" / "fp8_head"

@@ -2,7 +2,7 @@
 """Accuracy of the fp8 draft head, per path: logit errors, argmax agreement with bf16, bounds.
 
 Every path the dispatcher can choose is evaluated on the same rows of the evaluation set
-(``dsv4_flash_overlays.fp8_head.evalset``: a synthetic heavy-tailed head and hidden states
+(``bench.kernels.fp8_tune.evalset``: a synthetic heavy-tailed head and hidden states
 with drawn top-1 margins, or ``--weights`` for a real lm_head shard): W8A16; W8A8 with one
 or two e4m3 activation terms, per-row or per-1x128-block scales; ``torch._scaled_mm`` with
 per-row fp8 activations. For each path:
@@ -29,9 +29,10 @@ import torch
 from dsv4_flash_overlays.fp8_head import configs as C
 from dsv4_flash_overlays.fp8_head import quant as Q
 from dsv4_flash_overlays.fp8_head.dispatch import run_choice
-from dsv4_flash_overlays.fp8_head.evalset import EvalSet, synthetic_weight
-from dsv4_flash_overlays.fp8_head.search import family_representatives
-from dsv4_flash_overlays.fp8_head.tune import AGREEMENT_SLACK
+
+from bench.kernels.fp8_tune.evalset import EvalSet, synthetic_weight
+from bench.kernels.fp8_tune.search import family_representatives
+from bench.kernels.fp8_tune.tune import AGREEMENT_SLACK
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -13,8 +13,9 @@ the weight; an fp8 copy halves the bytes. Modules:
 * ``configs``: kernel configs, their shared-memory need, the tuned table;
 * ``dispatch``: ``Fp8Head``, which picks per M among W8A16, W8A8, ``torch._scaled_mm``
   and bf16 cuBLAS from the tuned table;
-* ``tune``: the operator command that measures all of them on this GPU and writes the table
-  (``python -m dsv4_flash_overlays.fp8_head.tune``); ``evalset`` its accuracy check.
+The tuner that measures all of them on a GPU and writes the table is not part of the
+overlay (it never runs in a serving process): ``python -m bench.kernels.fp8_tune`` from a
+clone of the repository.
 """
 
 from __future__ import annotations

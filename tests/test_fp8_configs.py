@@ -17,7 +17,9 @@ from dsv4_flash_overlays import fp8_head as F
 from dsv4_flash_overlays.fp8_head import configs as C
 from dsv4_flash_overlays.fp8_head import dispatch
 
+from bench.kernels.fp8_tune import reference as R
 from bench.kernels.fp8_tune import search
+from bench.kernels.fp8_tune.table import merge_into_file
 from tests.conftest import REPO
 
 RESULTS = REPO / "bench" / "results" / "fp8_head"
@@ -193,8 +195,8 @@ def test_merge_keeps_other_gpus_and_replaces_the_retuned_key(tmp_path):
     path = tmp_path / "fp8_configs.json"
     other = C.config_key("NVIDIA GB10", 64640, 4096)
     mine = C.config_key("NVIDIA H200", 64640, 4096)
-    C.merge_into_file(path, {other: {"5": C.UNTUNED_SMALL_M.as_dict()}, mine: {"7": "bf16"}})
-    C.merge_into_file(path, {mine: {"40": "bf16", "5": "scaled_mm"}}, {mine: {"date": "x"}})
+    merge_into_file(path, {other: {"5": C.UNTUNED_SMALL_M.as_dict()}, mine: {"7": "bf16"}})
+    merge_into_file(path, {mine: {"40": "bf16", "5": "scaled_mm"}}, {mine: {"date": "x"}})
     data = json.loads(path.read_text())
     assert data["entries"][other] == {"5": C.UNTUNED_SMALL_M.as_dict()}
     assert data["entries"][mine] == {"5": "scaled_mm", "40": "bf16"}  # sorted by M, 7 gone
@@ -209,7 +211,7 @@ def recorded(monkeypatch):
 
     def fake(choice, a, q, s):
         calls.append((choice, a.shape[0]))
-        return F.emulate_kernel(a, q, s)
+        return R.emulate_kernel(a, q, s)
 
     monkeypatch.setattr(dispatch, "run_choice", fake)
     return calls

@@ -19,7 +19,9 @@ _SCRIPT = textwrap.dedent(
     """
     import json, torch
     from bench.kernels.fp8_head_mtile_probe import mtile_matmul
-    from dsv4_flash_overlays.fp8_head.quant import dequantize_rowwise, quantize_rowwise
+    from dsv4_flash_overlays.fp8_head.quant import quantize_rowwise
+
+    from bench.kernels.fp8_tune.reference import dequantize_rowwise
     torch.manual_seed(0)
     out = []
     for n, m, cfg in (

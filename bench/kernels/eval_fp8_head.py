@@ -30,6 +30,7 @@ from dsv4_flash_overlays.fp8_head import configs as C
 from dsv4_flash_overlays.fp8_head import quant as Q
 from dsv4_flash_overlays.fp8_head.dispatch import run_choice
 
+from bench.kernels.fp8_tune import reference as R
 from bench.kernels.fp8_tune.evalset import EvalSet, synthetic_weight
 from bench.kernels.fp8_tune.search import family_representatives
 from bench.kernels.fp8_tune.tune import AGREEMENT_SLACK
@@ -55,15 +56,15 @@ def _emulated(choice: C.Choice) -> Callable[..., torch.Tensor]:
     """CPU stand-in for a path: its exact torch emulation."""
     num = C.numerics_of(choice)
     if num.terms == 0:
-        return lambda h, q, s: Q.emulate_kernel(h, q, s)
-    return lambda h, q, s: Q.emulate_w8a8(h, q, s, num.terms, num.group)
+        return lambda h, q, s: R.emulate_kernel(h, q, s)
+    return lambda h, q, s: R.emulate_w8a8(h, q, s, num.terms, num.group)
 
 
 def evaluate_path(
     ev: EvalSet,
     q: torch.Tensor,
     scale: torch.Tensor,
-    bound: Q.ErrorBound,
+    bound: R.ErrorBound,
     choice: C.Choice,
     f64_rows: int,
     on_gpu: bool,
@@ -71,7 +72,7 @@ def evaluate_path(
     """Agreement, errors and bound checks of one path over the whole set."""
     num = C.numerics_of(choice)
     fn = (lambda h, q, s: run_choice(choice, h, q, s)) if on_gpu else _emulated(choice)
-    wd = Q.dequantize_rowwise(q, scale)
+    wd = R.dequantize_rowwise(q, scale)
     agree, seen = 0, 0
     disagreements: list[dict[str, Any]] = []
     num_rel = den_rel = num_own = den_own = 0.0
@@ -149,7 +150,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.time()
     ev = EvalSet(w, args.rows, args.chunk, args.seed)
     q, s = Q.quantize_rowwise(w)
-    bound = Q.ErrorBound(w, q, s)
+    bound = R.ErrorBound(w, q, s)
     reps = family_representatives()
     paths = {}
     for fam in args.paths or list(reps):

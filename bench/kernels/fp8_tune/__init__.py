@@ -10,5 +10,7 @@ docker command). Imports point one way: this package uses the overlay's runtime 
 * ``tune``: the operator command (also run by ``python -m bench.kernels.fp8_tune``);
 * ``search``: the search space per M and the parallel compile step;
 * ``timing``: CUDA-graph timing over rotated weight copies and the exactness check;
-* ``evalset``: the synthetic accuracy set (argmax agreement with the bf16 head).
+* ``evalset``: the synthetic accuracy set (argmax agreement with the bf16 head);
+* ``reference``: exact float64 references, torch emulations of the kernels, error bounds;
+* ``table``: writes ``fp8_configs.json``, recording commands without this machine's paths.
 """

@@ -44,7 +44,6 @@ from dsv4_flash_overlays.fp8_head.configs import (
     config_key,
     device_smem_limit,
     family,
-    merge_into_file,
     parse_choice,
     smem_need,
 )
@@ -53,6 +52,7 @@ from dsv4_flash_overlays.fp8_head.quant import quantize_rowwise
 
 from .evalset import EvalSet, synthetic_weight
 from .search import candidates, family_representatives, precompile
+from .table import TUNE_MODULE, merge_into_file, portable_command
 from .timing import Problem, graph_time_us
 
 DEFAULT_MS = (1, 5, 10, 20, 30, 40, 60, 80, 100, 120, 160)
@@ -353,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     entries, all_rows = tune_shapes(
         info["device"], args, args.k, eligible, limit, deadline, seed_later_shapes=True
     )
-    meta = {key: {**info, "accuracy": acc, "command": " ".join(sys.argv)} for key in entries}
+    command = portable_command(TUNE_MODULE, sys.argv[1:])
+    meta = {key: {**info, "accuracy": acc, "command": command} for key in entries}
     merge_into_file(args.out, entries, meta)
     if args.json:
         args.json.write_text(json.dumps({**info, "accuracy": acc, "rows": all_rows}, indent=1))

@@ -311,31 +311,6 @@ def pick(table: dict[int, Choice], m: int) -> Choice:
     return table[keys[-1]]
 
 
-def merge_into_file(
-    path: Path, entries: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Write ``entries`` (key -> {M: choice json}) into the table file, keeping other keys.
-
-    A key written here replaces that key's whole entry (a re-tune is one consistent set of
-    measurements); other GPUs' and shapes' entries stay as they were.
-    """
-    data = json.loads(path.read_text()) if path.exists() else {}
-    old = data.get("entries", {})
-    for key, entry in entries.items():
-        old[key] = dict(sorted(entry.items(), key=lambda kv: int(kv[0])))
-    merged_meta = data.get("meta", {})
-    merged_meta.update(meta or {})
-    out = {
-        "schema_version": SCHEMA_VERSION,
-        "note": "written by python -m bench.kernels.fp8_tune; keys are "
-        "'<torch device name>|N=<rows>|K=<cols>'; per M: the fastest accurate path",
-        "entries": dict(sorted(old.items())),
-        "meta": dict(sorted(merged_meta.items())),
-    }
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    return out
-
-
 # ----------------------------------------------------------------------------- untuned GPU
 # A GPU without a tuned entry: W8A16 with mma.sync (<= 4 warps, no warpgroup MMA needed) and
 # <= 64 KB of shared memory at its M (fits SM 8.9 and GB10's 99 KB), only where halving the

@@ -209,7 +209,7 @@ def test_table_writer_records_no_path_of_the_machine_that_tuned(tmp_path):
     clone = tmp_path / "clone"
     argv = [
         "--configs-out",
-        "/srv/scratch/fp8_configs.json",
+        "/scratch/fp8_configs.json",
         f"--json={clone}/bench/results/fp8_head/run.json",
         "--m",
         "40",
@@ -224,7 +224,7 @@ def test_table_writer_records_no_path_of_the_machine_that_tuned(tmp_path):
     out = tmp_path / "fp8_configs.json"
     old = {"schema_version": 2, "entries": {}, "meta": {"A|N=1|K=128": {"command": "/x/y.py"}}}
     out.write_text(json.dumps(old))
-    raw = f"{clone}/bench/kernels/bench_fp8_head.py --tune --configs-out /srv/scratch/fp8_configs.json"
+    raw = f"{clone}/bench/kernels/bench_fp8_head.py --tune --configs-out /scratch/fp8_configs.json"
     key = C.config_key("GPU", 64640, 4096)
     data = table.merge_into_file(out, {key: {"5": "bf16"}}, {key: {"command": raw}}, root=clone)
     assert data["meta"][key]["command"] == (

@@ -13,7 +13,8 @@ the weight; an fp8 copy halves the bytes. Modules:
   ticketed programs and shared through global memory (``W8A8Config(once=1)``);
 * ``configs``: kernel configs, their shared-memory need, the tuned table;
 * ``dispatch``: ``Fp8Head``, which picks per M among W8A16, W8A8, ``torch._scaled_mm``
-  and bf16 cuBLAS from the tuned table;
+  and bf16 cuBLAS from the tuned table.
+
 The tuner that measures all of them on a GPU and writes the table is not part of the
 overlay (it never runs in a serving process): ``python -m bench.kernels.fp8_tune`` from a
 clone of the repository.

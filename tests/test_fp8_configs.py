@@ -15,8 +15,11 @@ import pytest
 import torch
 from dsv4_flash_overlays import fp8_head as F
 from dsv4_flash_overlays.fp8_head import configs as C
-from dsv4_flash_overlays.fp8_head import dispatch, search
+from dsv4_flash_overlays.fp8_head import dispatch
 
+from bench.kernels.fp8_tune import reference as R
+from bench.kernels.fp8_tune import search
+from bench.kernels.fp8_tune.table import merge_into_file
 from tests.conftest import REPO
 
 RESULTS = REPO / "bench" / "results" / "fp8_head"
@@ -118,7 +121,7 @@ def test_parse_choice_reads_both_schemas_and_refuses_what_no_kernel_has():
     assert C.parse_choice(v1) == C.W8A16Config(64, 128, 2, 3, pre_a=1)
     assert C.parse_choice({**v1, "convert": 1, "layout": 0}) == C.W8A16Config(64, 128, 2, 3, 1)
     for bad in ({"convert": 2}, {"layout": 1}):
-        with pytest.raises(ValueError, match="re-tune with python -m dsv4_flash_overlays"):
+        with pytest.raises(ValueError, match="re-tune with python -m bench.kernels.fp8_tune"):
             C.parse_choice({**v1, **bad})
     w8 = C.W8A8Config(128, 128, 8, 3, terms=2, group=128)
     assert C.parse_choice(w8.as_dict()) == w8 and C.parse_choice("scaled_mm") == C.SCALED_MM
@@ -192,8 +195,8 @@ def test_merge_keeps_other_gpus_and_replaces_the_retuned_key(tmp_path):
     path = tmp_path / "fp8_configs.json"
     other = C.config_key("NVIDIA GB10", 64640, 4096)
     mine = C.config_key("NVIDIA H200", 64640, 4096)
-    C.merge_into_file(path, {other: {"5": C.UNTUNED_SMALL_M.as_dict()}, mine: {"7": "bf16"}})
-    C.merge_into_file(path, {mine: {"40": "bf16", "5": "scaled_mm"}}, {mine: {"date": "x"}})
+    merge_into_file(path, {other: {"5": C.UNTUNED_SMALL_M.as_dict()}, mine: {"7": "bf16"}})
+    merge_into_file(path, {mine: {"40": "bf16", "5": "scaled_mm"}}, {mine: {"date": "x"}})
     data = json.loads(path.read_text())
     assert data["entries"][other] == {"5": C.UNTUNED_SMALL_M.as_dict()}
     assert data["entries"][mine] == {"5": "scaled_mm", "40": "bf16"}  # sorted by M, 7 gone
@@ -208,7 +211,7 @@ def recorded(monkeypatch):
 
     def fake(choice, a, q, s):
         calls.append((choice, a.shape[0]))
-        return F.emulate_kernel(a, q, s)
+        return R.emulate_kernel(a, q, s)
 
     monkeypatch.setattr(dispatch, "run_choice", fake)
     return calls
@@ -236,7 +239,7 @@ def test_untuned_gpu_warns_names_the_tune_command_and_filters_by_its_limit(
     with caplog.at_level(logging.WARNING, logger="dsv4_flash_overlays.fp8_head"):
         table = dispatch.table_for(fake_w)
     assert "NO TUNED CONFIG for NVIDIA GB10" in caplog.text
-    assert "python3 -m dsv4_flash_overlays.fp8_head.tune" in caplog.text
+    assert "python3 -m bench.kernels.fp8_tune" in caplog.text
     assert table == C.UNTUNED_TABLE
     monkeypatch.setattr(dispatch, "device_smem_limit", lambda d=None: 40 * 1024)  # tiny GPU
     small = dispatch.table_for(fake_w)

@@ -1,6 +1,6 @@
 """The fp8 draft-head overlay against real vLLM 0.33 classes, on the CPU.
 
-The GEMM itself is replaced by its CPU emulation (``fp8_head.emulate_kernel``); what is
+The GEMM itself is replaced by its CPU emulation (``fp8_tune.reference.emulate_kernel``); what is
 tested here is the patch: where it hooks, what it leaves alone, and how it falls back.
 """
 
@@ -33,13 +33,15 @@ def overlay(vllm_mods, monkeypatch):
     from dsv4_flash_overlays import fp8_head as F
     from dsv4_flash_overlays.fp8_head import dispatch
 
+    from bench.kernels.fp8_tune import reference as R
+
     monkeypatch.setattr(D, "device_reason", lambda device=None: None)
     calls = []
 
     def fake_run(choice, a, q, s):
         assert isinstance(choice, F.W8A16Config), choice  # the untuned default on a CPU
         calls.append(a.shape[0])
-        return F.emulate_kernel(a, q, s)
+        return R.emulate_kernel(a, q, s)
 
     monkeypatch.setattr(dispatch, "run_choice", fake_run)
     D.calls = calls
@@ -129,7 +131,7 @@ def test_markers_match_installed_vllm_and_drift_refuses(overlay, vllm_mods, monk
 
 
 def test_draft_path_swapped_verify_path_not(overlay, vllm_mods, monkeypatch):
-    from dsv4_flash_overlays import fp8_head as F
+    from bench.kernels.fp8_tune import reference as R
 
     cls = vllm_mods.dspark.DSparkDeepseekV4ForCausalLM
     verify_before = cls.compute_logits
@@ -145,7 +147,7 @@ def test_draft_path_swapped_verify_path_not(overlay, vllm_mods, monkeypatch):
     draft = model.compute_draft_logits(h)
     head = model.__dict__[overlay.HEAD_ATTR]
     assert overlay.calls == [10]
-    assert torch.equal(draft, F.emulate_kernel(h, head.q, head.scale))
+    assert torch.equal(draft, R.emulate_kernel(h, head.q, head.scale))
     assert not torch.equal(draft, bf16)  # really the fp8 copy ...
     rel = (draft.float() - bf16.float()).norm() / bf16.float().norm()
     assert rel < 0.05  # ... of the same head (e4m3: ~2.5% rms per logit)

@@ -19,6 +19,8 @@ import torch
 from dsv4_flash_overlays import fp8_head as F
 from dsv4_flash_overlays.fp8_head import quant as Q
 
+from bench.kernels.fp8_tune import reference as R
+
 E4M3_FINITE = [
     c
     for c in range(256)
@@ -90,10 +92,10 @@ def test_rounding_error_within_half_ulp_bound():
     w = torch.randn(8, 1024) * torch.logspace(-4, 1, 8)[:, None]
     w[:, ::7] *= 1e-4  # subnormal-range elements
     q, s = F.quantize_rowwise(w)
-    err = (w.double() - F.dequantize_rowwise(q, s)).abs()
+    err = (w.double() - R.dequantize_rowwise(q, s)).abs()
     bound = torch.maximum(w.double().abs() * 2.0**-4, s.double()[:, None] * 2.0**-10)
     assert torch.all(err <= bound * (1 + 1e-6))
-    ulp = F.e4m3_ulp(q).double() * s.double()[:, None]
+    ulp = R.e4m3_ulp(q).double() * s.double()[:, None]
     assert torch.all(err <= ulp / 2 * (1 + 1e-6))
 
 
@@ -148,17 +150,17 @@ def test_emulations_match_float64_within_derived_tolerance():
     torch.manual_seed(10)
     w = torch.randn(n, k) * 0.03
     q, s = F.quantize_rowwise(w)
-    deq = F.dequantize_rowwise(q, s)
+    deq = R.dequantize_rowwise(q, s)
     for m in [*range(1, 17), 40]:
         a = torch.randn(m, k).bfloat16()
-        ref = F.fp8_head_matmul_ref(a, q, s)
-        got = F.emulate_kernel(a, q, s).double()
+        ref = R.fp8_head_matmul_ref(a, q, s)
+        got = R.emulate_kernel(a, q, s).double()
         absdot = a.double().abs() @ deq.abs().t()
         tol = ref.abs() * 2.0**-8 + absdot * k * 2.0**-24 + 1e-30
         assert torch.all((got - ref).abs() <= tol), m
         for terms, group in ((1, 0), (1, 128), (2, 0), (2, 128)):
-            ref8 = F.w8a8_ref(a, q, s, terms, group)
-            got8 = F.emulate_w8a8(a, q, s, terms, group).double()
+            ref8 = R.w8a8_ref(a, q, s, terms, group)
+            got8 = R.emulate_w8a8(a, q, s, terms, group).double()
             absdot8 = Q.quantize_act(a, terms, group).dequantize().abs() @ deq.abs().t()
             tol8 = ref8.abs() * 2.0**-8 + absdot8 * k * 2.0**-24 + 1e-30
             assert torch.all((got8 - ref8).abs() <= tol8), (m, terms, group)
@@ -180,7 +182,7 @@ def test_accumulation_bound_grows_with_the_promotion_interval():
     w = (torch.randn(300, 1024) * 0.04).bfloat16()
     q, s = F.quantize_rowwise(w)
     a = torch.randn(16, 1024).bfloat16()
-    bound = F.ErrorBound(w, q, s)
+    bound = R.ErrorBound(w, q, s)
     hard = [bound(a, F.ActNumerics(2, 0, p))[0] for p in (128, 256, Q.NO_PROMOTE)]
     assert torch.all(hard[0] < hard[1]) and torch.all(hard[1] < hard[2])
     # fp8 MMA truncation: 2^-13 per 32-deep step within a chunk, so the term is the sum of
@@ -200,15 +202,15 @@ def test_error_bound_covers_each_path_and_is_not_vacuous(num):
     a[0, :7] = 30.0  # an outlier row: per-row activation scales must still be covered
     exact = a.double() @ w.double().t()
     if num.terms == 0:
-        fp8 = F.emulate_kernel(a, q, s).double()
+        fp8 = R.emulate_kernel(a, q, s).double()
     else:
-        fp8 = F.emulate_w8a8(a, q, s, num.terms, num.group).double()
-    hard, stat = F.ErrorBound(w, q, s)(a, num)
+        fp8 = R.emulate_w8a8(a, q, s, num.terms, num.group).double()
+    hard, stat = R.ErrorBound(w, q, s)(a, num)
     err = (fp8 - exact).abs()
     assert torch.all(err <= hard.double()) and torch.all(err <= stat.double())
     assert stat.median() < 20 * err.median()
     if num.terms == 1:  # one fp8 activation term: a second rounding error as large as W's
-        w16 = (F.emulate_kernel(a, q, s).double() - exact).norm()
+        w16 = (R.emulate_kernel(a, q, s).double() - exact).norm()
         assert err.norm() > 1.2 * w16
 
 
@@ -219,6 +221,7 @@ _INTERPRET_SCRIPT = textwrap.dedent(
     import triton.language as tl
     import triton.runtime.interpreter as interp
     from dsv4_flash_overlays import fp8_head as F
+    from bench.kernels.fp8_tune import reference as R
 
     # Triton's interpreter rounds fp32 -> e4m3 without carrying into the exponent (7.84 ->
     # 4.0); the GPU's cvt.rn.satfinite rounds to nearest even and saturates, as torch does
@@ -272,10 +275,10 @@ _INTERPRET_SCRIPT = textwrap.dedent(
         y = torch.full((m, n), float("nan"))
         if isinstance(cfg, W8):
             F.w8a8_matmul(a, q, s, cfg, out=y)
-            ref = F.w8a8_ref(a, q, s, cfg.terms, cfg.group)
+            ref = R.w8a8_ref(a, q, s, cfg.terms, cfg.group)
         else:
             F.w8a16_matmul(a, q, s, cfg, out=y)
-            ref = F.fp8_head_matmul_ref(a, q, s)
+            ref = R.fp8_head_matmul_ref(a, q, s)
         rel = float((y.double() - ref).norm() / ref.norm().clamp_min(1e-300))
         out.append([n, m, cfg.as_dict(), int(torch.isnan(y).sum()), rel])
     print(json.dumps({"rows": out, "shipped": len(shipped)}))

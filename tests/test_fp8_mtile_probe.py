@@ -19,7 +19,9 @@ _SCRIPT = textwrap.dedent(
     """
     import json, torch
     from bench.kernels.fp8_head_mtile_probe import mtile_matmul
-    from dsv4_flash_overlays.fp8_head.quant import dequantize_rowwise, quantize_rowwise
+    from dsv4_flash_overlays.fp8_head.quant import quantize_rowwise
+
+    from bench.kernels.fp8_tune.reference import dequantize_rowwise
     torch.manual_seed(0)
     out = []
     for n, m, cfg in (
@@ -52,9 +54,8 @@ def test_mtile_kernel_matches_float64_on_ragged_shapes_under_interpreter():
 
 
 def test_all_m_probe_times_only_shapes_the_tuner_does_not_search():
-    from dsv4_flash_overlays.fp8_head.search import w8a16_grid
-
     from bench.kernels.fp8_head_mtile_probe import all_m_grid
+    from bench.kernels.fp8_tune.search import w8a16_grid
 
     for m in (56, 64, 72, 80, 96):
         extra = all_m_grid(m)

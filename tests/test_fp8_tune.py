@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 from dsv4_flash_overlays.fp8_head import configs as C
-from dsv4_flash_overlays.fp8_head import search, tune
 
+from bench.kernels.fp8_tune import search, table, tune
 from tests.conftest import REPO
 
 RESULTS = REPO / "bench" / "results" / "fp8_head"
@@ -200,3 +200,61 @@ def _check_dispatch(run: dict) -> None:
         else:  # ... and the fallback is the same cuBLAS call (A-B-A spread only)
             lo, hi = sorted(r["bf16_before_after_us"])
             assert r["head_us"] > 0.95 * lo and r["head_us"] < 1.05 * hi, r
+
+
+def test_table_writer_records_no_path_of_the_machine_that_tuned(tmp_path):
+    """The table ships to every Spark: a recorded command is what an operator types in a
+    clone (repo-relative paths, file names for scratch paths), never this machine's paths,
+    whoever builds the command line, and old entries are cleaned on the next write."""
+    clone = tmp_path / "clone"
+    argv = [
+        "--configs-out",
+        "/scratch/fp8_configs.json",
+        f"--json={clone}/bench/results/fp8_head/run.json",
+        "--m",
+        "40",
+        "--seed",
+        "relative/x.json",
+    ]
+    cmd = table.portable_command("bench.kernels.bench_fp8_head", argv, root=clone)
+    assert cmd == (
+        "python -m bench.kernels.bench_fp8_head --configs-out fp8_configs.json "
+        "--json=bench/results/fp8_head/run.json --m 40 --seed relative/x.json"
+    )
+    out = tmp_path / "fp8_configs.json"
+    old = {"schema_version": 2, "entries": {}, "meta": {"A|N=1|K=128": {"command": "/x/y.py"}}}
+    out.write_text(json.dumps(old))
+    raw = f"{clone}/bench/kernels/bench_fp8_head.py --tune --configs-out /scratch/fp8_configs.json"
+    key = C.config_key("GPU", 64640, 4096)
+    data = table.merge_into_file(out, {key: {"5": "bf16"}}, {key: {"command": raw}}, root=clone)
+    assert data["meta"][key]["command"] == (
+        "bench/kernels/bench_fp8_head.py --tune --configs-out fp8_configs.json"
+    )
+    assert data["meta"]["A|N=1|K=128"]["command"] == "y.py"
+    text = out.read_text()
+    assert str(tmp_path) not in text and "/root" not in text and "/x/" not in text
+    assert table.portable_path(str(clone), root=clone) == "."
+    assert table.portable_path("-", root=clone) == "-" and table.portable_path("/") == "/"
+
+
+def test_tuner_records_its_own_command_without_machine_paths(monkeypatch, tmp_path):
+    """``main`` writes the table with a command built from sys.argv: the module's absolute
+    path (``python -m`` puts it in argv[0]) and a scratch --out never reach the file."""
+    out = tmp_path / "scratch" / "fp8_configs.json"
+    out.parent.mkdir()
+    argv0 = str(REPO / "bench" / "kernels" / "fp8_tune" / "__main__.py")
+    monkeypatch.setattr(tune.sys, "argv", [argv0, "--eval-rows", "0", "--out", str(out)])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(tune, "env_info", lambda: {"device": "GPU", "smem_per_block_optin": 1})
+    key = C.config_key("GPU", 64640, 4096)
+    monkeypatch.setattr(tune, "tune_shapes", lambda *a, **k: ({key: {"5": "bf16"}}, []))
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # main turns it off
+    try:
+        assert tune.main(tune.sys.argv[1:]) == 0
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    data = json.loads(out.read_text())
+    assert data["meta"][key]["command"] == (
+        "python -m bench.kernels.fp8_tune --eval-rows 0 --out fp8_configs.json"
+    )
+    assert str(REPO) not in out.read_text() and str(tmp_path) not in out.read_text()

@@ -8,6 +8,9 @@
 * Nothing edits ``sys.path``: packages are declared in pyproject.toml and run as
   ``python -m PACKAGE``.
 * The overlay folder is copied to the Sparks, so it holds no benchmark results.
+* No absolute path of a machine that built, tuned or tested this repository (see
+  ``BUILD_MACHINE_PATHS``): a recorded command or result names paths in the clone
+  relative to it, and scratch files by name.
 """
 
 from __future__ import annotations
@@ -32,6 +35,29 @@ UPSTREAM_DOCS = {"NETWORKING.md": "eugr/spark-vllm-docker"}
 MARKDOWN_NAME = r"(?<![\w.-])([\w-]+\.md)\b"
 PARENT_PATH = r"(?<![\w.])\.\./[\w./-]*"
 SYS_PATH_EDIT = r"\bsys\.path\.(insert|append|extend)\b|\bsys\.path\s*\+?="
+
+# Absolute paths of the machines this repository was built, tuned and tested on: never in a
+# tracked file. A reader's machine has none of them; results record repo-relative paths and
+# scratch files by name (bench/kernels/fp8_tune/table.py). Deliberately not matched, because
+# they are paths of the deployment, the same on every user's machine: the Spark user's home
+# in the defaults and examples (/home/bird/..., the seed's layout), container paths
+# (/root/.cache, /root/.triton, /opt/...) and fixed /tmp files a tool itself creates
+# (/tmp/P.lock, /tmp/router.txt). What is matched, by prefix:
+#   /work/...          development checkouts and worktrees (/work/main, /work/wt/NAME);
+#   /root/<not dot>    a root user's scratch directories (/root/out); dot-dirs are caches;
+#   /home/<not bird>, /Users/...   someone else's home directory;
+#   /tmp/ci-check, /tmp/pytest-of-, /tmp/tmpXXXXXXXX   CI scratch, pytest's and
+#                      tempfile's temporary directories.
+# A path must not continue a word or a variable (not 'x/work/', 'example.org/work/',
+# '~/work', '${HOME}/work'): relative paths and web URLs pass; file:/// URLs do not.
+_START = r"(?<![\w.~$}-])"
+BUILD_MACHINE_PATHS = [
+    (_START + r"/work/\w", "a development checkout"),
+    (_START + r"/root/(?!\.)\w", "root's scratch directory (not a dot-dir cache)"),
+    (_START + r"/home/(?!bird/)\w", "someone's home directory (the Spark user is bird)"),
+    (_START + r"/Users/\w", "someone's home directory"),
+    (r"/tmp/(ci-check|pytest-of-|tmp[a-z0-9_]{8}\b)", "a CI or test run's temporary directory"),
+]
 
 SELF = "tests/test_repo_hygiene.py"
 OVERLAY_DIR = "mods/dsv4-flash-overlays/"
@@ -112,6 +138,21 @@ def sys_path_edits(paths: list[str], root: Path = REPO) -> list[str]:
     return found
 
 
+def build_machine_paths(paths: list[str], root: Path = REPO) -> list[str]:
+    """``file:line: text  <- why`` for every absolute path of a build machine."""
+    rules = [(re.compile(p), why) for p, why in BUILD_MACHINE_PATHS]
+    found = []
+    for path in paths:
+        text = _text(root, path)
+        if text is None:
+            continue
+        for no, line in enumerate(text.splitlines(), 1):
+            why = next((why for rx, why in rules if rx.search(line)), None)
+            if why:
+                found.append(f"{path}:{no}: {line.strip()[:120]}  <- {why}")
+    return found
+
+
 def results_in_overlay(paths: list[str]) -> list[str]:
     """Tracked files under the overlay folder that are benchmark output, not the plugin."""
     found = []
@@ -139,6 +180,55 @@ def test_nothing_edits_sys_path():
         "sys.path edits (declare the package in pyproject.toml and run it with "
         "python -m instead):\n" + "\n".join(bad)
     )
+
+
+def test_no_build_machine_path_in_any_tracked_file():
+    """No tracked text file names a path that exists only on a machine that built, tuned or
+    tested the repository: development checkouts (/work/...), root's scratch (/root/out),
+    other people's homes, CI and pytest temporary directories. Paths of the deployment that
+    are the same for every user (the Spark user's /home/bird defaults from the seed,
+    container caches under /root/.cache, /opt mounts, fixed /tmp files of our own tools) are
+    allowed; ``BUILD_MACHINE_PATHS`` says why each rule is what it is."""
+    bad = build_machine_paths([p for p in tracked_files() if p != SELF])
+    assert not bad, (
+        "absolute paths of a build machine (record paths relative to the clone, scratch "
+        "files by name: bench/kernels/fp8_tune/table.py portable_command):\n" + "\n".join(bad)
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '"command": "/work/main/bench/kernels/bench_fp8_head.py --tune"',
+        "cd /work/wt/h1 && make test",
+        "--configs-out /root/out/fp8_configs.json",
+        "  /tmp/ci-check/repo/tests/test_x.py:12: AssertionError",
+        "/tmp/pytest-of-root/pytest-3/test_a0/doc.md",
+        '"router_logs": "/tmp/tmpab3_x9z0"',
+        "see /home/alice/notes.txt",
+        "file:///Users/alice/src/x",
+    ],
+)
+def test_build_machine_paths_are_caught(tmp_path, line):
+    (tmp_path / "a.json").write_text(f"{{\n{line}\n")
+    bad = build_machine_paths(["a.json"], root=tmp_path)
+    assert len(bad) == 1 and bad[0].startswith("a.json:2: "), bad
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "OVERLAY_DIR=/home/bird/vllm-overlays",
+        "-v $HOME/.cache/vllm:/root/.cache/vllm and /root/.triton, /root/.ssh",
+        "-v ${HOME}/work/x:/x and ~/work/repo",
+        "the lock /tmp/P.lock, > /tmp/router.txt, file:///tmp/vllm_dist_1f",
+        "https://example.org/work/x and bench/work/y and /opt/dsv4-flash-overlays",
+        '"command": "python -m bench.kernels.bench_fp8_head --json run30_bench.json"',
+    ],
+)
+def test_deployment_paths_are_not_build_machine_paths(tmp_path, line):
+    (tmp_path / "a.md").write_text(line + "\n")
+    assert build_machine_paths(["a.md"], root=tmp_path) == []
 
 
 def test_overlay_folder_ships_no_results():

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
-from pathlib import Path
+import textwrap
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -26,6 +29,12 @@ SHIPS = [
     "dsv4_flash_overlays/fp8_configs.json",
     "pyproject.toml",
 ]
+
+# What the overlay must not ship: the fp8 tuner and its offline helpers (they run from a
+# clone, bench/kernels/fp8_tune), and no import of the root project's packages, which are
+# not on the Sparks' overlay path.
+TUNER_MODULES = {"tune.py", "search.py", "evalset.py", "timing.py", "reference.py", "table.py"}
+ROOT_PACKAGES = {"bench", "pairctl", "sim", "perfmodel", "tests"}
 
 
 def _src(tmp: Path) -> Path:
@@ -113,6 +122,87 @@ def test_the_plugin_ships_every_tracked_file_and_nothing_else() -> None:
     assert tracked, "mods/dsv4-flash-overlays is not a git checkout here"
     assert ship_list(PLUGIN) == sorted(tracked)
     assert "dsv4_flash_overlays/fp8_configs.json" in tracked
+
+
+def test_what_ships_is_runtime_code_and_the_table() -> None:
+    """The overlay ships what a serving process runs, its tuned table, its README and its
+    metadata; the tuner, the kernels' references and the table writer stay in the clone."""
+    files = ship_list(PLUGIN)
+    assert (REPO / "bench" / "kernels" / "fp8_tune" / "tune.py").is_file()  # not vacuous
+    assert [f for f in files if PurePosixPath(f).name in TUNER_MODULES] == []
+    fp8 = sorted(f.rpartition("/")[2] for f in files if f.startswith("dsv4_flash_overlays/fp8_"))
+    runtime = ["__init__.py", "configs.py", "dispatch.py", "quant.py", "w8a16.py", "w8a8.py"]
+    assert fp8 == sorted([*runtime, "w8a8_once.py", "fp8_configs.json"]), fp8
+    assert sorted(f for f in files if not f.endswith(".py")) == [
+        "README.md",
+        "dsv4_flash_overlays-0.1.0.dist-info/METADATA",
+        "dsv4_flash_overlays-0.1.0.dist-info/entry_points.txt",
+        "dsv4_flash_overlays-0.1.0.dist-info/top_level.txt",
+        "dsv4_flash_overlays/fp8_configs.json",
+        "pyproject.toml",
+    ]
+    for rel in (f for f in files if f.endswith(".py")):
+        tree = ast.parse((PLUGIN / rel).read_text(), rel)
+        for node in ast.walk(tree):  # function-level (lazy) imports included
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            bad = [n for n in names if n.split(".")[0] in ROOT_PACKAGES]
+            assert not bad, f"{rel}:{node.lineno} imports {bad}: not shipped to the Sparks"
+
+
+_IMPORT_ALL = textwrap.dedent(
+    """
+    import importlib, json, sys
+
+    class Watch:  # records any attempt to import the root project, even a guarded one
+        seen = []
+
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name.split(".")[0] in ROOT:
+                cls.seen.append(name)
+            return None
+
+    ROOT = set(sys.argv[2].split(","))
+    sys.meta_path.insert(0, Watch)
+    files = {}
+    for name in sys.argv[1].split(","):
+        files[name] = importlib.import_module(name).__file__
+    print(json.dumps({"files": files, "root_imports": Watch.seen}))
+    """
+)
+
+
+def test_every_shipped_module_imports_from_the_shipped_files_alone(tmp_path: Path) -> None:
+    """A copy of exactly what ships, alone on the path: every module imports from it, and
+    none tries to import the tuner or any other package of the root project."""
+    pytest.importorskip("torch")
+    ship = tmp_path / "ship"
+    modules = []
+    for rel in ship_list(PLUGIN):
+        (ship / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(PLUGIN / rel, ship / rel)
+        if rel.endswith(".py"):
+            modules.append(rel.removesuffix(".py").removesuffix("/__init__").replace("/", "."))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and "DSV4" not in k}
+    p = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALL, ",".join(modules), ",".join(sorted(ROOT_PACKAGES))],
+        cwd=ship,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["root_imports"] == []
+    assert "dsv4_flash_overlays.fp8_head.dispatch" in res["files"]
+    assert all(f.startswith(str(ship)) for f in res["files"].values()), res["files"]
 
 
 def test_ship_list_errors_name_the_fix(tmp_path: Path) -> None:

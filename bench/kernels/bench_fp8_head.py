@@ -6,7 +6,7 @@ For N in {129280, 64640} (full vocab, one TP=2 shard) and K = 4096, in one proce
               shapes, poisoned outputs, against exact references;
   --cliff     the M = 33..47 experiment: W8A16 at M = 40 and 48 with masked vs clamped
               activation rows, and M = 40 launched as 48 padded rows;
-  --tune      the overlay's tuner (``dsv4_flash_overlays.fp8_head.tune``): accuracy per
+  --tune      the tuner (``bench.kernels.fp8_tune.tune``): accuracy per
               family, then every candidate per M, writes the table to --configs-out;
   --dispatch  what the overlay runs (``Fp8Head`` with the table) against bf16 and the
               naive path (per-token fp8 activations in torch ops + ``torch._scaled_mm``)
@@ -31,13 +31,16 @@ from typing import Any
 
 import torch
 from dsv4_flash_overlays.fp8_head import configs as C
-from dsv4_flash_overlays.fp8_head import search as S
-from dsv4_flash_overlays.fp8_head import tune as T
 from dsv4_flash_overlays.fp8_head.dispatch import Fp8Head, scaled_mm_head
-from dsv4_flash_overlays.fp8_head.quant import fp8_head_matmul_ref, quantize_rowwise, w8a8_ref
-from dsv4_flash_overlays.fp8_head.timing import Problem, graph_time_us
+from dsv4_flash_overlays.fp8_head.quant import quantize_rowwise
 from dsv4_flash_overlays.fp8_head.w8a8 import w8a8_matmul
 from dsv4_flash_overlays.fp8_head.w8a16 import w8a16_matmul
+
+from bench.kernels.fp8_tune import search as S
+from bench.kernels.fp8_tune import tune as T
+from bench.kernels.fp8_tune.reference import fp8_head_matmul_ref, w8a8_ref
+from bench.kernels.fp8_tune.table import merge_into_file, portable_command
+from bench.kernels.fp8_tune.timing import Problem, graph_time_us
 
 K = 4096
 NS = (129280, 64640)
@@ -293,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "schema_version": 2,
         "gpu": info,
         "k": K,
-        "command": " ".join(sys.argv),
+        "command": portable_command("bench.kernels.bench_fp8_head", sys.argv[1:]),
     }
 
     def save() -> None:
@@ -328,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             info["device"], args, K, eligible, limit, deadline, False, on_shape=progress
         )
         meta = {k: {**info, "accuracy": acc, "command": result["command"]} for k in entries}
-        C.merge_into_file(args.configs_out, entries, meta)
+        merge_into_file(args.configs_out, entries, meta)
         result["table"] = entries
         result["tune_seconds"] = time.time() - t0
         result["cliffs"] = T.cliffs(rows)

@@ -2,7 +2,7 @@
 """Accuracy of the fp8 draft head, per path: logit errors, argmax agreement with bf16, bounds.
 
 Every path the dispatcher can choose is evaluated on the same rows of the evaluation set
-(``dsv4_flash_overlays.fp8_head.evalset``: a synthetic heavy-tailed head and hidden states
+(``bench.kernels.fp8_tune.evalset``: a synthetic heavy-tailed head and hidden states
 with drawn top-1 margins, or ``--weights`` for a real lm_head shard): W8A16; W8A8 with one
 or two e4m3 activation terms, per-row or per-1x128-block scales; ``torch._scaled_mm`` with
 per-row fp8 activations. For each path:
@@ -29,9 +29,11 @@ import torch
 from dsv4_flash_overlays.fp8_head import configs as C
 from dsv4_flash_overlays.fp8_head import quant as Q
 from dsv4_flash_overlays.fp8_head.dispatch import run_choice
-from dsv4_flash_overlays.fp8_head.evalset import EvalSet, synthetic_weight
-from dsv4_flash_overlays.fp8_head.search import family_representatives
-from dsv4_flash_overlays.fp8_head.tune import AGREEMENT_SLACK
+
+from bench.kernels.fp8_tune import reference as R
+from bench.kernels.fp8_tune.evalset import EvalSet, synthetic_weight
+from bench.kernels.fp8_tune.search import family_representatives
+from bench.kernels.fp8_tune.tune import AGREEMENT_SLACK
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,15 +56,15 @@ def _emulated(choice: C.Choice) -> Callable[..., torch.Tensor]:
     """CPU stand-in for a path: its exact torch emulation."""
     num = C.numerics_of(choice)
     if num.terms == 0:
-        return lambda h, q, s: Q.emulate_kernel(h, q, s)
-    return lambda h, q, s: Q.emulate_w8a8(h, q, s, num.terms, num.group)
+        return lambda h, q, s: R.emulate_kernel(h, q, s)
+    return lambda h, q, s: R.emulate_w8a8(h, q, s, num.terms, num.group)
 
 
 def evaluate_path(
     ev: EvalSet,
     q: torch.Tensor,
     scale: torch.Tensor,
-    bound: Q.ErrorBound,
+    bound: R.ErrorBound,
     choice: C.Choice,
     f64_rows: int,
     on_gpu: bool,
@@ -70,7 +72,7 @@ def evaluate_path(
     """Agreement, errors and bound checks of one path over the whole set."""
     num = C.numerics_of(choice)
     fn = (lambda h, q, s: run_choice(choice, h, q, s)) if on_gpu else _emulated(choice)
-    wd = Q.dequantize_rowwise(q, scale)
+    wd = R.dequantize_rowwise(q, scale)
     agree, seen = 0, 0
     disagreements: list[dict[str, Any]] = []
     num_rel = den_rel = num_own = den_own = 0.0
@@ -148,7 +150,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.time()
     ev = EvalSet(w, args.rows, args.chunk, args.seed)
     q, s = Q.quantize_rowwise(w)
-    bound = Q.ErrorBound(w, q, s)
+    bound = R.ErrorBound(w, q, s)
     reps = family_representatives()
     paths = {}
     for fam in args.paths or list(reps):

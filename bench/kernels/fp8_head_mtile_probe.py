@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Probe, on a GPU: the fp8 head at M = 48-160, against the compute roofline.
 
-Two questions, one process, same timing method as the tuner (``fp8_head.timing``):
+Two questions, one process, same timing method as the tuner (``fp8_tune.timing``):
 
 1. **The roofline.** Every accuracy-eligible fp8 path does bf16-rate tensor work: W8A16
    multiplies fp16 operands (2·M·N·K flops at the bf16 rate) and two-term W8A8 does two
@@ -30,13 +30,14 @@ from typing import Any
 
 import torch
 from dsv4_flash_overlays.fp8_head.configs import BF16, W8A16Config, lookup_table, pick
-from dsv4_flash_overlays.fp8_head.quant import dequantize_rowwise
-from dsv4_flash_overlays.fp8_head.search import precompile, w8a16_grid
-from dsv4_flash_overlays.fp8_head.timing import Problem, graph_time_us
 from dsv4_flash_overlays.fp8_head.w8a16 import HAVE_TRITON, w8a16_matmul
 
 from bench.kernels.bench_fp8_head import copy_ceiling_gbs, event_median_s
 from bench.kernels.fp8_head_probe_kernels import mtile_matmul
+from bench.kernels.fp8_tune.reference import dequantize_rowwise
+from bench.kernels.fp8_tune.search import precompile, w8a16_grid
+from bench.kernels.fp8_tune.table import portable_command
+from bench.kernels.fp8_tune.timing import Problem, graph_time_us
 
 if HAVE_TRITON:
     import triton
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         torch=torch.__version__,
         triton=triton.__version__,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        command=" ".join(sys.argv),
+        command=portable_command("bench.kernels.fp8_head_mtile_probe", sys.argv[1:]),
     )
     rows: list[dict] = []
     for n in args.n:

@@ -5,16 +5,19 @@ Why this exists: the DSpark draft computes full-vocabulary logits every step thr
 bf16 lm_head shard (64640 x 4096 at TP=2). With M = 5 * num_reqs rows that GEMM streams
 the weight; an fp8 copy halves the bytes. Modules:
 
-* ``quant``: quantizers, exact torch emulations and the per-path error bounds;
+* ``quant``: the quantizers (weights per row; activations per row or per block, one or
+  two e4m3 terms);
 * ``w8a16``: Triton kernel, fp8 weights x bf16 activations (fp16 MMA);
 * ``w8a8``: Triton kernel, fp8 weights x activations quantized in the kernel (fp8 MMA);
 * ``w8a8_once``: the same product with the activations quantized once per launch by
   ticketed programs and shared through global memory (``W8A8Config(once=1)``);
 * ``configs``: kernel configs, their shared-memory need, the tuned table;
 * ``dispatch``: ``Fp8Head``, which picks per M among W8A16, W8A8, ``torch._scaled_mm``
-  and bf16 cuBLAS from the tuned table;
-* ``tune``: the operator command that measures all of them on this GPU and writes the table
-  (``python -m dsv4_flash_overlays.fp8_head.tune``); ``evalset`` its accuracy check.
+  and bf16 cuBLAS from the tuned table.
+
+The tuner that measures all of them on a GPU and writes the table is not part of the
+overlay (it never runs in a serving process): ``python -m bench.kernels.fp8_tune`` from a
+clone of the repository.
 """
 
 from __future__ import annotations
@@ -39,15 +42,8 @@ from .dispatch import Fp8Head, scaled_mm_head
 from .quant import (
     E4M3_MAX,
     ActNumerics,
-    ErrorBound,
-    dequantize_rowwise,
-    e4m3_ulp,
-    emulate_kernel,
-    emulate_w8a8,
-    fp8_head_matmul_ref,
     quantize_act,
     quantize_rowwise,
-    w8a8_ref,
 )
 from .w8a8 import w8a8_matmul
 from .w8a16 import HAVE_TRITON, w8a16_matmul
@@ -64,18 +60,12 @@ __all__ = [
     "UNTUNED_SMALL_M",
     "UNTUNED_TABLE",
     "ActNumerics",
-    "ErrorBound",
     "Fp8Head",
     "KernelConfig",
     "W8A16Config",
     "W8A8Config",
     "config_key",
-    "dequantize_rowwise",
-    "e4m3_ulp",
-    "emulate_kernel",
-    "emulate_w8a8",
     "fp8_head_matmul",
-    "fp8_head_matmul_ref",
     "lookup_table",
     "m_tiles",
     "pick",
@@ -85,5 +75,4 @@ __all__ = [
     "smem_need",
     "w8a16_matmul",
     "w8a8_matmul",
-    "w8a8_ref",
 ]

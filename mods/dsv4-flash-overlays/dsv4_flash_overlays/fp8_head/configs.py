@@ -4,9 +4,10 @@
 The table maps ``"<GPU name>|N=<n>|K=<k>"`` (the name as torch reports it) to one choice per
 tuned M: a W8A16 or W8A8 kernel config, ``"scaled_mm"`` (per-row fp8 activations through
 ``torch._scaled_mm``) or ``"bf16"`` (cuBLAS, what vLLM runs without the overlay). The entry
-for the smallest tuned M >= m is used. ``python -m dsv4_flash_overlays.fp8_head.tune``
-writes it on the GPU it runs on. A config whose shared memory would not fit the GPU is
-never chosen, whatever a table says; a GPU without an entry gets ``UNTUNED_TABLE``.
+for the smallest tuned M >= m is used. ``python -m bench.kernels.fp8_tune`` (run from a
+clone of the repository; not shipped) writes it on the GPU it runs on. A config whose shared
+memory would not fit the GPU is never chosen, whatever a table says; a GPU without an entry
+gets ``UNTUNED_TABLE``.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class _Config:
                 if int(value) != _REMOVED_KNOBS[key]:
                     raise ValueError(
                         f"kernel config {d} asks for {key}={value}, a variant this version no "
-                        "longer has; re-tune with python -m dsv4_flash_overlays.fp8_head.tune"
+                        "longer has; re-tune with python -m bench.kernels.fp8_tune"
                     )
         unknown = set(d) - names - (set(_REMOVED_KNOBS) if cls is W8A16Config else set())
         if unknown:
@@ -308,31 +309,6 @@ def pick(table: dict[int, Choice], m: int) -> Choice:
         if m <= key:
             return table[key]
     return table[keys[-1]]
-
-
-def merge_into_file(
-    path: Path, entries: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Write ``entries`` (key -> {M: choice json}) into the table file, keeping other keys.
-
-    A key written here replaces that key's whole entry (a re-tune is one consistent set of
-    measurements); other GPUs' and shapes' entries stay as they were.
-    """
-    data = json.loads(path.read_text()) if path.exists() else {}
-    old = data.get("entries", {})
-    for key, entry in entries.items():
-        old[key] = dict(sorted(entry.items(), key=lambda kv: int(kv[0])))
-    merged_meta = data.get("meta", {})
-    merged_meta.update(meta or {})
-    out = {
-        "schema_version": SCHEMA_VERSION,
-        "note": "written by python -m dsv4_flash_overlays.fp8_head.tune; keys are "
-        "'<torch device name>|N=<rows>|K=<cols>'; per M: the fastest accurate path",
-        "entries": dict(sorted(old.items())),
-        "meta": dict(sorted(merged_meta.items())),
-    }
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    return out
 
 
 # ----------------------------------------------------------------------------- untuned GPU

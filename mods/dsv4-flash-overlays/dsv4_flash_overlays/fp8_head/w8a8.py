@@ -17,7 +17,8 @@ MMA work, activations then as precise as bf16 to within a factor of two.
 an exact fp32 accumulator every ``promote`` elements of K; ``promote=0`` never promotes
 (Triton's default on SM 9.0), which keeps the warpgroup MMAs asynchronous: ptxas
 serializes them when the accumulator is read between them (its C7514 warning). The
-arithmetic is reproduced bit for bit by ``quant.quantize_act``/``emulate_w8a8``.
+arithmetic is reproduced bit for bit by ``quant.quantize_act`` and, offline, the torch
+emulation ``emulate_w8a8`` (bench/kernels/fp8_tune/reference.py).
 """
 
 from __future__ import annotations

@@ -16,8 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-
-from .configs import (
+from dsv4_flash_overlays.fp8_head.configs import (
     GROUP_K,
     SCALED_MM,
     UNTUNED_SMALL_M,
@@ -160,8 +159,8 @@ def _compile_one(task: tuple[Any, int, int, int]) -> dict[str, Any]:
     obj, m, n, k = task
     choice = parse_choice(obj)
     try:
-        from .w8a8 import w8a8_matmul
-        from .w8a16 import w8a16_matmul
+        from dsv4_flash_overlays.fp8_head.w8a8 import w8a8_matmul
+        from dsv4_flash_overlays.fp8_head.w8a16 import w8a16_matmul
 
         a = torch.empty((m, k), dtype=torch.bfloat16, device="cuda")
         q = torch.empty((n, k), dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)

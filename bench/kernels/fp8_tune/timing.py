@@ -13,10 +13,11 @@ import statistics
 from collections.abc import Callable
 
 import torch
+from dsv4_flash_overlays.fp8_head.configs import BF16, Choice, numerics_of
+from dsv4_flash_overlays.fp8_head.dispatch import run_choice
+from dsv4_flash_overlays.fp8_head.quant import quantize_act, quantize_rowwise
 
-from .configs import BF16, Choice, numerics_of
-from .dispatch import run_choice
-from .quant import dequantize_rowwise, quantize_act, quantize_rowwise
+from .reference import dequantize_rowwise
 
 
 def copies_for(n: int, k: int, l2_bytes: int) -> int:

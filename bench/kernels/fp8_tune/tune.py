@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: MIT
 """Tune the fp8 draft head on this GPU and write its table into the overlay folder.
 
-    python3 -m dsv4_flash_overlays.fp8_head.tune            # the TP=2 shard, N = 64640
-    python3 -m dsv4_flash_overlays.fp8_head.tune --n 129280 # an unsharded head
+From the root of a clone, with the overlay folder importable (the overlay README's fp8
+section has the docker command that runs it inside the serving image):
+
+    python3 -m bench.kernels.fp8_tune            # the TP=2 shard, N = 64640
+    python3 -m bench.kernels.fp8_tune --n 129280 # an unsharded head
 
 In order, on the GPU this process sees:
  1. accuracy: argmax agreement with the bf16 head on the synthetic evaluation set
@@ -33,8 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from .configs import (
+from dsv4_flash_overlays.fp8_head.configs import (
     BF16,
     CONFIG_PATH,
     Choice,
@@ -42,14 +44,15 @@ from .configs import (
     config_key,
     device_smem_limit,
     family,
-    merge_into_file,
     parse_choice,
     smem_need,
 )
-from .dispatch import run_choice
+from dsv4_flash_overlays.fp8_head.dispatch import TUNE_COMMAND, run_choice
+from dsv4_flash_overlays.fp8_head.quant import quantize_rowwise
+
 from .evalset import EvalSet, synthetic_weight
-from .quant import quantize_rowwise
 from .search import candidates, family_representatives, precompile
+from .table import TUNE_MODULE, merge_into_file, portable_command
 from .timing import Problem, graph_time_us
 
 DEFAULT_MS = (1, 5, 10, 20, 30, 40, 60, 80, 100, 120, 160)
@@ -63,7 +66,7 @@ REL_TOL = {"fp32": 4e-3, "fp8": 1.5e-2}  # vs the exact product of the quantized
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python3 -m dsv4_flash_overlays.fp8_head.tune",
+        prog=TUNE_COMMAND,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -350,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     entries, all_rows = tune_shapes(
         info["device"], args, args.k, eligible, limit, deadline, seed_later_shapes=True
     )
-    meta = {key: {**info, "accuracy": acc, "command": " ".join(sys.argv)} for key in entries}
+    command = portable_command(TUNE_MODULE, sys.argv[1:])
+    meta = {key: {**info, "accuracy": acc, "command": command} for key in entries}
     merge_into_file(args.out, entries, meta)
     if args.json:
         args.json.write_text(json.dumps({**info, "accuracy": acc, "rows": all_rows}, indent=1))

@@ -162,17 +162,20 @@ def _check(kind: str, value: str) -> str | None:
 
 @dataclass(frozen=True)
 class PairConfig:
-    """Validated pair settings; ``values`` holds every variable, defaults applied."""
+    """Validated pair settings; ``values`` holds every variable, defaults applied.
+
+    Read one as ``cfg["SPARK1"]`` (no attribute magic: a typo is a KeyError, not a string
+    that happens to be empty)."""
 
     values: dict[str, str]
     env_file: str
     unknown: tuple[str, ...] = field(default=())
 
-    def __getattr__(self, name: str) -> str:
-        values = object.__getattribute__(self, "values")
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
+    def __getitem__(self, name: str) -> str:
+        """One variable's validated value as the env file gives it (a string; ``""`` for
+        an empty optional one). Typed, settled values (int ports, the image, MASTER_ADDR's
+        default) are the resolved pair's: ``pairctl.resolved``."""
+        return self.values[name]
 
     @property
     def master_addr(self) -> str:
@@ -247,15 +250,15 @@ def check_port_clash(cfg: PairConfig, endpoint_port: str) -> None:
     ``endpoint_port`` is the port the endpoint really uses (PORT, or the recipe's when PORT
     is empty), so a clash with the recipe's default is caught too.
     """
-    if cfg.MASTER_PORT != endpoint_port:
+    if cfg["MASTER_PORT"] != endpoint_port:
         return
     port = (
         f"PORT={endpoint_port}"
-        if cfg.PORT
+        if cfg["PORT"]
         else f"PORT (empty, so the recipe's port {endpoint_port})"
     )
     raise ConfigError(
-        f"{cfg.env_file}: MASTER_PORT={cfg.MASTER_PORT} and {port} are the same port on "
+        f"{cfg.env_file}: MASTER_PORT={cfg['MASTER_PORT']} and {port} are the same port on "
         "SPARK1, where torch.distributed's master and the OpenAI endpoint both listen; "
         "set MASTER_PORT to another free port (the default is 29501) or change PORT"
     )

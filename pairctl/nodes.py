@@ -56,11 +56,11 @@ def ssh_to(
 def ssh_argv(cfg: PairConfig, remote_cmd: str | None = None) -> list[str]:
     """ssh argv for SPARK2, with the pair's SSH_* settings."""
     return ssh_to(
-        cfg.SPARK2,
-        user=cfg.SSH_USER,
-        port=cfg.SSH_PORT,
-        identity_file=cfg.SSH_IDENTITY_FILE,
-        known_hosts_file=cfg.SSH_KNOWN_HOSTS_FILE,
+        cfg["SPARK2"],
+        user=cfg["SSH_USER"],
+        port=cfg["SSH_PORT"],
+        identity_file=cfg["SSH_IDENTITY_FILE"],
+        known_hosts_file=cfg["SSH_KNOWN_HOSTS_FILE"],
         remote_cmd=remote_cmd,
     )
 
@@ -150,4 +150,4 @@ class Node:
 
 def nodes(cfg: PairConfig) -> tuple[Node, Node]:
     """(rank 0 = SPARK1 local, rank 1 = SPARK2 over ssh)."""
-    return Node(0, cfg.SPARK1, cfg), Node(1, cfg.SPARK2, cfg)
+    return Node(0, cfg["SPARK1"], cfg), Node(1, cfg["SPARK2"], cfg)

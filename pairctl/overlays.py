@@ -129,13 +129,13 @@ def sync(cfg: PairConfig, src: Path) -> int:
     payload = build_tar(src, sorted(want))
     rc = 0
     for node in nodes(cfg):
-        problem = sync_node(node, cfg.OVERLAY_DIR, payload, want)
+        problem = sync_node(node, cfg["OVERLAY_DIR"], payload, want)
         if problem:
-            print(f"sync: {node.label}: {cfg.OVERLAY_DIR}: {problem}", flush=True)
+            print(f"sync: {node.label}: {cfg['OVERLAY_DIR']}: {problem}", flush=True)
             rc = 1
         else:
             print(
-                f"sync: {node.label}: {cfg.OVERLAY_DIR}: {len(want)} files, sha256 verified",
+                f"sync: {node.label}: {cfg['OVERLAY_DIR']}: {len(want)} files, sha256 verified",
                 flush=True,
             )
     return rc

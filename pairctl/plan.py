@@ -82,7 +82,7 @@ class RankPlan:
 
 def with_recipe_defaults(cfg: PairConfig, recipe: Recipe) -> PairConfig:
     """Fill env values the recipe provides defaults for (PORT: env > recipe > 8000)."""
-    if cfg.PORT:
+    if cfg["PORT"]:
         return cfg
     values = dict(cfg.values, PORT=str(recipe.serve.get("port", 8000)))
     return replace(cfg, values=values)
@@ -90,7 +90,7 @@ def with_recipe_defaults(cfg: PairConfig, recipe: Recipe) -> PairConfig:
 
 def resolve_image(cfg: PairConfig, recipe: Recipe) -> str:
     """IMAGE from .env wins over the recipe's container.image."""
-    image = cfg.IMAGE or recipe.image
+    image = cfg["IMAGE"] or recipe.image
     if not image:
         raise ConfigError("no image: set IMAGE in the env file or container.image in the recipe")
     return image
@@ -101,7 +101,7 @@ def placeholders(cfg: PairConfig, rank: int) -> dict[str, str]:
     its SPARK1 default), NODE_IP and RANK."""
     values = dict(cfg.values)
     values["MASTER_ADDR"] = cfg.master_addr
-    values["NODE_IP"] = cfg.SPARK1 if rank == 0 else cfg.SPARK2
+    values["NODE_IP"] = cfg["SPARK1"] if rank == 0 else cfg["SPARK2"]
     values["RANK"] = str(rank)
     return values
 
@@ -116,8 +116,8 @@ def vllm_args(
     """``vllm serve MODEL <recipe args> <per-rank args> <passthrough>``; ``cfg`` has the
     recipe's defaults applied (PORT), ``values`` are the rank's placeholders."""
     serve = dict(recipe.serve)
-    serve["port"] = int(cfg.PORT)  # env PORT > recipe port
-    argv = ["vllm", "serve", cfg.MODEL_PATH]
+    serve["port"] = int(cfg["PORT"])  # env PORT > recipe port
+    argv = ["vllm", "serve", cfg["MODEL_PATH"]]
     argv += serve_argv(serve, dict(values))
     argv += [
         "--node-rank",
@@ -125,7 +125,7 @@ def vllm_args(
         "--master-addr",
         cfg.master_addr,
         "--master-port",
-        cfg.MASTER_PORT,
+        cfg["MASTER_PORT"],
     ]
     if rank == 1:
         argv.append("--headless")
@@ -189,10 +189,10 @@ def build_rank(
     name = container_name(pair.pair_id, rank)
     image = pair.image
     values = pair.placeholders[rank]
-    mounts = [Mount(cfg.MODEL_PATH, cfg.MODEL_PATH, ro=True)]
+    mounts = [Mount(cfg["MODEL_PATH"], cfg["MODEL_PATH"], ro=True)]
     mounts += [Mount(cfg.values[v], cfg.values[v]) for v in CACHE_VARS]
     if overlay:
-        mounts.append(Mount(cfg.OVERLAY_DIR, OVERLAY_MOUNT, ro=True))
+        mounts.append(Mount(cfg["OVERLAY_DIR"], OVERLAY_MOUNT, ro=True))
     for m in recipe.mounts:
         mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
     env = container_env(cfg, recipe, rank, values, overlay, image_facts)
@@ -203,7 +203,7 @@ def build_rank(
         "--name",
         name,
         "--label",
-        f"{LABEL_PAIR}={cfg.PAIR_ID}",
+        f"{LABEL_PAIR}={cfg['PAIR_ID']}",
         "--label",
         f"{LABEL_RANK}={rank}",
         "--label",
@@ -217,7 +217,7 @@ def build_rank(
         "--ipc",
         "host",
         "--device",
-        f"{cfg.RDMA_DEVICE_DIR}:{RDMA_MOUNT}",
+        f"{cfg['RDMA_DEVICE_DIR']}:{RDMA_MOUNT}",
         "--entrypoint",
         ENTRYPOINT,
     ]
@@ -281,8 +281,8 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
         f"# endpoint: http://{pair.spark1}:{pair.port}/v1 "
         f"(master {pair.master_addr}:{pair.master_port})",
         "# order: remove this pair's stale containers on both nodes (label "
-        f"{LABEL_PAIR}={cfg.PAIR_ID}), start rank 1, start rank 0, wait for health",
-        f"# if OVERLAY_DIR ({cfg.OVERLAY_DIR}) is missing on a node, that node boots "
+        f"{LABEL_PAIR}={cfg['PAIR_ID']}), start rank 1, start rank 0, wait for health",
+        f"# if OVERLAY_DIR ({cfg['OVERLAY_DIR']}) is missing on a node, that node boots "
         "without the overlay mount and PYTHONPATH (warning)",
         "# assumed (plan contacts no node): the image sets no PYTHONPATH. up reads the "
         "image's Config.Env on each node (docker image inspect) and appends "

@@ -58,7 +58,7 @@ def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) ->
     """Settle everything the env file and recipe leave open; raises ConfigError."""
     extra = tuple(passthrough)
     full = plan.with_recipe_defaults(cfg, recipe)
-    check_port_clash(cfg, full.PORT)
+    check_port_clash(cfg, full["PORT"])
     check_passthrough(list(extra))
     image = plan.resolve_image(full, recipe)
     values = tuple(MappingProxyType(plan.placeholders(full, r)) for r in (0, 1))
@@ -68,16 +68,16 @@ def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) ->
         cfg=full,
         recipe=recipe,
         passthrough=extra,
-        pair_id=full.PAIR_ID,
-        spark1=full.SPARK1,
-        spark2=full.SPARK2,
+        pair_id=full["PAIR_ID"],
+        spark1=full["SPARK1"],
+        spark2=full["SPARK2"],
         master_addr=full.master_addr,
-        master_port=int(full.MASTER_PORT),
-        port=int(full.PORT),
+        master_port=int(full["MASTER_PORT"]),
+        port=int(full["PORT"]),
         image=image,
-        model_path=full.MODEL_PATH,
-        overlay_dir=full.OVERLAY_DIR,
-        api_key=full.VLLM_API_KEY,
+        model_path=full["MODEL_PATH"],
+        overlay_dir=full["OVERLAY_DIR"],
+        api_key=full["VLLM_API_KEY"],
         placeholders=(values[0], values[1]),
         vllm_argv=(argvs[0], argvs[1]),
         plan_hash=plan.plan_hash(argvs, envs, image),

@@ -109,7 +109,7 @@ def test_cache_key_ignores_only_the_launchers_wiring() -> None:
 
 def test_throwaway_container_is_labelled_isolated_and_removed() -> None:
     cfg = parse_env(ENV)
-    argv = argcheck.container_argv(cfg.PAIR_ID, "img:1", [["/m", "--max-num-seqs", "24"]])
+    argv = argcheck.container_argv(cfg["PAIR_ID"], "img:1", [["/m", "--max-num-seqs", "24"]])
     i = argv.index("img:1")
     head = argv[:i]
     assert argv[:3] == ["docker", "run", "--rm"] and "-d" not in head

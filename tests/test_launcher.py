@@ -261,7 +261,7 @@ def test_generated_docker_lines_parse_with_real_docker_client(pair: Env) -> None
 
     cfg = load_env_file(pair.env_file)
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    line = container_argv(cfg.PAIR_ID, "img:1", rank_argvs(resolve(cfg, recipe)))
+    line = container_argv(cfg["PAIR_ID"], "img:1", rank_argvs(resolve(cfg, recipe)))
     _assert_real_client_parses(docker, line[1:])
 
 

@@ -192,8 +192,8 @@ def test_env_example_documents_every_variable() -> None:
 def test_pair_examples_are_distinct_pairs() -> None:
     cfgs = [load_env_file(p) for p in sorted((REPO / "pairs").glob("*.env.example"))]
     assert len(cfgs) >= 2
-    assert len({c.PAIR_ID for c in cfgs}) == len(cfgs)
-    nodes = [n for c in cfgs for n in (c.SPARK1, c.SPARK2)]
+    assert len({c["PAIR_ID"] for c in cfgs}) == len(cfgs)
+    nodes = [n for c in cfgs for n in (c["SPARK1"], c["SPARK2"])]
     assert len(set(nodes)) == len(nodes), "pairs share nothing: no node in two pairs"
 
 
@@ -243,9 +243,9 @@ def test_defaults_and_dotenv_semantics(tmp_path: Path) -> None:
         "TYPO_VAR=1\n"
     )
     cfg = load_env_file(f)
-    assert cfg.SPARK1 == "10.0.0.1" and cfg.MODEL_PATH == "/m"
-    assert cfg.master_addr == "10.0.0.1" and cfg.PORT == ""  # empty = recipe's port
-    assert cfg.OVERLAY_DIR == "/home/bird/vllm-overlays"
+    assert cfg["SPARK1"] == "10.0.0.1" and cfg["MODEL_PATH"] == "/m"
+    assert cfg.master_addr == "10.0.0.1" and cfg["PORT"] == ""  # empty = recipe's port
+    assert cfg["OVERLAY_DIR"] == "/home/bird/vllm-overlays"
     assert cfg.unknown == ("TYPO_VAR",)
 
 
@@ -257,8 +257,8 @@ def test_ssh_files_relative_to_env_file(tmp_path: Path) -> None:
         + "SSH_IDENTITY_FILE=keys/id\nSSH_KNOWN_HOSTS_FILE=/abs/kh\n"
     )
     cfg = load_env_file(f)
-    assert cfg.SSH_IDENTITY_FILE == str(tmp_path / "sub" / "keys" / "id")
-    assert cfg.SSH_KNOWN_HOSTS_FILE == "/abs/kh"
+    assert cfg["SSH_IDENTITY_FILE"] == str(tmp_path / "sub" / "keys" / "id")
+    assert cfg["SSH_KNOWN_HOSTS_FILE"] == "/abs/kh"
 
 
 def test_ssh_always_checks_host_keys() -> None:

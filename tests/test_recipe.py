@@ -123,9 +123,9 @@ def test_recipe_port_is_default_and_wiring_not_overridable() -> None:
     d = _raw()
     d["serve"]["port"] = 8100
     cfg = with_recipe_defaults(parse_env(ENV), parse_recipe(d))
-    assert cfg.PORT == "8100"
+    assert cfg["PORT"] == "8100"
     cfg = with_recipe_defaults(parse_env(dict(ENV, PORT="8200")), parse_recipe(d))
-    assert cfg.PORT == "8200"
+    assert cfg["PORT"] == "8200"
     for bad in (["--port", "1"], ["--node-rank=0"], ["--headless"], ["--master-addr", "x"]):
         with pytest.raises(ConfigError, match="set by the launcher"):
             check_passthrough(bad)

@@ -290,7 +290,7 @@ def check_disjoint(path: Path, pairs: tuple[PairEntry, ...], router: Router) -> 
             )
         seen_ids[p.pair_id] = p.env_file
         for key in ("SPARK1", "SPARK2"):
-            node = getattr(p.cfg, key)
+            node = p.cfg[key]
             if node in seen_nodes and seen_nodes[node] != p.pair_id:
                 raise _err(
                     path,

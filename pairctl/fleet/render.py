@@ -33,7 +33,10 @@ def plan(fleet: Fleet) -> str:
     for p in fleet.pairs:
         m = head(fleet, p)
         argv = pair_argv(fleet, p, "up", "--timeout", str(BOOT_TIMEOUT_S))
-        out += ["", f"## pair {p.pair_id}: head {p.head}, worker {p.cfg.SPARK2}, {p.endpoint}/v1"]
+        out += [
+            "",
+            f"## pair {p.pair_id}: head {p.head}, worker {p.cfg['SPARK2']}, {p.endpoint}/v1",
+        ]
         if m.local:
             out.append(f"# on this machine: {shlex.join(argv)}")
         else:

@@ -13,7 +13,7 @@ PF_PORT_FREE = CheckSpec(
     "(WARN: up replaces it)",
     remedy="stop the process holding the port (ss -ltnp 'sport = :PORT') or set PORT",
     needs=(Need.CONFIG, Need.RANK0),
-    decide=lambda v: check_port(PF_PORT_FREE, int(v.cfg.PORT), v.cfg.PAIR_ID, v.rank0),
+    decide=lambda v: check_port(PF_PORT_FREE, v.pair.port, v.pair.pair_id, v.rank0),
 )
 
 PF_MASTER_PORT_FREE = CheckSpec(
@@ -22,9 +22,7 @@ PF_MASTER_PORT_FREE = CheckSpec(
     "(WARN: up replaces it)",
     remedy="stop the process holding it (ss -ltnp 'sport = :MASTER_PORT') or set MASTER_PORT",
     needs=(Need.CONFIG, Need.RANK0),
-    decide=lambda v: check_port(
-        PF_MASTER_PORT_FREE, int(v.cfg.MASTER_PORT), v.cfg.PAIR_ID, v.rank0
-    ),
+    decide=lambda v: check_port(PF_MASTER_PORT_FREE, v.pair.master_port, v.pair.pair_id, v.rank0),
 )
 
 
@@ -81,7 +79,7 @@ def check_ifaces(cfg: PairConfig, n0: NodeEvidence, n1: NodeEvidence) -> Check:
     if probs:
         return PF_NCCL_IFACE.verdict(FAIL, "; ".join(probs))
     return PF_NCCL_IFACE.verdict(
-        PASS, f"{cfg.NCCL_SOCKET_IFNAME}/{cfg.GLOO_SOCKET_IFNAME} present on both"
+        PASS, f"{cfg['NCCL_SOCKET_IFNAME']}/{cfg['GLOO_SOCKET_IFNAME']} present on both"
     )
 
 
@@ -90,7 +88,7 @@ PF_TILELANG_CACHE = CheckSpec(
     title="TILELANG_CACHE_DIR exists (the probe creates it) and is writable on both nodes",
     remedy="mkdir -p TILELANG_CACHE_DIR and fix its owner on that node",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_tilelang(v.cfg.TILELANG_CACHE_DIR, v.rank0, v.rank1),
+    decide=lambda v: check_tilelang(v.cfg["TILELANG_CACHE_DIR"], v.rank0, v.rank1),
 )
 
 

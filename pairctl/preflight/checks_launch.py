@@ -106,7 +106,7 @@ def _api_key(v: View) -> Check:
             host = argv[i + 1]
         elif a.startswith("--host="):
             host = a.split("=", 1)[1]
-    return check_api_key(host, bool(v.cfg.VLLM_API_KEY))
+    return check_api_key(host, bool(v.cfg["VLLM_API_KEY"]))
 
 
 PF_API_KEY = CheckSpec(

@@ -55,7 +55,7 @@ PF_MODEL_MATCH = CheckSpec(
     "(sha256; config.json required)",
     remedy="copy the model to the same path on both nodes (rsync -a), then re-run",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_model(v.cfg.MODEL_PATH, v.rank0, v.rank1),
+    decide=lambda v: check_model(v.cfg["MODEL_PATH"], v.rank0, v.rank1),
 )
 
 
@@ -90,7 +90,7 @@ PF_OVERLAYS = CheckSpec(
     "sha256-identical; other files there are ignored (WARN only)",
     remedy="run launch/dspark_launch.sh sync-overlays --env-file FILE",
     needs=(Need.CONFIG, Need.OVERLAY_SRC, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_overlays(v.cfg.OVERLAY_DIR, v.overlay_want, v.rank0, v.rank1),
+    decide=lambda v: check_overlays(v.cfg["OVERLAY_DIR"], v.overlay_want, v.rank0, v.rank1),
 )
 
 
@@ -122,7 +122,7 @@ PF_MODEL_REVISION = CheckSpec(
     "both nodes (or point MODEL_PATH at the HF cache snapshot) and set MODEL_REVISION=COMMIT "
     "in the env file",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_model_revision(v.cfg.MODEL_REVISION, v.rank0, v.rank1),
+    decide=lambda v: check_model_revision(v.cfg["MODEL_REVISION"], v.rank0, v.rank1),
 )
 
 

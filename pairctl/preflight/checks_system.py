@@ -38,7 +38,7 @@ def _gib(kib: int) -> str:
 def _memory(v: View) -> Check:
     argv = list(v.pair.vllm_argv[0])
     raw = last_value(argv, "--gpu-memory-utilization")
-    return check_memory(raw, v.cfg.PAIR_ID, v.reached)
+    return check_memory(raw, v.cfg["PAIR_ID"], v.reached)
 
 
 PF_MEMORY = CheckSpec(

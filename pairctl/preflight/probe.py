@@ -69,11 +69,11 @@ def probe_script(cfg: PairConfig, image: str) -> str:
     binds = {
         "LABEL": LABEL_PAIR,
         "IMAGE": image,
-        "MODEL": cfg.MODEL_PATH,
+        "MODEL": cfg["MODEL_PATH"],
         "MODEL_FILES": " ".join(MODEL_FILES),
-        "TL": cfg.TILELANG_CACHE_DIR,
-        "OV": cfg.OVERLAY_DIR,
-        "RDMA": cfg.RDMA_DEVICE_DIR,
+        "TL": cfg["TILELANG_CACHE_DIR"],
+        "OV": cfg["OVERLAY_DIR"],
+        "RDMA": cfg["RDMA_DEVICE_DIR"],
         # the TileLang cache has its own section (PF-TILELANG-CACHE)
         "CACHES": " ".join(f"{v}={cfg.values[v]}" for v in CACHE_VARS[1:]),
     }
@@ -231,12 +231,12 @@ def gather(
     say = progress or (lambda _msg: None)
     cfg, image = pair.cfg, pair.image
     n0, n1 = nodes(cfg)
-    say(f"resolving SPARK1 ({cfg.SPARK1}), SPARK2 ({cfg.SPARK2}) and MASTER_ADDR on this machine")
+    say(f"resolving SPARK1 ({pair.spark1}), SPARK2 ({pair.spark2}) and MASTER_ADDR on this machine")
     ev = Evidence(
         config={k: ("***" if is_secret(k) and v else v) for k, v in cfg.values.items()},
         resolved={
-            "SPARK1": resolve(cfg.SPARK1),
-            "SPARK2": resolve(cfg.SPARK2),
+            "SPARK1": resolve(cfg["SPARK1"]),
+            "SPARK2": resolve(cfg["SPARK2"]),
             "MASTER_ADDR": resolve(cfg.master_addr),
         },
         image=image,

@@ -44,10 +44,10 @@ def unresolved_skip(spec: CheckSpec, check: Check, cfg: PairConfig, ev: Evidence
         return check
     names = []
     if Need.RANK0 in spec.needs and ev.resolved.get("SPARK1") is None:
-        names.append(f"SPARK1 ({cfg.SPARK1})")
+        names.append(f"SPARK1 ({cfg['SPARK1']})")
     rank1 = {Need.RANK1, Need.RANK1_IF_REACHED} & set(spec.needs)
     if rank1 and ev.resolved.get("SPARK2") is None:
-        names.append(f"SPARK2 ({cfg.SPARK2})")
+        names.append(f"SPARK2 ({cfg['SPARK2']})")
     if not names:
         return check
     return replace(

@@ -2,7 +2,8 @@
 
 The shared-memory estimate is checked against what Triton actually compiled: offline for
 sm_90 and sm_121 (bench/kernels/fp8_smem_probe.py) and on an H200 during the recorded
-tuning runs (bench/results/fp8_head/fp8_head_run*_bench.json; the shipped table is run 30's).
+tuning runs (bench/results/fp8_head/fp8_head_run*_bench.json, the shipped table is run 30's;
+the runs and the probe no document cites are test data in tests/data/fp8_head/).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from bench.kernels.fp8_tune import search
 from bench.kernels.fp8_tune.table import merge_into_file
 from tests.conftest import REPO
 
-RESULTS = REPO / "bench" / "results" / "fp8_head"
+RESULTS = REPO / "bench" / "results" / "fp8_head"  # the runs the docs cite
+DATA = REPO / "tests" / "data" / "fp8_head"  # the runs no doc cites, read only by tests
 GB10 = C.SMEM_LIMIT_BY_SM[(12, 1)]
 H200 = C.SMEM_LIMIT_BY_SM[(9, 0)]
 
@@ -30,25 +32,28 @@ H200 = C.SMEM_LIMIT_BY_SM[(9, 0)]
 def _compiled_records() -> list[tuple[C.W8A16Config | C.W8A8Config, int, int, str]]:
     """(config, M, shared bytes Triton compiled, where) from the recorded runs."""
     out = []
-    for probe_name in ("fp8_smem_probe_triton38.json", "fp8_smem_probe_once_triton38.json"):
-        probe = json.loads((RESULTS / probe_name).read_text())
+    for probe_path in (
+        RESULTS / "fp8_smem_probe_triton38.json",
+        DATA / "fp8_smem_probe_once_triton38.json",
+    ):
+        probe = json.loads(probe_path.read_text())
         for r in probe["rows"]:
             if "shared" in r:
                 cfg = C.parse_choice(r["cfg"])
                 out.append((cfg, r["m"], r["shared"], f"sm_{r['sm']} offline"))
-    for name in (
-        "fp8_head_run15_bench.json",
-        "fp8_head_run21_bench.json",
-        "fp8_head_run23_bench.json",
-        "fp8_head_run24_bench.json",
-        "fp8_head_run25_bench.json",
-        "fp8_head_run26_bench.json",
-        "fp8_head_run27_explore.json",
-        "fp8_head_run28_explore.json",
-        "fp8_head_run29_large_m.json",
-        "fp8_head_run30_bench.json",
+    for path in (
+        RESULTS / "fp8_head_run15_bench.json",
+        RESULTS / "fp8_head_run21_bench.json",
+        RESULTS / "fp8_head_run23_bench.json",
+        RESULTS / "fp8_head_run24_bench.json",
+        RESULTS / "fp8_head_run25_bench.json",
+        DATA / "fp8_head_run26_bench.json",
+        DATA / "fp8_head_run27_explore.json",
+        DATA / "fp8_head_run28_explore.json",
+        DATA / "fp8_head_run29_large_m.json",
+        RESULTS / "fp8_head_run30_bench.json",
     ):
-        run = json.loads((RESULTS / name).read_text())
+        run = json.loads(path.read_text())
         for row in run["tune_rows"]:
             for t in row["timings"]:
                 if "shared" in t.get("compiled", {}):

@@ -17,6 +17,7 @@ simulator.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -161,6 +162,34 @@ def endpoint_arg(schemes: tuple[str, ...] = ("http",)) -> Callable[[str], Endpoi
 
     parse.__name__ = "URL"
     return parse
+
+
+SESSION_HELP = (
+    "send X-Session-ID: ID with every request, so a router with session affinity "
+    "(launch/dspark_launch.sh fleet) keeps the run on one pair"
+)
+
+
+def add_endpoint_args(
+    p: argparse.ArgumentParser, schemes: tuple[str, ...] = ("http",), session_help: str = ""
+) -> None:
+    """The flags that name an endpoint, the same for every bench and the gate: --url (parsed
+    once into an Endpoint), --model, --api-key (default $OPENAI_API_KEY), --session-id.
+    ``endpoint_of(args)`` puts the key and session on the parsed URL."""
+    p.add_argument(
+        "--url",
+        type=endpoint_arg(schemes),
+        default="http://127.0.0.1:8000",
+        help="the server's base URL; HOST:PORT and a trailing /v1 are accepted",
+    )
+    p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
+    p.add_argument("--session-id", default=None, help=session_help or SESSION_HELP)
+
+
+def endpoint_of(args: argparse.Namespace) -> Endpoint:
+    """--url's Endpoint with --api-key and --session-id on it (the URL is not parsed again)."""
+    return args.url.with_auth(args.api_key, args.session_id)
 
 
 def cause(e: BaseException) -> str:

@@ -9,7 +9,6 @@ only wires them together. These are the flags of every script; each adds its own
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from bench.benchlib import endpoint
@@ -26,20 +25,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
 
     Values are checked here (argtypes), so a bad one stops the run before any request.
     """
-    p.add_argument(
-        "--url",
-        type=endpoint.endpoint_arg(),
-        default="http://127.0.0.1:8000",
-        help="the server's base URL; HOST:PORT and a trailing /v1 are accepted",
-    )
-    p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
-    p.add_argument(
-        "--session-id",
-        default=None,
-        help="send X-Session-ID: ID with every request, so a router with session affinity "
-        "(launch/dspark_launch.sh fleet) keeps the run on one pair",
-    )
+    endpoint.add_endpoint_args(p)
     p.add_argument("--runs", type=t.int_at_least(1), default=1, help="measured repeats per point")
     p.add_argument(
         "--warmups", type=t.int_at_least(0), default=1, help="unmeasured requests before measuring"
@@ -113,9 +99,7 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
     return p
 
 
-def endpoint_of(args: argparse.Namespace) -> endpoint.Endpoint:
-    """--url's Endpoint with --api-key and --session-id on it (the URL is not parsed again)."""
-    return args.url.with_auth(args.api_key, getattr(args, "session_id", None))
+endpoint_of = endpoint.endpoint_of
 
 
 def log(msg: str) -> None:

@@ -7,10 +7,9 @@ Example: python -m pairctl.gate --url http://HOST:8000
 from __future__ import annotations
 
 import argparse
-import os
 
 from pairctl import argtypes
-from pairctl.endpoint import endpoint_arg
+from pairctl.endpoint import add_endpoint_args, endpoint_of
 from pairctl.gate import GateOptions, run_gate
 from pairctl.gate.check import DEFAULT_PROMPTS, load_reference
 
@@ -21,18 +20,10 @@ EPILOG = "Exit codes: 0 all passed; 1 a prompt failed or endpoint unreachable; 2
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--url",
-        type=endpoint_arg(("http", "https")),
-        default="http://127.0.0.1:8000",
-        help="the server's base URL; HOST:PORT and a trailing /v1 are accepted",
-    )
-    p.add_argument("--model", default=None, help="model id (default: first of /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token")
-    p.add_argument(
-        "--session-id",
-        default=None,
-        help="send X-Session-ID: ID with every request (a router with session affinity then "
+    add_endpoint_args(
+        p,
+        ("http", "https"),
+        "send X-Session-ID: ID with every request (a router with session affinity then "
         "sends the whole gate to one pair)",
     )
     p.add_argument(
@@ -90,4 +81,4 @@ def main(argv: list[str] | None = None, prog: str = "python -m pairctl.gate") ->
         json_path=args.json_path,
     )
     # The environment's proxy settings hold, as for any client a user runs by hand.
-    return run_gate(args.url.with_auth(args.api_key, args.session_id), options, trust_env=True)
+    return run_gate(endpoint_of(args), options, trust_env=True)

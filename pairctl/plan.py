@@ -118,7 +118,7 @@ def vllm_args(
     serve = dict(recipe.serve)
     serve["port"] = int(cfg["PORT"])  # env PORT > recipe port
     argv = ["vllm", "serve", cfg["MODEL_PATH"]]
-    argv += serve_argv(serve, dict(values))
+    argv += serve_argv(serve, values)
     argv += [
         "--node-rank",
         str(rank),
@@ -148,7 +148,7 @@ def container_env(
     """
     env: dict[str, str] = {}
     for k, v in recipe.env.items():
-        val = substitute(v, dict(values), f"recipe env {k}")
+        val = substitute(v, values, f"recipe env {k}")
         if val != "":
             env[k] = val
     if overlay:
@@ -189,10 +189,10 @@ def build_rank(
     name = container_name(pair.pair_id, rank)
     image = pair.image
     values = pair.placeholders[rank]
-    mounts = [Mount(cfg["MODEL_PATH"], cfg["MODEL_PATH"], ro=True)]
+    mounts = [Mount(pair.model_path, pair.model_path, ro=True)]
     mounts += [Mount(cfg.values[v], cfg.values[v]) for v in CACHE_VARS]
     if overlay:
-        mounts.append(Mount(cfg["OVERLAY_DIR"], OVERLAY_MOUNT, ro=True))
+        mounts.append(Mount(pair.overlay_dir, OVERLAY_MOUNT, ro=True))
     for m in recipe.mounts:
         mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
     env = container_env(cfg, recipe, rank, values, overlay, image_facts)
@@ -203,7 +203,7 @@ def build_rank(
         "--name",
         name,
         "--label",
-        f"{LABEL_PAIR}={cfg['PAIR_ID']}",
+        f"{LABEL_PAIR}={pair.pair_id}",
         "--label",
         f"{LABEL_RANK}={rank}",
         "--label",
@@ -281,8 +281,8 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
         f"# endpoint: http://{pair.spark1}:{pair.port}/v1 "
         f"(master {pair.master_addr}:{pair.master_port})",
         "# order: remove this pair's stale containers on both nodes (label "
-        f"{LABEL_PAIR}={cfg['PAIR_ID']}), start rank 1, start rank 0, wait for health",
-        f"# if OVERLAY_DIR ({cfg['OVERLAY_DIR']}) is missing on a node, that node boots "
+        f"{LABEL_PAIR}={pair.pair_id}), start rank 1, start rank 0, wait for health",
+        f"# if OVERLAY_DIR ({pair.overlay_dir}) is missing on a node, that node boots "
         "without the overlay mount and PYTHONPATH (warning)",
         "# assumed (plan contacts no node): the image sets no PYTHONPATH. up reads the "
         "image's Config.Env on each node (docker image inspect) and appends "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,7 +182,7 @@ def check_passthrough(args: list[str]) -> None:
             raise ConfigError("extra vLLM args: " + _secret_flag_msg(flag[2:].replace("_", "-")))
 
 
-def substitute(text: str, values: dict[str, str], where: str) -> str:
+def substitute(text: str, values: Mapping[str, str], where: str) -> str:
     """Replace ``${NAME}`` placeholders; an unknown name is a config error."""
 
     def repl(m: re.Match[str]) -> str:
@@ -195,7 +196,7 @@ def substitute(text: str, values: dict[str, str], where: str) -> str:
     return _PLACEHOLDER_RE.sub(repl, text)
 
 
-def serve_argv(serve: dict[str, Any], values: dict[str, str] | None = None) -> list[str]:
+def serve_argv(serve: dict[str, Any], values: Mapping[str, str] | None = None) -> list[str]:
     """Render serve keys as vLLM CLI args, the same way ``vllm serve --config`` reads them.
 
     true → ``--flag``; false → ``--no-flag`` (vLLM's BooleanOptionalAction); dict → JSON;

@@ -25,7 +25,6 @@ from pairctl.recipe import load_recipe
 from pairctl.resolved import ResolvedPair
 from pairctl.resolved import resolve as resolve_pair
 
-DEFAULT_RECIPE = DEFAULT_RECIPE_REL
 SUPPORTED_VERSIONS = (1,)
 # consistent_hash keys on X-Session-ID (vllm-project/router src/policies/hash_key.rs), so a
 # conversation stays on the pair that holds its prefix cache. round_robin is offered only to
@@ -201,7 +200,7 @@ def _load_pair(path: Path, i: int, raw: Any, repo_dir: str) -> PairEntry:
     if not isinstance(entry.get("env_file"), str) or not entry["env_file"]:
         raise _err(path, f"{where}: env_file is required (e.g. pairs/pair-a.env)")
     env_local, env_remote = resolve(entry["env_file"], repo_dir)
-    rec_local, rec_remote = resolve(str(entry.get("recipe") or DEFAULT_RECIPE), repo_dir)
+    rec_local, rec_remote = resolve(str(entry.get("recipe") or DEFAULT_RECIPE_REL), repo_dir)
     pair = resolve_pair(load_env_file(env_local), load_recipe(rec_local))
     return PairEntry(env_local, rec_local, env_remote, rec_remote, pair)
 

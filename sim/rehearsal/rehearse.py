@@ -1,14 +1,18 @@
-"""`make rehearse`: the real launcher brings up a simulated pair on two netns test hosts.
+"""`make rehearse`: the real launcher brings up a real vLLM pair on two netns test hosts.
 
 Steps (each prints a progress line):
+  0. (`--engine cpu`, the default) check the CPU engine's venv and build the tiny model
+     once (sim/engine/);
   1. build two test hosts (network namespaces on a bridge, each with its own sshd, host
      key, hostname and local disk; see sim/rehearsal/hosts.py and provision.py);
-  2. give both the same "image", a fake model dir, the JIT cache dirs and an RDMA device
-     dir (links to a character device, see pairenv.py); write the pair's
-     env file (the variables of .env.example);
+  2. give both the same image, a model dir (the tiny real model; with `--engine sim` a
+     fake one), the JIT cache dirs and an RDMA device dir (links to a character device,
+     see pairenv.py); write the pair's env file (the variables of .env.example);
   3. copy the overlays to both hosts with launch/dspark_launch.sh sync-overlays (over ssh);
   4. run `launch/dspark_launch.sh up` unchanged, on host 1, with the process runtime as
-     `docker` and the simulator as `vllm`;
+     `docker`; the image's `vllm` is real vLLM (CPU build, TP=2 across the two hosts,
+     behind the declared rehearsal layer, sim/engine/rehearsal-layer.yaml), or with
+     `--engine sim` the simulator (GB10 timing, 10-minute boots, fault injection);
   5. send one streamed chat request to http://SPARK1:8000 and print the reply;
   6. `status`, then `down`, then check nothing of the pair is left on either host;
   7. remove everything the rehearsal created (also on failure and Ctrl-C).
@@ -160,12 +164,32 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def prepare_engine(engine: str) -> Path | None:
+    """`--engine cpu`: the engine venv checked and the tiny model built (cached); its dir."""
+    if engine != "cpu":
+        return None
+    py = REPO / ".venv-engine" / "bin" / "python"
+    if not py.exists():
+        raise hosts.HarnessError(
+            f"the CPU engine is not installed ({py}); run `make engine` "
+            "(or rehearse the simulator: --engine sim)"
+        )
+    check = subprocess.run([str(py), "-m", "sim.engine.check"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise hosts.HarnessError(check.stderr.strip() or "engine check failed")
+    say("building the tiny rehearsal model (once; cached)")
+    built = subprocess.run([str(py), "-m", "sim.engine.tiny_model"], capture_output=True, text=True)
+    if built.returncode != 0:
+        raise hosts.HarnessError(f"tiny model build failed: {built.stderr.strip()[-500:]}")
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m sim.rehearsal",
-        description="Offline rehearsal: the real launcher brings up a simulated DSV4-Flash "
-        "pair on two netns test hosts over real ssh, one chat request, status, "
-        "down, cleanup. Needs root.",
+        description="Offline rehearsal: the real launcher brings up a pair on two netns "
+        "test hosts over real ssh (real vLLM, CPU build, TP=2 across them; or the "
+        "simulator), one chat request, status, down, cleanup. Needs root.",
         epilog="See docs/rehearsal.md for what this proves and what it cannot.",
     )
     ap.add_argument(
@@ -175,6 +199,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "to run next to a kept pair or the tests",
     )
     ap.add_argument("--pair-id", default="rehearsal", help="PAIR_ID in the env file")
+    ap.add_argument(
+        "--engine",
+        choices=pairenv.ENGINES,
+        default="cpu",
+        help="what the image's vllm is: cpu = real vLLM, CPU build, on a tiny model "
+        "(default); sim = the spark twin simulator (GB10 timing, fault injection)",
+    )
     ap.add_argument(
         "--timeout",
         type=float,
@@ -217,6 +248,7 @@ def main(argv: list[str]) -> int:
             removed = provision.clean_prefix(args.prefix, say)
             say(f"removed {len(removed)} leftover item(s) with prefix {args.prefix}")
             return 0
+        model = prepare_engine(args.engine)
         say("building two test hosts (netns + veth + bridge, an sshd each)")
         pair = provision.build_pair(args.prefix, say)
     except hosts.HarnessError as exc:
@@ -224,10 +256,12 @@ def main(argv: list[str]) -> int:
         return 1
 
     def steps() -> bool:
-        pair.env_file = pairenv.prepare(pair, args.pair_id)
+        pair.env_file = pairenv.prepare(pair, args.pair_id, args.engine, model)
+        image = pairenv.ENGINE_IMAGE if args.engine == "cpu" else pairenv.IMAGE
+        what = "tiny real model" if args.engine == "cpu" else "fake model dir"
         say(
-            f"image {pairenv.IMAGE} ({pairenv.IMAGE_ID[:19]}…) loaded on both hosts; fake "
-            f"model dir, JIT caches and RDMA device dir on each; env file {pair.env_file}"
+            f"image {image} loaded on both hosts; {what}, JIT caches and RDMA device dir "
+            f"on each; env file {pair.env_file}"
         )
         sync_overlays(pair)
         launcher(pair, "up", "--timeout", str(int(args.timeout)), timeout=args.timeout + 120)

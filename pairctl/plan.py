@@ -133,6 +133,18 @@ def vllm_args(
     return argv
 
 
+def ipc_args(shm_size: str | None) -> list[str]:
+    """The rank's IPC namespace. With ``shm_size`` (the recipe's default): a private one
+    whose /dev/shm is a tmpfs of that size, created and freed with the container, so the
+    shared-memory segments vLLM's processes leave when they are SIGKILLed (a crash, a
+    `docker rm -f`) cannot pile up on the node across restarts. Without it: the host's
+    (`--ipc host`), where such leftovers stay until someone deletes them. vLLM documents
+    both ("use the ipc=host flag or --shm-size", docs/deployment/docker.md)."""
+    if shm_size:
+        return ["--ipc", "private", "--shm-size", shm_size]
+    return ["--ipc", "host"]
+
+
 def container_env(
     cfg: PairConfig,
     recipe: Recipe,
@@ -214,15 +226,12 @@ def build_rank(
         "host",
         "--gpus",
         "all",
-        "--ipc",
-        "host",
+        *ipc_args(recipe.shm_size),
         "--device",
         f"{cfg['RDMA_DEVICE_DIR']}:{RDMA_MOUNT}",
         "--entrypoint",
         ENTRYPOINT,
     ]
-    if recipe.shm_size:
-        argv += ["--shm-size", recipe.shm_size]
     for u in recipe.ulimits:
         argv += ["--ulimit", u]
     for m in mounts:

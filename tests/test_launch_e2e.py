@@ -135,7 +135,8 @@ def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
         assert info["Config"]["Labels"] == run.label_dict()
         assert info["HostConfig"]["Binds"] == run.volumes
         assert info["HostConfig"]["NetworkMode"] == run.network == "host"
-        assert info["HostConfig"]["IpcMode"] == run.ipc == "host"
+        assert info["HostConfig"]["IpcMode"] == run.ipc == "private"
+        assert info["HostConfig"]["ShmSize"] == 8 << 30
         assert info["HostConfig"]["Ulimits"] == run.ulimits
         assert [run.image, *info["Config"]["Cmd"]] == [pairenv.IMAGE, *run.cmd]
         assert info["Config"]["Entrypoint"] == [run.entrypoint] == ["vllm"]

@@ -39,7 +39,7 @@ def test_plan_has_exact_lines_and_masks_secret(pair: Env) -> None:
             "--label dsv4.pair=pair-a",
             f"--label dsv4.rank={rank}",
             f"--label dsv4.role={role}",
-            "--network host --gpus all --ipc host",
+            "--network host --gpus all --ipc private --shm-size 8g",
             f"{pair.values['OVERLAY_DIR']}:/opt/dsv4-flash-overlays:ro",
             "-e PYTHONPATH=/opt/dsv4-flash-overlays",
             "-e VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=600",

@@ -150,6 +150,16 @@ def enter(cdir: Path) -> int:
     cfg = json.loads((cdir / "config.json").read_text())
     # Our own /proc, so the container sees its PID namespace as docker's would.
     subprocess.run(["mount", "-t", "proc", "proc", "/proc"], check=False)
+    # `--ipc` other than host: the container's own /dev/shm, a tmpfs of --shm-size (docker's
+    # default 64 MB), gone when the container's last process is (as docker frees it with
+    # the container's IPC namespace). With --ipc host, /dev/shm is the host's.
+    host_cfg = cfg["HostConfig"]
+    if host_cfg.get("IpcMode") != "host":
+        size = int(host_cfg.get("ShmSize") or 64 << 20)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=1777", "shm", "/dev/shm"],
+            check=False,
+        )
     # Stage every source first: a private overlay made for a later mount point must not
     # redirect a source path below it into the overlay's scratch layer.
     staged: list[Path] = []

@@ -28,6 +28,57 @@ BOOT_TIMEOUT_S = 900
 # The boot-phase poll of `up` (docker inspect + log tail per rank, then /health).
 BOOT_POLL_S = 2.0
 
+# Memory pressure on a node: `status`, `watch` and preflight's PF-MEMORY-FLOOR read each
+# node's MemAvailable / MemTotal against these bands (pairctl/status/memory.py).
+# Why these numbers: a DGX Spark's GB10 has 128 GB of LPDDR5X (MemTotal ~119.7 GiB) shared
+# by the GPU and the OS. The recipe's gpu-memory-utilization 0.80 hands ~96 GiB to vLLM,
+# leaving ~24 GiB (20%) to the OS, docker, rank 0's API server and the page cache, which
+# MemAvailable counts as free. When unified memory runs out the host does not OOM-kill
+# cleanly: it wedges (ssh times out in its banner exchange) or resets
+# (NVIDIA/open-gpu-kernel-modules#1358, NVIDIA/dgx-spark-playbooks#97). Warning: half of
+# that 20% is gone (< 10%, ~12 GiB on a GB10). Critical: three quarters gone (< 5%, ~6 GiB),
+# one large allocation (a prefill's activations, another process's model load) from the
+# wedge; `up` refuses to start a rank into it.
+MEM_WARN_FRACTION = 0.10
+MEM_CRIT_FRACTION = 0.05
+# Swap in use on a serving node is a warning on its own: the kernel is already reclaiming
+# anonymous memory, which on unified memory comes before the wedge, not after it.
+SWAP_WARN_KIB = 1 << 20  # 1 GiB
+
+
+@dataclass(frozen=True)
+class MemoryBand:
+    """One memory-pressure band: its name, when a node is in it, and what to do then."""
+
+    name: str
+    when: str
+    action: str
+
+
+MEMORY_BANDS: tuple[MemoryBand, ...] = (
+    MemoryBand(
+        "ok",
+        f"MemAvailable >= {MEM_WARN_FRACTION:.0%} of MemTotal and swap use under "
+        f"{SWAP_WARN_KIB >> 20} GiB",
+        "nothing",
+    ),
+    MemoryBand(
+        "warning",
+        f"MemAvailable < {MEM_WARN_FRACTION:.0%} of MemTotal (~12 GiB on a GB10), or "
+        f"swap in use >= {SWAP_WARN_KIB >> 20} GiB",
+        "find what else takes memory on that node (`ps aux --sort=-rss`, other "
+        "containers, a benchmark) and stop it; start nothing new there",
+    ),
+    MemoryBand(
+        "critical",
+        f"MemAvailable < {MEM_CRIT_FRACTION:.0%} of MemTotal (~6 GiB on a GB10)",
+        "stop what else runs on that node now, or take the pair down "
+        "(`launch/dspark_launch.sh down`) before the host wedges; `up` refuses to start "
+        "there (PF-MEMORY-FLOOR); `status` says degraded (exit 7); `watch` logs it and "
+        "does not restart for it (a restart allocates the same memory again)",
+    ),
+)
+
 
 @dataclass(frozen=True)
 class ExitCode:
@@ -175,12 +226,19 @@ def _check_constants() -> None:
 _check_constants()
 
 
+def memory_table_md() -> str:
+    """The memory-pressure bands as the docs carry them (a test compares them)."""
+    rows = ["| band | when | action |", "|---|---|---|"]
+    rows += [f"| {b.name} | {b.when} | {b.action} |" for b in MEMORY_BANDS]
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str]) -> int:
-    """``python -m pairctl contracts [pair|fleet]``: print an exit-code table for the docs."""
+    """``python -m pairctl contracts [pair|fleet|memory]``: print a table for the docs."""
     which = argv[0] if argv else "pair"
     tables = {"pair": PAIR_EXITS, "fleet": FLEET_EXITS}
-    if which not in tables or len(argv) > 1:
-        print("usage: python -m pairctl contracts [pair|fleet]", file=sys.stderr)
+    if (which not in tables and which != "memory") or len(argv) > 1:
+        print("usage: python -m pairctl contracts [pair|fleet|memory]", file=sys.stderr)
         return EXIT_USAGE
-    print(exit_table_md(tables[which]), end="")
+    print(memory_table_md() if which == "memory" else exit_table_md(tables[which]), end="")
     return EXIT_OK

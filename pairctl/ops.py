@@ -18,9 +18,10 @@ from pairctl.overlays import sync
 from pairctl.plan import container_name
 from pairctl.preflight import runner
 from pairctl.resolved import ResolvedPair
+from pairctl.status import memory, watch
 from pairctl.status import pair as pst
 from pairctl.status import view as status_view
-from pairctl.status import watch
+from pairctl.status.memwatch import NodeWatch
 from pairctl.status.watch import lock_busy
 from pairctl.updown import lock_path
 
@@ -129,11 +130,13 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
         restart=restart,
         log=say,
         busy=lambda: lock_busy(lock_path(pair)),
+        nodes=NodeWatch(lambda: memory.sample(pair.cfg), say),
     )
     what = (
         f"{base}/v1: a 1-token completion every {wc.interval_s:g} s (answer within "
         f"{wc.probe_timeout_s:g} s); after {wc.failures} failures in a row: down, then up "
         f"(up --timeout {a.timeout}); a failed restart waits {wc.backoff_s:g} s, doubling "
-        f"up to {wc.backoff_max_s:g} s"
+        f"up to {wc.backoff_max_s:g} s; both nodes' memory read each cycle; a restart waits "
+        "for rank 1's ssh to answer"
     )
     return watch.serve(dog, what)

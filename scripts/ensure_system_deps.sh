@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the tests and the offline rehearsal need (sshd, ip, shellcheck).
+# Installs the Debian packages the tests and the offline rehearsal need (sshd, ip, shellcheck,
+# and promtool from the prometheus package: tests/test_alerts.py checks monitoring's rules).
 set -euo pipefail
 
-readonly PACKAGES=(openssh-server openssh-client iproute2 shellcheck procps)
+readonly PACKAGES=(openssh-server openssh-client iproute2 shellcheck procps prometheus)
 
 err() { echo "ensure_system_deps: $*" >&2; }
 
@@ -27,7 +28,9 @@ main() {
   echo "installing: ${missing//$'\n'/ }"
   apt-get update -qq
   # shellcheck disable=SC2086  # word splitting of the package list is intended
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ${missing} >/dev/null
+  # no recommends: the prometheus package would pull in node_exporter; only promtool is used
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${missing} \
+    >/dev/null
 }
 
 main "$@"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from pairctl import pressure
+from pairctl.contracts import MEM_CRIT_FRACTION, MEM_WARN_FRACTION
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec, Need, View
 from pairctl.preflight.checks_host import own_running
 from pairctl.preflight.evidence import NodeEvidence
@@ -95,6 +97,77 @@ def check_memory(raw: str | None, pair_id: str, evs: list[NodeEvidence]) -> Chec
 def unified(gpu: str) -> bool:
     """GB10 (DGX Spark) shares the system's LPDDR5X with the CPU."""
     return "GB10" in gpu.upper()
+
+
+def _floor(v: View) -> Check:
+    argv = list(v.pair.vllm_argv[0])
+    raw = last_value(argv, "--gpu-memory-utilization")
+    return check_memory_floor(raw, v.cfg["PAIR_ID"], v.reached)
+
+
+PF_MEMORY_FLOOR = CheckSpec(
+    "PF-MEMORY-FLOOR",
+    title="no node is in the critical memory band already (MemAvailable under "
+    f"{MEM_CRIT_FRACTION:.0%} of MemTotal, where a GB10 wedges or resets instead of "
+    "OOM-killing: FAIL), and on unified memory (GB10) what stays available once vLLM holds "
+    "gpu-memory-utilization x total is above that floor (FAIL) and above the warning band "
+    f"({MEM_WARN_FRACTION:.0%}: WARN); this pair's own running containers WARN (up replaces "
+    "them)",
+    remedy="stop what else takes memory on that node (ps aux --sort=-rss, other containers, "
+    "a benchmark) and run up again; the bands and their actions: launch/README.md, "
+    '"Memory pressure"',
+    needs=(Need.CONFIG, Need.RANK0, Need.RANK1_IF_REACHED),
+    decide=_floor,
+)
+
+
+def check_memory_floor(raw: str | None, pair_id: str, evs: list[NodeEvidence]) -> Check:
+    """``raw``: the effective --gpu-memory-utilization (None: vLLM's 0.92; a bad value is
+    PF-MEMORY's FAIL, and here only today's figures are judged)."""
+    try:
+        util: float | None = float(raw) if raw is not None else VLLM_DEFAULT_UTIL
+    except ValueError:
+        util = None
+    if util is not None and not 0 < util <= 1:
+        util = None
+    fails, warns, ok = [], [], []
+    for rank, ev in enumerate(evs):
+        total, avail = ev.meminfo.get("MemTotal"), ev.meminfo.get("MemAvailable")
+        if not total or avail is None:
+            warns.append(f"rank {rank}: /proc/meminfo not read")
+            continue
+        swap = pressure.swap_used(ev.meminfo)
+        now = pressure.band(total, avail, swap)
+        line = f"rank {rank}: {_gib(avail)} of {_gib(total)} available ({avail / total:.1%})"
+        own = own_running(pair_id, ev)
+        if own and now != pressure.OK:
+            warns.append(
+                f"{line} ({now}), but this pair's {', '.join(own)} holds memory: up replaces it"
+            )
+            continue
+        if now == pressure.CRITICAL:
+            fails.append(f"{line}: under the {MEM_CRIT_FRACTION:.0%} floor already")
+            continue
+        if unified(ev.gpu) and util is not None and not own:
+            left = avail - math.ceil(total * util)
+            after = pressure.band(total, max(0, left))
+            line += f", {_gib(max(0, left))} once vLLM holds {util:g} x {_gib(total)}"
+            if after == pressure.CRITICAL:
+                fails.append(f"{line}: under the {MEM_CRIT_FRACTION:.0%} floor")
+                continue
+            if after == pressure.WARNING:
+                warns.append(f"{line}: in the warning band (under {MEM_WARN_FRACTION:.0%})")
+                continue
+        if now == pressure.WARNING:
+            why = "swap in use" if avail / total >= MEM_WARN_FRACTION else "warning band"
+            warns.append(f"{line}, swap {_gib(swap or 0)} used: {why}")
+            continue
+        ok.append(line)
+    if fails:
+        return PF_MEMORY_FLOOR.verdict(FAIL, "; ".join(fails + warns))
+    if warns:
+        return PF_MEMORY_FLOOR.verdict(WARN, "; ".join(warns + ok))
+    return PF_MEMORY_FLOOR.verdict(PASS, "; ".join(ok))
 
 
 PF_KERNEL_CMA = CheckSpec(

@@ -5,7 +5,8 @@ cache directories, which preflight creates like the TileLang cache):
 
 - ``kernel``/``gpu``/``meminfo``: ``uname -r``, the GPU's name (nvidia-smi; GB10 shares
   system memory) and the /proc/meminfo lines vLLM's memory check and the kernel's CMA bug
-  depend on (MemTotal, MemAvailable, MemFree, CmaTotal, CmaFree).
+  depend on (MemTotal, MemAvailable, MemFree, CmaTotal, CmaFree), and swap (SwapTotal,
+  SwapFree) for the memory-pressure bands.
 - ``rdma``: the uverbs character devices in RDMA_DEVICE_DIR (what libibverbs opens).
 - ``links``: every netdev's MTU and operstate; ``ibports``: each RDMA port's state and
   the netdev behind it (RoCE runs over that netdev's MTU).
@@ -21,12 +22,26 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# The memory facts, shared with `status`/`watch` (pairctl/status/memory.py): one reader of
+# /proc/meminfo and one earlyoom test for preflight and the running pair alike.
+MEMINFO_SECTION = r"""
+sec meminfo
+grep -E '^(MemTotal|MemAvailable|MemFree|CmaTotal|CmaFree|SwapTotal|SwapFree):' \
+  /proc/meminfo 2>/dev/null
+"""
+EARLYOOM_SECTION = r"""
+sec earlyoom
+cat /proc/[0-9]*/comm 2>/dev/null | grep -x earlyoom | head -n 1
+"""
+
 # Appended to the probe script; $RDMA, $CACHES ("NAME=DIR" words) and $MODEL are bound.
-PROBE_SECTION = r"""
+PROBE_SECTION = (
+    r"""
 sec kernel; uname -r
 sec gpu; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1
-sec meminfo
-grep -E '^(MemTotal|MemAvailable|MemFree|CmaTotal|CmaFree):' /proc/meminfo 2>/dev/null
+"""
+    + MEMINFO_SECTION
+    + r"""
 sec rdma
 if [ -d "$RDMA" ]; then
   echo "dir=yes"
@@ -55,9 +70,9 @@ sec model_rev
 echo "path=$(readlink -f "$MODEL" 2>/dev/null)"
 m="$MODEL/.cache/huggingface/download/config.json.metadata"
 [ -r "$m" ] && echo "meta=$(head -n 1 "$m")"
-sec earlyoom
-cat /proc/[0-9]*/comm 2>/dev/null | grep -x earlyoom | head -n 1
 """
+    + EARLYOOM_SECTION
+)
 
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SNAPSHOT = re.compile(r"/snapshots/([0-9a-f]{40})(?:/|$)")

@@ -41,7 +41,12 @@ from pairctl.preflight.checks_rdma import (
     PF_ROCE_GID,
     PF_ROCE_MTU,
 )
-from pairctl.preflight.checks_system import PF_EARLYOOM, PF_KERNEL_CMA, PF_MEMORY
+from pairctl.preflight.checks_system import (
+    PF_EARLYOOM,
+    PF_KERNEL_CMA,
+    PF_MEMORY,
+    PF_MEMORY_FLOOR,
+)
 from pairctl.preflight.evidence import Evidence
 from pairctl.resolved import ResolvedPair
 
@@ -59,6 +64,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     PF_TILELANG_CACHE,
     PF_JIT_CACHES,
     PF_MEMORY,
+    PF_MEMORY_FLOOR,
     PF_KERNEL_CMA,
     PF_EARLYOOM,
     PF_RDMA_DEVICES,

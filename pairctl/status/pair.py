@@ -6,7 +6,8 @@ endpoint's health and model, and live serving figures from ``/metrics``
 ranks run and the endpoint answers with a model, ``down`` (8) when the endpoint does not
 answer and no rank's container is known to run, ``degraded`` (7) for anything in between
 (a rank gone while the endpoint still answers, containers running but the endpoint not
-healthy yet, a node that cannot be asked). Fields are documented in docs/INTERFACES.md;
+healthy yet, a node that cannot be asked, a node in the critical memory band:
+``pairctl.status.memory``). Fields are documented in docs/INTERFACES.md;
 ``SCHEMA_VERSION`` changes when one changes meaning or goes away.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from pairctl.docker import inspect, pair_containers
 from pairctl.lifecycle import probe_health, session
 from pairctl.nodes import Node, nodes
 from pairctl.plan import LABEL_PLAN, container_name
+from pairctl.pressure import NodeMemory
 from pairctl.resolved import ResolvedPair, load
+from pairctl.status import memory
 from pairctl.status.metrics import MetricsParseError, Scrape, ServingFigures, figures, parse
 
 SCHEMA_VERSION = 1
@@ -83,6 +86,7 @@ class PairStatus:
     running_plan: str | None  # rank 0's plan label (what runs), to compare with current_plan
     current_plan: str | None  # plan hash of the current config (None if not computed)
     checked_at: str  # UTC, RFC 3339
+    memory: list[NodeMemory] = field(default_factory=list)  # each node's pressure band
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,8 +194,10 @@ def collect(
     if h.healthy and previous is None and interval_s > 0:
         first, err = scrape(base, api_key=key)
     now = datetime.now(UTC)
-    with ThreadPoolExecutor(max_workers=2) as pool:  # rank 1's ssh runs alongside rank 0
+    with ThreadPoolExecutor(max_workers=3) as pool:  # rank 1's ssh runs alongside rank 0
+        mem = pool.submit(memory.sample, pair.cfg)
         ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), nodes(pair.cfg)))
+        readings = mem.result()
     serving, last = None, None
     if h.healthy:
         prev = previous or first
@@ -202,6 +208,9 @@ def collect(
             dt = last.t - prev.t if prev is not None else None
             serving = figures(last.scrape, prev.scrape if prev else None, dt)
     name, reasons = verdict(ranks, ep)
+    if memory.reasons(readings):  # a node about to wedge is not a healthy pair
+        reasons += memory.reasons(readings)
+        name = DEGRADED if name == HEALTHY else name
     status = PairStatus(
         schema_version=SCHEMA_VERSION,
         pair_id=pair.pair_id,
@@ -215,6 +224,7 @@ def collect(
         running_plan=ranks[0].plan,
         current_plan=pair.plan_hash,
         checked_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        memory=readings,
     )
     return status, last
 

@@ -21,6 +21,7 @@ from pairctl.status.metrics import ServingFigures
 from pairctl.status.pair import HEALTHY, MetricsSample, PairStatus, RankStatus
 
 VERDICT_COLOUR = {"healthy": "bold green", "degraded": "bold yellow", "down": "bold red"}
+MEMORY_STYLE = {"warning": "yellow", "critical": "bold red"}
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -94,6 +95,8 @@ def render_text(st: PairStatus) -> str:
         lines += ["  " + x for x in serving_lines(st.serving)]
     elif st.metrics_error:
         lines.append(f"  metrics: {st.metrics_error}")
+    lines += [f"  memory: {m.line()}" for m in st.memory]
+    lines += [f"    action: {m.action}" for m in st.memory if m.action]
     if st.verdict != HEALTHY:
         lines += [f"  why {st.verdict}: {r}" for r in st.reasons]
     if st.running_plan and st.current_plan and st.running_plan != st.current_plan:
@@ -150,6 +153,7 @@ def render_rich(st: PairStatus) -> Group:
         parts.append(fig)
     elif st.metrics_error:
         parts.append(Text(f"metrics: {st.metrics_error}"))
+    parts += [Text(f"memory: {m.line()}", style=MEMORY_STYLE.get(m.band, "")) for m in st.memory]
     parts += [Text(f"why {st.verdict}: {r}", style="yellow") for r in st.reasons]
     return Group(*parts)
 

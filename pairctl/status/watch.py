@@ -7,8 +7,12 @@ so each probe asks for a 1-token completion, which needs both ranks to run a ste
 restart is ``down`` then ``up`` in this process (pairctl.updown) (same lock, same preflight, same
 teardown on a failed boot); a failed ``up`` is retried after a backoff that doubles up to
 a cap. While another ``up``/``down`` of the pair holds its lock, probes are not counted:
-an operator's maintenance is not an outage. Every event is one line with a UTC timestamp
-on stdout (journald keeps it under systemd; see launch/dsv4-watch@.service).
+an operator's maintenance is not an outage. Each cycle also reads both nodes' memory
+(``pairctl.status.memwatch``: a band change is one line, never a restart); when a restart
+is due and rank 1 does not answer ssh (a wedged or rebooting host), the watchdog waits for
+ssh, then restarts (its ``down`` removes this pair's containers by label on both nodes).
+Every event is one line with a UTC timestamp on stdout (journald keeps it under systemd;
+see launch/dsv4-watch@.service).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from typing import Any
 
 from pairctl.contracts import EXIT_OK, meaning
 from pairctl.lifecycle import session
+
+# While waiting for a wedged rank 1's ssh, one "still waiting" line this often.
+LOST_HEARTBEAT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -106,10 +113,14 @@ class Watchdog:
         busy: Callable[[], bool] = lambda: False,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        nodes: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.cfg = cfg
         self.probe, self.restart, self.log = probe, restart, log
         self.busy, self.sleep, self.clock = busy, sleep, clock
+        self.nodes = nodes  # each cycle: memory events; why rank 1's ssh fails (a wedge)
+        self.lost_since: float | None = None  # when a due restart began waiting for ssh
+        self.lost_said = 0.0  # when the wait was last logged
         self.failed = 0
         self.backoff = cfg.backoff_s
         self.healthy_once = False
@@ -126,6 +137,7 @@ class Watchdog:
                 )
             self.failed = 0
             return self.cfg.interval_s
+        lost = self.nodes()
         why = self.probe()
         if why is None:
             if self.failed:
@@ -135,15 +147,22 @@ class Watchdog:
             elif not self.healthy_once:
                 self.log("ok: the pair generated a token")
             self.failed, self.healthy_once, self.restarted_ok = 0, True, False
+            self.lost_since = None
             self.backoff = self.cfg.backoff_s
             return self.cfg.interval_s
         self.failed += 1
         if self.failed <= self.cfg.failures:
             self.log(f"FAIL {self.failed}/{self.cfg.failures}: {why}")
+        elif self.lost_since is not None:
+            pass  # waiting for rank 1's ssh: wait_for_ssh says so, with a heartbeat
         else:  # the last restart failed and its back-off is over: restart again at once
             self.log(f"FAIL again after failed restart {self.restarts}: {why}")
         if self.failed < self.cfg.failures:
             return self.cfg.interval_s
+        if lost is not None or self.lost_since is not None:
+            wait = self.wait_for_ssh(lost)
+            if wait is not None:
+                return wait
         self.log(f"{self.failed} failed probes in a row: restarting the pair (down, then up)")
         t0 = self.clock()
         rc = self.restart()
@@ -161,6 +180,32 @@ class Watchdog:
             f"next probe in {wait:.0f} s"
         )
         return wait
+
+    def wait_for_ssh(self, lost: str | None) -> float | None:
+        """A restart is due but rank 1 does not answer ssh: the host is wedged or rebooting
+        (README troubleshooting: "Host wedged, ssh banner timeout": wait for ssh, docker
+        rm -f, relaunch). Wait (no restart, no backoff) while it is lost; once it answers,
+        None: the restart's down removes this pair's containers (by label) on both nodes
+        and its up relaunches."""
+        now = self.clock()
+        if lost is not None:
+            if self.lost_since is None:
+                self.lost_since = self.lost_said = now
+                self.log(
+                    f"{lost}: the host may be wedged (unified memory) or rebooting; waiting "
+                    "for ssh to answer before removing this pair's containers and relaunching"
+                )
+            elif now - self.lost_said >= LOST_HEARTBEAT_S:
+                self.lost_said = now
+                self.log(f"still waiting for ssh after {now - self.lost_since:.0f} s: {lost}")
+            return self.cfg.interval_s
+        took = now - self.lost_since if self.lost_since is not None else 0.0
+        self.lost_since = None
+        self.log(
+            f"ssh to rank 1 answers again after {took:.0f} s: removing this pair's "
+            "containers on both nodes and relaunching"
+        )
+        return None
 
     def run(self, cycles: int | None = None) -> None:
         n = 0

@@ -1,0 +1,292 @@
+"""Restart without leaks: N `down`/`up` cycles of a rehearsal pair, measured after each.
+
+Restart loops that leak memory and leave orphans are what Spark-pair operators report
+(eugr/spark-vllm-docker#257). After every `down` this takes a ``Snapshot`` of both hosts:
+containers, processes (the sshd listener aside), listening TCP ports (sshd's aside), the
+machine's /dev/shm entries, the pair's launcher lock (held or not, how many lock files),
+the resident memory of everything in the hosts' namespaces, and the machine's MemAvailable;
+after every `up`, the running pair's resident memory. ``verdicts`` turns the series into
+pass/fail lines with the margins stated in ``MARGINS``; tests/test_restart_leaks.py asserts
+them, and ``python -m sim.rehearsal.leaks`` prints the table and writes the JSON by hand.
+
+The rehearsal runs the simulator, not vLLM: the same harness is meant to run against the
+real-engine pair (a different ``run_launcher`` and ``Snapshot`` source) once that lands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sim.rehearsal import hosts, pairenv, provision
+
+REPO = Path(__file__).resolve().parents[2]
+SSH_PORT = 22
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+# What "back to baseline" means, stated once (the test and the script print them):
+MARGINS = {
+    # resident memory left in both hosts' namespaces after a down vs before the first up
+    # (only the sshd listeners should be there): a few short-lived ssh sessions at most
+    "netns_rss_kib": 16 * 1024,
+    # the machine's MemAvailable after the last down vs before the first up: the box is
+    # shared (page cache, other jobs), so a generous floor: max(512 MiB, 2% of MemTotal)
+    "mem_available_kib_min": 512 * 1024,
+    "mem_available_share": 0.02,
+    # a running pair's resident memory in the last three cycles vs the first three
+    # (medians): a restart loop that leaks grows it every cycle
+    "up_rss_growth": 0.25,
+    "up_rss_slack_kib": 32 * 1024,
+}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Both hosts after one step (``when``: "baseline", "up N" or "down N")."""
+
+    when: str
+    containers: dict[str, list[str]]  # host -> container names
+    processes: dict[str, list[str]]  # host -> "pid: cmdline", sshd listener excluded
+    ports: dict[str, list[int]]  # host -> listening TCP ports, sshd's excluded
+    shm: list[str]  # the machine's /dev/shm entries
+    lock_held: bool  # the pair's launcher lock is held by someone
+    lock_files: list[str]  # dsv4-launch-*.lock files in host 1's runtime dir
+    netns_rss_kib: int  # resident memory of every process in both hosts' namespaces
+    mem_available_kib: int  # the machine's MemAvailable
+    mem_total_kib: int
+    t: float = field(default_factory=time.time)
+
+
+def rss_kib(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_KIB
+    except (OSError, ValueError, IndexError):
+        return 0  # gone meanwhile
+
+
+def meminfo() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if rest.split() and rest.split()[0].isdigit():
+            out[key] = int(rest.split()[0])
+    return out
+
+
+def listening_ports(host: hosts.Host) -> list[int]:
+    res = host.run(["ss", "-Htln"], timeout=30)
+    ports = set()
+    for line in res.stdout.splitlines():
+        cols = line.split()
+        if len(cols) >= 4 and cols[3].rsplit(":", 1)[-1].isdigit():
+            ports.add(int(cols[3].rsplit(":", 1)[-1]))
+    return sorted(ports - {SSH_PORT})
+
+
+def lock_state(pair: hosts.Pair) -> tuple[bool, list[str]]:
+    """Whether the pair's launcher lock is held (``pairctl.status.watch.lock_busy``, the
+    watchdog's own test), and which lock files exist in host 1's runtime dir."""
+    from pairctl.status.watch import lock_busy
+
+    run_dir = pair.h1.on_disk(pair.h1.runtime_dir)
+    files = sorted(p.name for p in run_dir.glob("dsv4-launch-*.lock")) if run_dir.is_dir() else []
+    return any(lock_busy(str(run_dir / f)) for f in files), files
+
+
+def containers(host: hosts.Host) -> list[str]:
+    res = host.docker("ps", "-a", "--no-trunc", "--format", "{{json .}}")
+    if res.returncode != 0:
+        raise AssertionError(f"docker ps on {host.name} failed: {res.stderr}")
+    return sorted(json.loads(line)["Names"] for line in res.stdout.splitlines() if line.strip())
+
+
+def snapshot(pair: hosts.Pair, when: str) -> Snapshot:
+    held, files = lock_state(pair)
+    procs = {h.name: h.process_cmdlines() for h in pair.hosts}
+    rss = sum(rss_kib(pid) for h in pair.hosts for pid in h.pids() if pid != h.sshd_pid())
+    mem = meminfo()
+    return Snapshot(
+        when=when,
+        containers={h.name: containers(h) for h in pair.hosts},
+        processes=procs,
+        ports={h.name: listening_ports(h) for h in pair.hosts},
+        shm=sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else [],
+        lock_held=held,
+        lock_files=files,
+        netns_rss_kib=rss,
+        mem_available_kib=mem.get("MemAvailable", 0),
+        mem_total_kib=mem.get("MemTotal", 0),
+    )
+
+
+def settled(pair: hosts.Pair, when: str, timeout: float = 5.0) -> Snapshot:
+    """A snapshot once no process is left (an ssh session may take a moment to close), or
+    the last one after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = snapshot(pair, when)
+        if not any(snap.processes.values()) or time.monotonic() > deadline:
+            return snap
+        time.sleep(0.2)
+
+
+def launcher(pair: hosts.Pair, *args: str, timeout: float = 240) -> tuple[int, str]:
+    """launch/dspark_launch.sh on host 1 (as tests/support/rehearsal.run_launcher does)."""
+    assert pair.env_file is not None
+    argv = [str(REPO / "launch" / "dspark_launch.sh"), *args, "--env-file", str(pair.env_file)]
+    env = {"PYTHONUNBUFFERED": "1", "PAIRCTL_POLL_S": "0.5"}
+    res = pair.h1.run(argv, env=env, timeout=timeout, cwd=str(REPO / "launch"))
+    out = res.stdout + res.stderr
+    if pairenv.FAKE_HF_TOKEN in out:
+        raise AssertionError("the launcher printed HF_TOKEN")
+    return res.returncode, out
+
+
+def cycles(pair: hosts.Pair, n: int, say=print) -> tuple[Snapshot, list[Snapshot], list[Snapshot]]:
+    """Baseline, then ``n`` times up + down; (baseline, snapshots after up, after down).
+    A failed up or down raises with the launcher's output."""
+    base = settled(pair, "baseline")
+    ups, downs = [], []
+    for i in range(1, n + 1):
+        rc, out = launcher(pair, "up", "--timeout", "120")
+        if rc != 0:
+            raise AssertionError(f"cycle {i}: up exited {rc}:\n{out[-3000:]}")
+        ups.append(snapshot(pair, f"up {i}"))
+        rc, out = launcher(pair, "down")
+        if rc != 0:
+            raise AssertionError(f"cycle {i}: down exited {rc}:\n{out[-3000:]}")
+        downs.append(settled(pair, f"down {i}"))
+        say(row(ups[-1], downs[-1], base))
+    return base, ups, downs
+
+
+def verdicts(base: Snapshot, ups: list[Snapshot], downs: list[Snapshot]) -> list[str]:
+    """Every leak found, one line each (empty: none). The margins are ``MARGINS``."""
+    bad = []
+    new_shm = set()
+    for d in downs:
+        for host, names in d.containers.items():
+            if names:
+                bad.append(f"{d.when}: containers left on {host}: {names}")
+        for host, procs in d.processes.items():
+            if procs:
+                bad.append(f"{d.when}: processes left on {host}: {procs}")
+        for host, ports in d.ports.items():
+            if ports:
+                bad.append(f"{d.when}: ports still listening on {host}: {ports}")
+        if d.lock_held:
+            bad.append(f"{d.when}: the pair's launcher lock is still held")
+        if len(d.lock_files) > 1:
+            bad.append(f"{d.when}: more than the pair's one lock file: {d.lock_files}")
+        new_shm |= set(d.shm) - set(base.shm)
+        if d.netns_rss_kib > base.netns_rss_kib + MARGINS["netns_rss_kib"]:
+            bad.append(
+                f"{d.when}: {d.netns_rss_kib} kB resident in the hosts vs {base.netns_rss_kib} "
+                f"kB before (margin {MARGINS['netns_rss_kib']} kB)"
+            )
+    if new_shm:
+        bad.append(f"/dev/shm entries left behind: {sorted(new_shm)}")
+    if downs:
+        last = downs[-1]
+        margin = max(
+            MARGINS["mem_available_kib_min"], MARGINS["mem_available_share"] * base.mem_total_kib
+        )
+        if last.mem_available_kib < base.mem_available_kib - margin:
+            bad.append(
+                f"MemAvailable {last.mem_available_kib} kB after the last down vs "
+                f"{base.mem_available_kib} kB before (margin {margin:.0f} kB)"
+            )
+    if len(ups) >= 6:
+        first = statistics.median(u.netns_rss_kib for u in ups[:3])
+        late = statistics.median(u.netns_rss_kib for u in ups[-3:])
+        limit = first * (1 + MARGINS["up_rss_growth"]) + MARGINS["up_rss_slack_kib"]
+        if late > limit:
+            bad.append(
+                f"a running pair's memory grows across restarts: median {late:.0f} kB in the "
+                f"last 3 cycles vs {first:.0f} kB in the first 3 (limit {limit:.0f} kB)"
+            )
+    return bad
+
+
+HEADER = (
+    f"{'cycle':>5}  {'up RSS MiB':>10}  {'down RSS MiB':>12}  {'avail MiB':>9}  "
+    f"{'Δavail MiB':>10}  {'containers':>10}  {'procs':>5}  {'ports':>5}  {'shm+':>4}  lock"
+)
+
+
+def row(up: Snapshot, down: Snapshot, base: Snapshot) -> str:
+    n = re.sub(r"\D", "", down.when)
+    return (
+        f"{n:>5}  {up.netns_rss_kib / 1024:>10.1f}  {down.netns_rss_kib / 1024:>12.1f}  "
+        f"{down.mem_available_kib / 1024:>9.0f}  "
+        f"{(down.mem_available_kib - base.mem_available_kib) / 1024:>+10.0f}  "
+        f"{sum(map(len, down.containers.values())):>10}  "
+        f"{sum(map(len, down.processes.values())):>5}  "
+        f"{sum(map(len, down.ports.values())):>5}  "
+        f"{len(set(down.shm) - set(base.shm)):>4}  {'held' if down.lock_held else 'free'}"
+    )
+
+
+def report(base: Snapshot, ups: list[Snapshot], downs: list[Snapshot]) -> dict:
+    """The JSON document: the margins, every snapshot, and the verdicts."""
+    return {
+        "schema_version": 1,
+        "cycles": len(downs),
+        "margins": MARGINS,
+        "baseline": asdict(base),
+        "after_up": [asdict(u) for u in ups],
+        "after_down": [asdict(d) for d in downs],
+        "leaks": verdicts(base, ups, downs),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m sim.rehearsal.leaks",
+        description="Build a rehearsal pair (netns hosts, needs root), run N down/up cycles "
+        "of the launcher against the simulator, print a table per cycle and the leaks found "
+        "(orphan containers, processes, ports, /dev/shm files, a held lock, memory not back "
+        "to its baseline). Exit 0 when none, 1 when some, 130 on Ctrl-C.",
+    )
+    ap.add_argument("--cycles", type=int, default=10, help="down/up cycles (default 10)")
+    ap.add_argument("--json", metavar="FILE", help="write every snapshot and verdict here")
+    ap.add_argument("--prefix", default="dsv4k", help="netns name prefix (default dsv4k)")
+    a = ap.parse_args(argv)
+    if not 1 <= a.cycles <= 1000:
+        ap.error(f"--cycles must be 1..1000, got {a.cycles}")
+    if a.json:
+        out = Path(a.json)
+        if out.is_dir() or not out.parent.is_dir():
+            ap.error(f"--json {a.json}: give a file in an existing directory")
+    pair = None
+    try:
+        print(f"building rehearsal pair {a.prefix} ...", file=sys.stderr, flush=True)
+        pair = provision.build_free_pair(a.prefix)
+        pair.env_file = pairenv.prepare(pair)
+        pairenv.copy_overlays(pair, REPO)
+        print(HEADER, flush=True)
+        base, ups, downs = cycles(pair, a.cycles, say=lambda s: print(s, flush=True))
+    except KeyboardInterrupt:
+        print("interrupted: the rehearsal pair is removed", file=sys.stderr)
+        return 130
+    finally:
+        if pair is not None:
+            provision.teardown(pair)
+    doc = report(base, ups, downs)
+    if a.json:
+        Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")
+    for line in doc["leaks"]:
+        print(f"LEAK: {line}")
+    print(f"{len(downs)} cycles: {'no leak' if not doc['leaks'] else 'LEAKS FOUND'}")
+    return 1 if doc["leaks"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Restart without leaks, end to end: ten `down`/`up` cycles of the launcher on two netns test
+hosts (real sshd, process runtime, simulator). After every `down`: no container, no process
+but sshd, no listening port but sshd's, no new /dev/shm entry, the pair's lock free and one
+lock file; the machine's MemAvailable back to its baseline and a running pair's memory not
+growing across restarts, within the margins of `sim.rehearsal.leaks.MARGINS`.
+
+DSV4_LEAK_CYCLES sets the number of cycles (default 10). The measuring is
+`sim.rehearsal.leaks` (`python -m sim.rehearsal.leaks --json FILE` prints the same table by
+hand); pointing it at the real-engine pair needs that module's snapshot source for real
+hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sim.rehearsal import hosts, leaks, pairenv
+from tests.support.rehearsal import pair_fixture
+
+REPO = Path(__file__).resolve().parents[1]
+CYCLES = int(os.environ.get("DSV4_LEAK_CYCLES", "10"))
+
+pair = pair_fixture("dsv4k")
+
+
+def test_verdicts_see_each_kind_of_leak() -> None:
+    """The judge is not vacuous: each leak kind in a made-up series is reported."""
+    mem = {"mem_available_kib": 10_000_000, "mem_total_kib": 20_000_000}
+    clean = dict(
+        containers={"h1": [], "h2": []},
+        processes={"h1": [], "h2": []},
+        ports={"h1": [], "h2": []},
+        shm=["x"],
+        lock_held=False,
+        lock_files=["dsv4-launch-rehearsal-10.0.0.1.lock"],
+        netns_rss_kib=0,
+        **mem,
+    )
+    base = leaks.Snapshot("baseline", **clean)
+    ok_up = leaks.Snapshot("up 1", **{**clean, "netns_rss_kib": 200_000})
+    ok_down = leaks.Snapshot("down 1", **clean)
+    assert leaks.verdicts(base, [ok_up] * 6, [ok_down] * 6) == []
+    bad = {
+        "containers": {"h1": ["dsv4-rehearsal-rank0"], "h2": []},
+        "processes": {"h1": [], "h2": ["42: vllm serve"]},
+        "ports": {"h1": [8000], "h2": []},
+        "shm": ["x", "psm_1"],
+        "lock_held": True,
+        "lock_files": ["a.lock", "b.lock"],
+        "netns_rss_kib": 100_000,
+        "mem_available_kib": 9_000_000,
+    }
+    for key, value in bad.items():
+        down = leaks.Snapshot("down 1", **{**clean, key: value})
+        assert leaks.verdicts(base, [ok_up], [down]), key
+    growing = [
+        leaks.Snapshot(f"up {i}", **{**clean, "netns_rss_kib": 200_000 * i}) for i in range(6)
+    ]
+    assert any("grows" in v for v in leaks.verdicts(base, growing, [ok_down] * 6))
+
+
+@pytest.mark.needs_netns
+def test_ten_down_up_cycles_leave_nothing_behind(pair: hosts.Pair, tmp_path: Path) -> None:
+    pairenv.copy_overlays(pair, REPO)
+    rc, out = leaks.launcher(pair, "down")  # start from no container of this pair
+    assert rc == 0, out
+    base, ups, downs = leaks.cycles(pair, CYCLES)
+    doc = leaks.report(base, ups, downs)
+    (tmp_path / "leaks.json").write_text(json.dumps(doc, indent=2, default=str))
+    assert len(downs) == CYCLES
+    assert all(u.containers[pair.h1.name] and u.containers[pair.h2.name] for u in ups), (
+        "each up must really have started both ranks"
+    )
+    assert doc["leaks"] == [], "\n".join(doc["leaks"])

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from sim.engine import local
 from sim.rehearsal import chat, hosts, pairenv, provision
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,20 +169,11 @@ def prepare_engine(engine: str) -> Path | None:
     """`--engine cpu`: the engine venv checked and the tiny model built (cached); its dir."""
     if engine != "cpu":
         return None
-    py = REPO / ".venv-engine" / "bin" / "python"
-    if not py.exists():
-        raise hosts.HarnessError(
-            f"the CPU engine is not installed ({py}); run `make engine` "
-            "(or rehearse the simulator: --engine sim)"
-        )
-    check = subprocess.run([str(py), "-m", "sim.engine.check"], capture_output=True, text=True)
-    if check.returncode != 0:
-        raise hosts.HarnessError(check.stderr.strip() or "engine check failed")
-    say("building the tiny rehearsal model (once; cached)")
-    built = subprocess.run([str(py), "-m", "sim.engine.tiny_model"], capture_output=True, text=True)
-    if built.returncode != 0:
-        raise hosts.HarnessError(f"tiny model build failed: {built.stderr.strip()[-500:]}")
-    return Path(built.stdout.strip().splitlines()[-1])
+    say("checking the CPU engine and the tiny rehearsal model (built once, cached)")
+    try:
+        return local.built_model()
+    except local.EngineMissing as exc:
+        raise hosts.HarnessError(f"{exc} (or rehearse the simulator: --engine sim)") from None
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

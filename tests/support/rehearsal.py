@@ -16,18 +16,21 @@ from typing import Any
 
 import pytest
 
+from sim.engine import local
 from sim.rehearsal import hosts, pairenv, provision
 
 
-def pair_fixture(prefix: str, with_env: bool = True) -> Callable[..., Any]:
-    """A session-scoped fixture yielding a built `hosts.Pair` (with `.env_file` if asked)."""
+def pair_fixture(prefix: str, with_env: bool = True, engine: str = "sim") -> Callable[..., Any]:
+    """A session-scoped fixture yielding a built `hosts.Pair` (with `.env_file` if asked);
+    ``engine`` "cpu" gives both hosts the real-engine image and the tiny real model."""
 
     @pytest.fixture(scope="session")
     def _pair() -> Iterator[hosts.Pair]:
+        model = local.built_model() if engine == "cpu" else None
         pair = provision.build_free_pair(prefix)
         try:
             if with_env:
-                pair.env_file = pairenv.prepare(pair)
+                pair.env_file = pairenv.prepare(pair, engine=engine, model=model)
             yield pair
         finally:
             provision.teardown(pair)
@@ -42,10 +45,14 @@ def run_launcher(
     env_file: Path | None = None,
     timeout: float = 240,
     extra_env: dict[str, str] | None = None,
+    vllm_args: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """Run launch/dspark_launch.sh on host 1, as an operator does on the rank-0 Spark."""
+    """Run launch/dspark_launch.sh on host 1, as an operator does on the rank-0 Spark;
+    ``vllm_args`` go after `--` (passed through to `vllm serve`)."""
     env_path = env_file or pair.env_file
     argv = [str(repo / "launch" / "dspark_launch.sh"), *args, "--env-file", str(env_path)]
+    if vllm_args:
+        argv += ["--", *vllm_args]
     env = dict(extra_env or {})
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The launcher's documented test knob: poll health every 0.5 s instead of 2 s.

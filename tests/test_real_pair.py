@@ -1,0 +1,341 @@
+"""The real engine under the launcher: vLLM (CPU build) as a TP=2 pair on two netns hosts.
+
+One pair is booted for the whole module by the unchanged launcher (`up`); the image maps
+to real `vllm serve` behind the declared rehearsal layer (sim/engine/rehearsal-layer.yaml).
+What is asserted is what the real engine does, not what our simulator says it does:
+status's figures against the real /metrics counters over the same window, the bench
+guard's token conservation on real counters (and a foreign request it must catch),
+vLLM's own `vllm bench serve` against our bench, and a `down` that leaves no process and
+no /dev/shm segment behind. The tests run in file order; the last one takes the pair down.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.benchlib.cli import base_parser
+from bench.benchlib.guard import GuardConfig, InFlightTracker, run_guarded
+from bench.benchlib.runner import Bench
+from bench.benchlib.stats import request_metrics
+from sim.rehearsal import hosts, pairenv
+from tests.support.rehearsal import pair_fixture, run_launcher
+
+pytestmark = [pytest.mark.needs_netns, pytest.mark.needs_engine]
+
+REPO = Path(__file__).resolve().parents[1]
+# On an idle 2-core box a real pair boots in <= 60 s (docs/rehearsal.md has the measured
+# figures); CI's box runs other tests' processes alongside, so the test allows more.
+BOOT_LIMIT_S = 180
+SPEC = ("--per-request-spec-decode-metrics", "summary")
+
+pair = pair_fixture("dsv4c", engine="cpu")
+
+
+class Served:
+    def __init__(self, pair: hosts.Pair, boot_s: float, shm_before: set[str]) -> None:
+        self.pair = pair
+        self.url = f"http://{pair.h1.ip}:8000"
+        self.boot_s = boot_s
+        self.shm_before = shm_before
+        self.model = requests.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+    def launch(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+        res = run_launcher(self.pair, REPO, *args, timeout=timeout)
+        assert pairenv.FAKE_HF_TOKEN not in res.stdout + res.stderr
+        return res
+
+    def metrics(self) -> str:
+        return requests.get(f"{self.url}/metrics", timeout=10).text
+
+    def complete(self, prompt: str, max_tokens: int) -> dict:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        r = requests.post(f"{self.url}/v1/completions", json=body, timeout=120)
+        r.raise_for_status()
+        return r.json()
+
+
+@pytest.fixture(scope="module")
+def served(pair: hosts.Pair) -> Served:
+    pairenv.copy_overlays(pair, REPO)
+    shm_before = set(os.listdir("/dev/shm"))
+    t0 = time.monotonic()
+    res = run_launcher(
+        pair, REPO, "up", "--timeout", str(BOOT_LIMIT_S), timeout=BOOT_LIMIT_S + 120, vllm_args=SPEC
+    )
+    boot_s = time.monotonic() - t0
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    print(f"\nreal pair: up (preflight + boot) took {boot_s:.1f} s")
+    return Served(pair, boot_s, shm_before)
+
+
+def samples(text: str) -> dict[str, dict[tuple, float]]:
+    """The real /metrics body as {sample name: {labels: value}}, by prometheus_client alone
+    (an oracle independent of pairctl.status.metrics)."""
+    out: dict[str, dict[tuple, float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def total(sm: dict, name: str) -> float:
+    return sum(sm.get(name, {}).values())
+
+
+def per_pos(sm: dict) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for labels, v in sm.get("vllm:spec_decode_num_accepted_tokens_per_pos_total", {}).items():
+        pos = int(dict(labels)["position"])
+        out[pos] = out.get(pos, 0.0) + v
+    return out
+
+
+def quantile(q: float, before: dict, after: dict) -> float | None:
+    """Prometheus histogram_quantile over the bucket increase (linear inside a bucket)."""
+    name = "vllm:time_to_first_token_seconds_bucket"
+    inc: dict[float, float] = {}
+    for labels, v in after.get(name, {}).items():
+        le = float(dict(labels)["le"])
+        inc[le] = inc.get(le, 0.0) + v - before.get(name, {}).get(labels, 0.0)
+    bounds = sorted(inc)
+    count = inc[math.inf]
+    if count <= 0:
+        return None
+    rank, lo, below = q * count, 0.0, 0.0
+    for b in bounds:
+        if inc[b] >= rank:
+            if b == math.inf:
+                return lo
+            return lo + (b - lo) * (rank - below) / (inc[b] - below)
+        lo, below = b, inc[b]
+    return None
+
+
+def test_the_launchers_lines_reach_the_real_engine_through_the_declared_layer(served):
+    """The rank's container runs the launcher's argv (DSpark method and all); inside, the
+    layer's changes are logged, and the engine, the workers and the API server load our
+    plugin (the tokenizer-cache overlay is active)."""
+    info = json.loads(served.pair.h1.docker("inspect", "dsv4-rehearsal-rank0").stdout)[0]
+    cmd = info["Config"]["Cmd"]
+    assert (
+        cmd[cmd.index("--speculative-config") + 1]
+        == '{"method":"dspark","num_speculative_tokens":5}'
+    )
+    assert "--kv-cache-dtype" in cmd and "--enforce-eager" not in cmd
+    res = served.launch("logs", "--rank", "0", "--tail", "100000")
+    log = res.stdout + res.stderr
+    assert "rehearsal layer: --speculative-config: " in log
+    assert "rehearsal layer: dropped --kv-cache-dtype fp8" in log
+    assert "rehearsal layer: added --enforce-eager" in log
+    assert "method='ngram'" in log and "tensor_parallel_size=2" in log
+    active = [ln for ln in log.splitlines() if "incremental-encode-cache active" in ln]
+    assert any("APIServer" in ln for ln in active) and any("EngineCore" in ln for ln in active), (
+        active
+    )
+
+
+def test_status_figures_equal_the_real_counters_over_the_same_window(served):
+    """`status --json --interval W` on host 1 while a fixed burst runs inside its window:
+    with nothing before or after the burst, status's window sees exactly the counter
+    changes between our own scrapes before and after."""
+    before = served.metrics()
+    window = 12.0
+    proc = served.pair.h1.popen(
+        [
+            str(REPO / "launch" / "dspark_launch.sh"),
+            "status",
+            "--json",
+            "--interval",
+            str(window),
+            "--env-file",
+            str(served.pair.env_file),
+        ],
+        cwd=str(REPO / "launch"),
+    )
+    time.sleep(2.0)  # status has taken its first scrape
+    prompt = "the quick brown fox jumps over the lazy dog " * 40
+    for i in range(4):
+        served.complete(f"{i} {prompt}", 48)
+    out, _ = proc.communicate(timeout=120)
+    after = served.metrics()
+    status = json.loads(out)
+    s = status["serving"]
+    assert s["window"] == "interval" and s["window_s"] == pytest.approx(window, abs=3)
+    a, b = samples(before), samples(after)
+    gen = total(b, "vllm:generation_tokens_total") - total(a, "vllm:generation_tokens_total")
+    assert gen > 0
+    assert s["decode_tok_s"] == pytest.approx(gen / s["window_s"], rel=1e-6)
+    drafts = total(b, "vllm:spec_decode_num_drafts_total") - total(
+        a, "vllm:spec_decode_num_drafts_total"
+    )
+    accepted = total(b, "vllm:spec_decode_num_accepted_tokens_total") - total(
+        a, "vllm:spec_decode_num_accepted_tokens_total"
+    )
+    assert drafts > 0, "the ngram drafter proposed nothing for a repetitive prompt"
+    assert s["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts, rel=1e-9)
+    pa, pb = per_pos(a), per_pos(b)
+    want = [(pb[k] - pa.get(k, 0.0)) / drafts for k in sorted(pb)]
+    assert s["acceptance_per_pos"] == pytest.approx(want, rel=1e-9)
+    hits = total(b, "vllm:prefix_cache_hits_total") - total(a, "vllm:prefix_cache_hits_total")
+    queries = total(b, "vllm:prefix_cache_queries_total") - total(
+        a, "vllm:prefix_cache_queries_total"
+    )
+    assert s["prefix_cache_hit_rate"] == pytest.approx(hits / queries, rel=1e-9)
+    assert s["ttft_p50_s"] == pytest.approx(quantile(0.5, a, b), rel=1e-9)
+    assert s["ttft_p95_s"] == pytest.approx(quantile(0.95, a, b), rel=1e-9)
+    assert s["kv_cache_usage"] == pytest.approx(max(b["vllm:kv_cache_usage_perc"].values()))
+    assert status["verdict"] == "healthy" and status["exit_code"] == 0
+
+
+def _bench(served: Served) -> Bench:
+    b = Bench("t", base_parser("t").parse_args(["--url", served.url, "--settle-ms", "10"]))
+    b.model = served.model
+    return b
+
+
+def test_the_guard_conserves_tokens_on_real_counters_and_catches_a_foreign_request(served):
+    """A clean wave: every counter delta is exactly our requests' (acceptance too, from the
+    per-request spec-decode metrics). Then a wave with a foreign 1-token request sent and
+    finished between two samples (5 s apart): sampling cannot see it, conservation must."""
+    b = _bench(served)
+    cfg = GuardConfig(retries=1, interval_s=5.0, grace_s=0.3, backoff_s=0.1)
+    msgs = [{"role": "user", "content": "repeat: alpha beta gamma alpha beta gamma " * 8}]
+
+    def clean(tr: InFlightTracker):
+        return b.stream(b.chat_payload(msgs, 64), tr)
+
+    gp = run_guarded(b.endpoint, clean, cfg)
+    assert gp.status == "ok" and gp.retries == 0, [a.reason for a in gp.attempts]
+    assert gp.conservation.acceptance == "conserved", gp.conservation.to_json()
+    assert request_metrics(gp.result)["ok"]
+
+    tries: list[int] = []
+
+    def polluted(tr: InFlightTracker):
+        tries.append(1)
+        res = b.stream(b.chat_payload(msgs, 64), tr)
+        if len(tries) == 1:
+            served.complete("a foreign client", 1)  # not ours: no tracker
+        return res
+
+    gp = run_guarded(b.endpoint, polluted, cfg)
+    first = gp.attempts[0]
+    assert not first.clean and first.reason.startswith("conservation: "), first.reason
+    assert all(
+        s["running"] + (s["waiting"] or 0) <= s["ours"] for s in first.to_json()["guard_samples"]
+    )
+    assert gp.status == "ok" and gp.retries == 1
+
+
+def test_vllm_bench_serve_agrees_with_our_bench_on_the_real_engine(served, tmp_path):
+    """vLLM 0.33's own client and ours, same prompts, one at a time, greedy: the same
+    acceptance length exactly (same tokens, same drafts), and medians of TTFT and TPOT
+    within 25% (real CPU timing; prompts under one KV block, so the second client gets no
+    prefix-cache advantage)."""
+    from tests.test_bench_vllm_client import same_prompts
+
+    n, out = 8, 24
+    argv = [
+        "--backend",
+        "openai-chat",
+        "--endpoint",
+        "/v1/chat/completions",
+        "--base-url",
+        served.url,
+        "--model",
+        served.model,
+        "--tokenizer",
+        str(pairenv.tokenizer_dir()),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "60",
+        "--random-output-len",
+        str(out),
+        "--seed",
+        "11",
+        "--num-prompts",
+        str(n),
+        "--max-concurrency",
+        "1",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(tmp_path),
+        "--result-filename",
+        "r.json",
+    ]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", *argv]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    theirs = json.loads((tmp_path / "r.json").read_text())
+    assert theirs["completed"] == n
+    b = _bench(served)
+    texts = same_prompts(argv)
+
+    def wave(tr: InFlightTracker):
+        return [b.stream(b.chat_payload([{"role": "user", "content": t}], out), tr) for t in texts]
+
+    gp = run_guarded(b.endpoint, wave, GuardConfig(retries=1, interval_s=0.5, grace_s=0.3))
+    assert gp.status == "ok", gp.reason
+    ms = [request_metrics(r) for r in gp.result]
+    mine = {
+        "median_ttft_ms": statistics.median(m["ttft_ms"] for m in ms),
+        "median_tpot_ms": statistics.median(m["tpot_ms"] for m in ms),
+    }
+    print(
+        f"\nvllm bench serve vs ours: ttft {theirs['median_ttft_ms']:.1f} vs "
+        f"{mine['median_ttft_ms']:.1f} ms, tpot {theirs['median_tpot_ms']:.2f} vs "
+        f"{mine['median_tpot_ms']:.2f} ms, acceptance {theirs['spec_decode_acceptance_length']}"
+        f" vs {gp.deltas['mean_accept_len']}"
+    )
+    assert gp.deltas["mean_accept_len"] == pytest.approx(
+        theirs["spec_decode_acceptance_length"], rel=1e-6
+    )
+    assert mine["median_ttft_ms"] == pytest.approx(theirs["median_ttft_ms"], rel=0.25)
+    assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.25)
+
+
+def test_down_leaves_no_process_no_container_and_no_shm_segment(served):
+    """Last: `down` (docker rm -f of both ranks, i.e. SIGKILL of the engines). The ranks'
+    private /dev/shm goes with them: no new segment appears in the machine's /dev/shm."""
+    res = served.launch("down", timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for host in served.pair.hosts:
+        assert host.docker("ps", "-a", "-q").stdout.strip() == ""
+        assert host.process_cmdlines() == [], host.process_cmdlines()
+    ours = {
+        n
+        for n in set(os.listdir("/dev/shm")) - served.shm_before
+        if n.startswith(("psm_", "sem.mp-"))
+    }
+    leaked = [n for n in ours if _created_by_engine_under(Path("/dev/shm") / n)]
+    assert not leaked, leaked
+    print(f"\nreal pair: boot {served.boot_s:.1f} s (preflight included)")
+
+
+def _created_by_engine_under(path: Path) -> bool:
+    """Other vLLM processes on this machine (a developer's own) may create segments; ours
+    are the ones no living process holds."""
+    name = path.name
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(name in ln for ln in Path(f"/proc/{pid}/maps").read_text().splitlines()):
+                return False
+        except OSError:
+            continue
+    return path.exists()

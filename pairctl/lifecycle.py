@@ -49,8 +49,9 @@ def join_hint(
     if worker_phase == bootlog.RENDEZVOUS:
         why = (
             f"rank 1 is in distributed init too, but cannot reach {target} (the head's "
-            f"TCP store) or the head's ZeroMQ ports over {pair.cfg['NCCL_SOCKET_IFNAME']}: "
-            "check the firewall, MASTER_ADDR and PF-NCCL-IFACE"
+            f"TCP store) or the head's ZeroMQ ports on {pair.fabric1} over "
+            f"{pair.cfg['NCCL_SOCKET_IFNAME']}: check the firewall, MASTER_ADDR/FABRIC1 and "
+            "PF-NCCL-IFACE, PF-FABRIC-ADDR, PF-FABRIC-REACH"
         )
     else:
         why = (

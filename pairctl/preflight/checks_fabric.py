@@ -37,9 +37,8 @@ def fabric_ifaces(spec: str, ev: NodeEvidence) -> list[str]:
         return []
     exact = spec.startswith("=")
     names = [n for n in spec.lstrip("=").split(",") if n]
-    return sorted(
-        d for d in ev.ifaddrs if any((d == n) if exact else d.startswith(n) for n in names)
-    )
+    have = set(ev.netdevs) | set(ev.ifaddrs)  # an interface without an address counts too
+    return sorted(d for d in have if any((d == n) if exact else d.startswith(n) for n in names))
 
 
 def _where(ip: str, ev: NodeEvidence) -> str:
@@ -75,16 +74,16 @@ def check_fabric_addr(
     wanted = [(0, "FABRIC1", pair.fabric1), (1, "FABRIC2", pair.fabric2)]
     wanted.append((0, "MASTER_ADDR", pair.master_addr))
     probs, seen = [], []
-    for rank, var, given in wanted:
-        if rank >= len(evs):
-            continue
-        ev, ip = evs[rank], names.get(var)
-        if ip is None:
-            probs.append(f"{var}={given} does not resolve on this machine")
-            continue
-        ifaces = fabric_ifaces(spec, ev)
+    ifaces_of = [fabric_ifaces(spec, ev) for ev in evs]
+    for rank, ifaces in enumerate(ifaces_of):
         if not ifaces:
             probs.append(f"rank {rank} has no interface {spec} (PF-NCCL-IFACE)")
+    for rank, var, given in wanted:
+        if rank >= len(evs) or not ifaces_of[rank]:
+            continue
+        ev, ip, ifaces = evs[rank], names.get(var), ifaces_of[rank]
+        if ip is None:
+            probs.append(f"{var}={given} does not resolve on this machine")
             continue
         if any(ip in ev.ifaddrs.get(d, []) for d in ifaces):
             seen.append(f"{var} {ip} on rank {rank}'s {'/'.join(ifaces)}")
@@ -92,9 +91,7 @@ def check_fabric_addr(
         other = _where(ip, ev)
         where = f"on {other}" if other else "not an address of that node"
         link = ", ".join(_on_link(ev, ifaces)) or "no IPv4 address"
-        probs.append(
-            f"{var}={ip} is {where}, not on rank {rank}'s {spec} (which has {link})"
-        )
+        probs.append(f"{var}={ip} is {where}, not on rank {rank}'s {spec} (which has {link})")
     if probs:
         return PF_FABRIC_ADDR.verdict(FAIL, "; ".join(probs))
     if len(evs) < 2:

@@ -99,6 +99,10 @@ class _Listener:
                 self.peers.append(_plain(str(addr[0])))
                 try:
                     conn.sendall(self.token)
+                    # let rank 1 close first: the TIME_WAIT is then its, and MASTER_PORT
+                    # here is left exactly as free as it was for the engine's TCP store
+                    conn.settimeout(5)
+                    conn.recv(1)
                 except OSError:
                     pass
 

@@ -35,8 +35,8 @@ MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 _SCRIPT = r"""
 sec() { printf '\n==== %s ====\n' "$1"; }
 sec hostname; hostname 2>/dev/null || cat /proc/sys/kernel/hostname
-sec addrs; ip -o addr show 2>/dev/null | awk '{print $4}'
-# per interface (PF-FABRIC-ADDR): `ip -o addr show dev IFACE` for every IFACE at once
+# every address with its interface (PF-FABRIC-ADDR: `ip -o addr show dev IFACE` for every
+# IFACE at once); the node's address list is read from it too
 sec ifaddrs; ip -o addr show 2>/dev/null | awk '{print $2, $4}'
 sec netdevs; ls /sys/class/net 2>/dev/null
 sec ibdevs
@@ -129,6 +129,10 @@ def parse_ifaddrs(lines: list[str]) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 
+def _all(ifaddrs: dict[str, list[str]]) -> list[str]:
+    return [a for addrs in ifaddrs.values() for a in addrs]
+
+
 def _ports(addrs: list[str]) -> list[int]:
     """``ss`` local addresses (``0.0.0.0:22``, ``[::]:8000``) → sorted listening ports."""
     ports = set()
@@ -142,6 +146,7 @@ def _ports(addrs: list[str]) -> list[int]:
 def parse_probe(text: str) -> NodeEvidence:
     """Parse the probe's stdout into one node's evidence (transport fields left default)."""
     sec = split_sections(text)
+    ifaddrs = parse_ifaddrs(sec.get("ifaddrs", []))  # (older recordings: an "addrs" section)
     ib = {}
     for line in sec.get("ibdevs", []):
         name, _, dev = line.partition(" ")
@@ -156,8 +161,8 @@ def parse_probe(text: str) -> NodeEvidence:
     return NodeEvidence(
         complete="end" in sec,
         hostname=(sec.get("hostname") or [""])[0],
-        addrs=sorted({a.split("/")[0] for a in sec.get("addrs", [])}),
-        ifaddrs=parse_ifaddrs(sec.get("ifaddrs", [])),
+        addrs=sorted({a.split("/")[0] for a in sec.get("addrs", [])} | set(_all(ifaddrs))),
+        ifaddrs=ifaddrs,
         netdevs=sorted(sec.get("netdevs", [])),
         ibdevs=ib,
         listen_ports=_ports(listen),

@@ -76,6 +76,28 @@ NEEDLES: tuple[Needle, ...] = (
 )
 
 
+# Boot order of the phases (``phase_of``'s default "starting" first; rank 1's headless main
+# process logs "starting (headless)" instead of the API server's "starting"). A rank's
+# phase only moves forward in this order: pairctl.bootwatch ignores a tail whose last
+# needle scrolled out of the window.
+PHASES: tuple[str, ...] = (
+    "starting",
+    "starting (headless)",
+    "starting engine",
+    "starting workers",
+    RENDEZVOUS,
+    "ranks joined",
+    "loading weights",
+    "compiling",
+    "profiling memory",
+    "capturing CUDA graphs",
+    "graphs captured",
+    "engine ready",
+    "starting API server",
+    "API server up",
+)
+
+
 def phase_of(text: str) -> str:
     """The phase of the last log line that carries a needle; 'starting' if none yet."""
     phase = "starting"

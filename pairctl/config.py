@@ -38,7 +38,19 @@ VARS: tuple[Var, ...] = (
     Var("PAIR_ID", None, "pair_id", "name of this pair; labels every container it owns"),
     Var("SPARK1", None, "host", "rank-0 node address (the node the launcher runs on)"),
     Var("SPARK2", None, "host", "rank-1 node address (reached over ssh)"),
-    Var("MASTER_ADDR", "", "host_or_empty", "torch.distributed master address; empty = SPARK1"),
+    Var(
+        "FABRIC1",
+        "",
+        "host_or_empty",
+        "rank 0's address on the fabric (the RoCE link); empty = SPARK1",
+    ),
+    Var(
+        "FABRIC2",
+        "",
+        "host_or_empty",
+        "rank 1's address on the fabric (the RoCE link); empty = SPARK2",
+    ),
+    Var("MASTER_ADDR", "", "host_or_empty", "torch.distributed master address; empty = FABRIC1"),
     Var("MASTER_PORT", "29501", "port", "torch.distributed master port on rank 0"),
     Var("PORT", "", "port_or_empty", "OpenAI endpoint port on rank 0; empty = recipe's (8000)"),
     Var("SSH_USER", "", "word_or_empty", "ssh user for SPARK2; empty = ssh default"),
@@ -177,10 +189,18 @@ class PairConfig:
         default) are the resolved pair's: ``pairctl.resolved``."""
         return self.values[name]
 
+    def fabric_addr(self, rank: int) -> str:
+        """A rank's engine address on the fabric: FABRIC1/FABRIC2, defaulting to SPARK1/SPARK2
+        (a direct-cabled pair whose ssh addresses are the link's)."""
+        if rank == 0:
+            return self.values["FABRIC1"] or self.values["SPARK1"]
+        return self.values["FABRIC2"] or self.values["SPARK2"]
+
     @property
     def master_addr(self) -> str:
-        """MASTER_ADDR, defaulting to SPARK1 (the head runs on rank 0)."""
-        return self.values["MASTER_ADDR"] or self.values["SPARK1"]
+        """MASTER_ADDR, defaulting to rank 0's fabric address (the head runs on rank 0, and
+        rank 1 must reach its TCP store over the link)."""
+        return self.values["MASTER_ADDR"] or self.fabric_addr(0)
 
     def ssh_target(self) -> str:
         """``[user@]SPARK2`` for ssh."""

@@ -21,10 +21,82 @@ DEFAULT_RECIPE = REPO / DEFAULT_RECIPE_REL
 OVERLAY_SRC = REPO / "mods" / "dsv4-flash-overlays"
 DEFAULT_INVENTORY = REPO / "pairs" / "fleet.yaml"
 
-# How long `up` waits for /health before it tears both ranks down (exit 5). The seed puts a
-# first boot at ~10 min (graph capture); 900 s leaves room for it. A later boot reuses the
-# mounted JIT caches and is faster.
-BOOT_TIMEOUT_S = 900
+# `up`'s health wait follows the boot's phases (pairctl.bootwatch): each phase has its own
+# limit, and only a phase that stalls past it (or a rank that dies) ends the boot. This is
+# the backstop on the whole wait (`up --timeout`), far above any boot that still advances:
+# a cold first boot is ~10 min (the seed; MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark
+# issue #259 saw ~9 min), and 45 min is 4.5 times that.
+BOOT_TIMEOUT_S = 2700
+
+
+@dataclass(frozen=True)
+class PhaseLimit:
+    """How long one boot phase (pairctl.bootlog.PHASES) may last on a first and a warm boot."""
+
+    phase: str
+    first_s: int  # first boot: the JIT caches are empty, so kernels compile
+    warm_s: int  # the caches are filled (a later boot)
+    why: str  # what the phase does and where the number comes from
+
+
+# A first boot is one whose JIT caches are empty on a node (pairctl.bootwatch.FIRST_BOOT_DIRS).
+# The seed's cold boot is ~10 min in all: weights ~150 s, compile ~210 s, graph capture
+# ~240 s (sim/profiles/spark-pair.yaml); MiaAI-Lab issue #259 ~9 min. Each limit is a
+# generous multiple of its phase's share (a stall, not a slow disk, should end the boot);
+# the warm limits are lower where the caches remove the work.
+BOOT_PHASES: tuple[PhaseLimit, ...] = (
+    PhaseLimit("starting", 300, 300, "container start, imports, argument parsing"),
+    PhaseLimit("starting (headless)", 300, 300, "rank 1's main process before its worker"),
+    PhaseLimit("starting engine", 300, 300, "engine core process start"),
+    PhaseLimit("starting workers", 300, 300, "worker process start"),
+    PhaseLimit(
+        "rendezvous",
+        600,
+        600,
+        "torch.distributed init: waits for the other rank (the hint comes after 90 s)",
+    ),
+    PhaseLimit("ranks joined", 300, 300, "NCCL communicators, before the weights"),
+    PhaseLimit(
+        "loading weights",
+        1200,
+        900,
+        "~76 GB per rank from MODEL_PATH (~150 s from a warm disk; a first read is slower)",
+    ),
+    PhaseLimit(
+        "compiling",
+        1800,
+        600,
+        "torch.compile, TileLang/DeepGEMM JIT (~210 s cold; MiaAI-Lab allows 1800 s for compiles)",
+    ),
+    PhaseLimit("profiling memory", 900, 600, "profiling run and KV cache sizing (may JIT)"),
+    PhaseLimit(
+        "capturing CUDA graphs",
+        1200,
+        600,
+        "one graph per batch size up to 288 tokens by default (~240 s cold)",
+    ),
+    PhaseLimit("graphs captured", 300, 300, "warmup after capture"),
+    PhaseLimit("engine ready", 300, 300, "the engine core reports ready to the API server"),
+    PhaseLimit("starting API server", 300, 300, "routes, uvicorn start"),
+    PhaseLimit("API server up", 120, 120, "until /health and /v1/models answer"),
+)
+
+
+def phase_limit(phase: str, first_boot: bool) -> int:
+    """The limit of one phase (an unknown phase gets the backstop)."""
+    for p in BOOT_PHASES:
+        if p.phase == phase:
+            return p.first_s if first_boot else p.warm_s
+    return BOOT_TIMEOUT_S
+
+
+def phase_table_md() -> str:
+    """The Markdown table of the phase limits the docs carry (a test compares them)."""
+    rows = ["| phase | first boot | warm boot | what it covers |", "|---|---|---|---|"]
+    rows += [f"| {p.phase} | {p.first_s} s | {p.warm_s} s | {p.why} |" for p in BOOT_PHASES]
+    return "\n".join(rows) + "\n"
+
+
 # The boot-phase poll of `up` (docker inspect + log tail per rank, then /health).
 BOOT_POLL_S = 2.0
 
@@ -129,7 +201,8 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
     ExitCode(
         5,
         "EXIT_TIMEOUT",
-        "timeout waiting for health (both torn down, both log tails printed)",
+        "timeout waiting for health: a boot phase stalled past its limit (the phase and rank "
+        "are named) or `--timeout` passed (both torn down, both log tails printed)",
         "health timeout (both ranks torn down)",
     ),
     ExitCode(
@@ -234,11 +307,14 @@ def memory_table_md() -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m pairctl contracts [pair|fleet|memory]``: print a table for the docs."""
+    """``python -m pairctl contracts [pair|fleet|memory|phases]``: print a table for the docs."""
     which = argv[0] if argv else "pair"
     tables = {"pair": PAIR_EXITS, "fleet": FLEET_EXITS}
+    if which == "phases" and len(argv) == 1:
+        print(phase_table_md(), end="")
+        return EXIT_OK
     if (which not in tables and which != "memory") or len(argv) > 1:
-        print("usage: python -m pairctl contracts [pair|fleet|memory]", file=sys.stderr)
+        print("usage: python -m pairctl contracts [pair|fleet|memory|phases]", file=sys.stderr)
         return EXIT_USAGE
     print(memory_table_md() if which == "memory" else exit_table_md(tables[which]), end="")
     return EXIT_OK

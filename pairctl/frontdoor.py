@@ -103,8 +103,9 @@ OPTIONS: tuple[Opt, ...] = (
         ("--timeout",),
         "timeout",
         ("up", "watch"),
-        f"seconds to wait for health (default {BOOT_TIMEOUT_S}; first boot ~10 min), a "
-        "whole number >= 1",
+        f"backstop on the whole health wait in seconds (default {BOOT_TIMEOUT_S}); each boot "
+        "phase has its own limit, longer on a first boot (~10 min), and a stalled phase ends "
+        "the boot first. A whole number >= 1",
         _whole_seconds,
         "S",
     ),

@@ -3,7 +3,9 @@
 ``wait_healthy`` watches both ranks while it polls the endpoint: a dead rank ends the wait
 at once (exit 4) with that rank's log tail, instead of letting the survivor sit on ~77 GB
 until the timeout. The phase shown in the progress line is read from the logs with the
-needles of pairctl.bootlog (messages vLLM 0.33 really prints).
+needles of pairctl.bootlog (messages vLLM 0.33 really prints), and pairctl.bootwatch ends
+the wait (exit 5) when a rank's phase outlives its own limit, naming the phase; the
+overall timeout is only a backstop.
 
 Every HTTP request to the pair's own endpoint ignores HTTP(S)_PROXY (a proxy on the
 operator's machine must not sit between the launcher and its own pair) and sends the
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT, bootlog
 from pairctl.bootlog import phase_of
+from pairctl.bootwatch import PhaseTracker
 from pairctl.docker import State, inspect, logs_tail, remove_pair
 from pairctl.image import ImageFacts, parse_inspect
 from pairctl.nodes import Node, nodes
@@ -49,8 +52,9 @@ def join_hint(
     if worker_phase == bootlog.RENDEZVOUS:
         why = (
             f"rank 1 is in distributed init too, but cannot reach {target} (the head's "
-            f"TCP store) or the head's ZeroMQ ports over {pair.cfg['NCCL_SOCKET_IFNAME']}: "
-            "check the firewall, MASTER_ADDR and PF-NCCL-IFACE"
+            f"TCP store) or the head's ZeroMQ ports on {pair.fabric1} over "
+            f"{pair.cfg['NCCL_SOCKET_IFNAME']}: check the firewall, MASTER_ADDR/FABRIC1 and "
+            "PF-NCCL-IFACE, PF-FABRIC-ADDR, PF-FABRIC-REACH"
         )
     else:
         why = (
@@ -237,9 +241,13 @@ def wait_healthy(
     timeout_s: float,
     poll_s: float = 2.0,
     clock: Callable[[], float] = time.monotonic,
+    first_boot: bool = True,
 ) -> int:
-    """Poll until healthy (0), a rank dies (4) or the timeout passes (5). No teardown here."""
+    """Poll until healthy (0), a rank dies (4), a rank's boot phase outlives its limit (5,
+    first-boot or warm-boot limits) or the backstop ``timeout_s`` passes (5). No teardown
+    here."""
     start = clock()
+    tracker = PhaseTracker(first_boot)
     base = pair.endpoint
     tty = sys.stderr.isatty()
     last_line, last_print = "", 0.0
@@ -282,9 +290,9 @@ def wait_healthy(
             if tty:
                 print(file=sys.stderr)
             log(
-                f"TIMEOUT: not healthy after {elapsed} (limit {timeout_s:.0f}s); last: "
-                f"{h.detail}. A first boot takes ~10 min (graph capture); raise --timeout "
-                "if this was one."
+                f"TIMEOUT: not healthy after {elapsed} (--timeout {timeout_s:.0f}s, the "
+                f"backstop; no phase had stalled); last: {h.detail}. Raise --timeout if "
+                "the boot was still advancing."
             )
             for node in ranks:
                 _print_dead(node, container_name(pair.pair_id, node.rank), "timed out")
@@ -293,13 +301,22 @@ def wait_healthy(
         by_rank: dict[int, str] = {}
         for node in ranks:
             text = logs_tail(node, container_name(pair.pair_id, node.rank), 60)
-            phase = by_rank[node.rank] = phase_of(text)
-            phases.append(f"rank{node.rank}: {bootlog.shown(phase, node.rank)}")
+            phase = by_rank[node.rank] = tracker.observe(node.rank, phase_of(text), now)
+            in_phase = fmt_elapsed(now - tracker.since[node.rank])
+            phases.append(f"rank{node.rank}: {bootlog.shown(phase, node.rank)} {in_phase}")
             if node.rank == 0:
                 if phase != bootlog.RENDEZVOUS:
                     waiting_since = None
                 elif waiting_since is None:
                     waiting_since = now
+        stall = tracker.stalled(now)
+        if stall is not None:
+            if tty:
+                print(file=sys.stderr)
+            log(f"STALLED after {elapsed}: {stall.message()}; last: {h.detail}")
+            for node in ranks:
+                _print_dead(node, container_name(pair.pair_id, node.rank), "stalled")
+            return EXIT_TIMEOUT
         waited = now - (waiting_since or now)
         hint = join_hint(by_rank.get(0, ""), by_rank.get(1, ""), waited, pair)
         if hint and not hinted:

@@ -97,11 +97,13 @@ def resolve_image(cfg: PairConfig, recipe: Recipe) -> str:
 
 
 def placeholders(cfg: PairConfig, rank: int) -> dict[str, str]:
-    """The recipe's ``${NAME}`` values for one rank: the env file's, plus MASTER_ADDR (with
-    its SPARK1 default), NODE_IP and RANK."""
+    """The recipe's ``${NAME}`` values for one rank: the env file's, plus FABRIC1/FABRIC2 and
+    MASTER_ADDR with their defaults, NODE_IP (this rank's fabric address, not its ssh
+    address: vLLM binds its cross-node message queue there) and RANK."""
     values = dict(cfg.values)
+    values["FABRIC1"], values["FABRIC2"] = cfg.fabric_addr(0), cfg.fabric_addr(1)
     values["MASTER_ADDR"] = cfg.master_addr
-    values["NODE_IP"] = cfg["SPARK1"] if rank == 0 else cfg["SPARK2"]
+    values["NODE_IP"] = cfg.fabric_addr(rank)
     values["RANK"] = str(rank)
     return values
 
@@ -287,8 +289,9 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
     lines = [
         f"# pair {pair.pair_id}: recipe {recipe.name} ({recipe.path}), "
         f"env {cfg.env_file}, plan {pair.plan_hash}",
-        f"# endpoint: http://{pair.spark1}:{pair.port}/v1 "
-        f"(master {pair.master_addr}:{pair.master_port})",
+        f"# endpoint: http://{pair.spark1}:{pair.port}/v1 (clients and the router use SPARK1)",
+        f"# fabric ({cfg['NCCL_SOCKET_IFNAME']}): rank 0 {pair.fabric1}, rank 1 "
+        f"{pair.fabric2} (VLLM_HOST_IP); master {pair.master_addr}:{pair.master_port}",
         "# order: remove this pair's stale containers on both nodes (label "
         f"{LABEL_PAIR}={pair.pair_id}), start rank 1, start rank 0, wait for health",
         f"# if OVERLAY_DIR ({pair.overlay_dir}) is missing on a node, that node boots "

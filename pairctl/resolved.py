@@ -2,8 +2,10 @@
 
 Every command builds it at its top (``load``) and passes it down; nothing below re-reads the
 env file or recipe, re-applies the recipe's defaults, re-picks the image or rebuilds the
-other rank's argv. Ports are ints, addresses and the image are settled (MASTER_ADDR
-defaults to SPARK1, IMAGE to the recipe's), each rank's placeholders and vLLM argv are
+other rank's argv. Ports are ints, addresses and the image are settled (the two kinds of
+address: SPARK1/SPARK2 are where ssh, the router and clients reach a node, FABRIC1/FABRIC2
+where the engine's ranks reach each other, defaulting to SPARK1/SPARK2; MASTER_ADDR defaults
+to FABRIC1, IMAGE to the recipe's), each rank's placeholders and vLLM argv are
 computed here, and so is the plan hash both ranks' containers are labelled with.
 """
 
@@ -32,6 +34,8 @@ class ResolvedPair:
     pair_id: str
     spark1: str
     spark2: str
+    fabric1: str
+    fabric2: str
     master_addr: str
     master_port: int
     port: int
@@ -53,6 +57,11 @@ class ResolvedPair:
         """The address a rank's node is reached at (SPARK1 for rank 0, SPARK2 for rank 1)."""
         return self.spark1 if rank == 0 else self.spark2
 
+    def fabric_addr(self, rank: int) -> str:
+        """The address a rank's engine uses on the fabric (its VLLM_HOST_IP): FABRIC1 for
+        rank 0, FABRIC2 for rank 1."""
+        return self.fabric1 if rank == 0 else self.fabric2
+
 
 def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) -> ResolvedPair:
     """Settle everything the env file and recipe leave open; raises ConfigError."""
@@ -71,6 +80,8 @@ def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) ->
         pair_id=full["PAIR_ID"],
         spark1=full["SPARK1"],
         spark2=full["SPARK2"],
+        fabric1=full.fabric_addr(0),
+        fabric2=full.fabric_addr(1),
         master_addr=full.master_addr,
         master_port=int(full["MASTER_PORT"]),
         port=int(full["PORT"]),

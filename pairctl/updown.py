@@ -1,9 +1,10 @@
 """``up`` and ``down`` of one pair, in one process: lock, health check, preflight, cleanup,
 rank 1 then rank 0, wait, and the teardown of a boot that did not finish.
 
-The order is the seed launcher's. A boot that fails (a rank dies: exit 4; no health in
-time: exit 5) or is interrupted (Ctrl-C, SIGTERM, SIGHUP: exit 130) is torn down before
-the process exits, so no half-started pair is left holding memory. ``down`` and ``up`` hold
+The order is the seed launcher's. A boot that fails (a rank dies: exit 4; a boot phase
+stalls past its limit, or the --timeout backstop passes: exit 5) or is interrupted (Ctrl-C,
+SIGTERM, SIGHUP: exit 130) is torn down before the process exits, so no half-started pair
+is left holding memory. ``down`` and ``up`` hold
 the pair's lock (``flock`` on a file named after PAIR_ID and SPARK1) for their whole run:
 two operators, or an operator and the watchdog, never race on one pair.
 """
@@ -19,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from pairctl import lifecycle as lc
+from pairctl.bootwatch import first_boot_reasons
 from pairctl.contracts import (
     BOOT_POLL_S,
     EXIT_BOOT,
@@ -90,9 +92,17 @@ def teardown(pair: ResolvedPair) -> None:
 
 
 def boot(pair: ResolvedPair, timeout_s: float, poll_s: float = BOOT_POLL_S) -> int:
-    """Cleanup, rank 1, rank 0, wait; anything but healthy is torn down (4, 5 or 130)."""
+    """Cleanup, rank 1, rank 0, wait; anything but healthy is torn down (4, 5 or 130).
+
+    Before anything starts, the JIT caches say whether this is a first boot (longer phase
+    limits, pairctl.contracts.BOOT_PHASES) or a warm one."""
     with signals_interrupt():
         try:
+            cold = first_boot_reasons(pair)
+            if cold:
+                log(f"first boot ({'; '.join(cold)}): first-boot phase limits, ~10 min")
+            else:
+                log("warm boot (JIT caches filled on both nodes): warm-boot phase limits")
             if lc.cleanup(pair) != EXIT_OK:
                 log("could not remove this pair's stale containers; nothing new was started")
                 return EXIT_BOOT
@@ -101,7 +111,7 @@ def boot(pair: ResolvedPair, timeout_s: float, poll_s: float = BOOT_POLL_S) -> i
                     log(f"rank {rank} did not start")
                     teardown(pair)
                     return EXIT_BOOT
-            rc = lc.wait_healthy(pair, timeout_s, poll_s=poll_s)
+            rc = lc.wait_healthy(pair, timeout_s, poll_s=poll_s, first_boot=bool(cold))
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM/SIGHUP as Interrupted
             log("interrupted during boot")
             teardown(pair)

@@ -50,6 +50,24 @@ def test_doc_exit_tables_are_the_generated_ones(doc: str, which: str, table) -> 
         assert t == exit_table_md(table), f"regenerate: python -m pairctl contracts {which}"
 
 
+def test_doc_phase_table_is_the_generated_one() -> None:
+    text = (REPO / "launch/README.md").read_text()
+    found = _tables_after(text, GENERATED.format("phases"))
+    assert found == [contracts.phase_table_md()], "regenerate: python -m pairctl contracts phases"
+
+
+def test_every_boot_phase_has_a_limit_and_first_boot_is_never_shorter() -> None:
+    from pairctl.bootlog import NEEDLES, PHASES
+
+    assert [p.phase for p in contracts.BOOT_PHASES] == list(PHASES)
+    assert {n.phase for n in NEEDLES} <= set(PHASES)
+    for p in contracts.BOOT_PHASES:
+        assert 0 < p.warm_s <= p.first_s < contracts.BOOT_TIMEOUT_S, p
+    # the seed's whole cold boot (~10 min) fits in each long phase's first-boot limit alone
+    assert contracts.phase_limit("compiling", first_boot=True) > 600
+    assert contracts.phase_limit("no such phase", first_boot=False) == contracts.BOOT_TIMEOUT_S
+
+
 def test_contracts_command_prints_the_tables() -> None:
     for which, table in (("pair", PAIR_EXITS), ("fleet", FLEET_EXITS)):
         p = subprocess.run(

@@ -189,7 +189,8 @@ def test_router_command_line_is_what_vllm_router_0_1_17_parses(f: Fleet) -> None
     assert (args.prometheus_host, args.prometheus_port) == ("0.0.0.0", 29000)
     assert args.health_check_interval_secs == t.health_check_interval_s == 10
     assert args.health_failure_threshold == 3 and args.health_success_threshold == 2
-    assert args.worker_startup_timeout_secs == 900  # a ~10 min cold boot
+    # the pair launcher's backstop: a ~10 min cold boot, the phases end a stalled one sooner
+    assert args.worker_startup_timeout_secs == 2700
     assert args.request_timeout_secs == 7200  # longer than a 1,029 s TTFT plus decode
     assert args.retry_max_retries == 4 and args.cb_failure_threshold == 2
 

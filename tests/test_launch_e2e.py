@@ -321,6 +321,66 @@ def test_launcher_run_on_the_wrong_machine_fails_preflight(fresh: hosts.Pair) ->
     assert_no_orphans(pair)
 
 
+def _established(host: hosts.Host, port_filter: str) -> list[tuple[str, str]]:
+    """(local, peer) address:port of the host's established TCP connections matching an
+    ``ss`` filter, e.g. ``sport = :29501``."""
+    res = host.run(["ss", "-Htn", "state", "established", f"( {port_filter} )"])
+    assert res.returncode == 0, res.stderr
+    return [(ln.split()[-2], ln.split()[-1]) for ln in res.stdout.splitlines() if ln.strip()]
+
+
+def test_ranks_talk_over_the_fabric_and_clients_over_spark1(fresh: hosts.Pair) -> None:
+    """Two kinds of address, end to end: each host has a second NIC (the fabric); the env
+    file names FABRIC1/FABRIC2 on it (MASTER_ADDR empty = FABRIC1) and NCCL_SOCKET_IFNAME is
+    it. Preflight proves both addresses sit there and that rank 1 dials the master port
+    from FABRIC2; the running ranks' connection (the twin's rank 1 dials MASTER_ADDR, as
+    vLLM's TCP store client does) is between the fabric addresses, while the endpoint and
+    ssh stay on SPARK1/SPARK2."""
+    pair = fresh
+    h1, h2 = pair.h1, pair.h2
+    assert h1.fabric_ip and h1.fabric_ip != h1.ip and h2.fabric_nic == h1.fabric_nic
+    rc, out = launch(pair, "preflight")
+    assert rc == 0, out
+    assert "PASS  PF-FABRIC-ADDR" in out and f"FABRIC2 {h2.fabric_ip} on rank 1's" in out
+    assert "PASS  PF-FABRIC-REACH" in out and f"from {h2.fabric_ip}" in out, out
+    rc, plan_text = launch(pair, "plan")
+    assert rc == 0, plan_text
+    assert f"VLLM_HOST_IP={h1.fabric_ip}" in plan_text
+    assert f"VLLM_HOST_IP={h2.fabric_ip}" in plan_text
+    assert f"--master-addr {h1.fabric_ip}" in plan_text
+    assert f"# endpoint: http://{h1.ip}:8000/v1" in plan_text
+    rc, out = launch(pair, "up", "--timeout", "120")
+    assert rc == 0, out
+    on_h1 = _established(h1, "sport = :29501")
+    assert on_h1 and all(local == f"{h1.fabric_ip}:29501" for local, _ in on_h1), on_h1
+    assert all(peer.startswith(f"{h2.fabric_ip}:") for _, peer in on_h1), on_h1
+    on_h2 = _established(h2, "dport = :29501")
+    assert on_h2 and all(peer == f"{h1.fabric_ip}:29501" for _, peer in on_h2), on_h2
+    # nothing between the ranks on the ssh/client network
+    assert not [c for c in on_h1 if c[1].startswith(f"{h2.ip}:")]
+    reply = chat.stream_chat(f"http://{h1.ip}:8000", "Say hello.", max_tokens=8)
+    assert reply.usage.get("completion_tokens", 0) > 0
+    rc, out = launch(pair, "down")
+    assert rc == 0, out
+    assert_no_orphans(pair)
+
+
+def test_fabric_left_on_the_ssh_network_fails_preflight(fresh: hosts.Pair) -> None:
+    """The day-one mistake: FABRIC1/FABRIC2 empty, so the engine would use the ssh
+    addresses, which are not on NCCL_SOCKET_IFNAME's interface."""
+    pair = fresh
+    assert pair.env_file is not None
+    bad = pair.env_file.with_name("lan.env")
+    text = pair.env_file.read_text()
+    text = text.replace(f"FABRIC1={pair.h1.fabric_ip}", "FABRIC1=")
+    bad.write_text(text.replace(f"FABRIC2={pair.h2.fabric_ip}", "FABRIC2="))
+    rc, out = launch(pair, "up", env_file=bad, timeout=120)
+    assert rc == EXIT_PREFLIGHT, out
+    assert "FAIL  PF-FABRIC-ADDR" in out
+    assert f"FABRIC1={pair.h1.ip} is on {pair.h1.nic}" in out, out
+    assert_no_orphans(pair)
+
+
 def test_spark2_equal_to_spark1_is_refused(fresh: hosts.Pair) -> None:
     pair = fresh
     assert pair.env_file is not None

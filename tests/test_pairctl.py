@@ -43,6 +43,7 @@ from pairctl.preflight.checks_match import check_image, check_model, check_overl
 from pairctl.preflight.checks_rdma import check_hca
 from pairctl.preflight.evidence import Evidence, NodeEvidence
 from pairctl.preflight.probe import parse_probe
+from pairctl.preflight.reach import Reach
 from pairctl.recipe import load_recipe
 from pairctl.resolved import resolve
 
@@ -135,11 +136,21 @@ def ev(**kw) -> NodeEvidence:
         "cache_dirs": {v: True for v in CACHE_VARS[1:]},
     }
     base.update(kw)
+    # its addresses on the RoCE netdev (PF-FABRIC-ADDR), unless the test says otherwise
+    base.setdefault("ifaddrs", {"enp1s0f1np1": list(base["addrs"])})
     return NodeEvidence.from_dict(base)
 
 
 UNREACHED = NodeEvidence.from_dict({"reachable": False, "rc": 255, "stderr": "x"})
-RESOLVED = {"SPARK1": "10.0.0.1", "SPARK2": "10.0.0.2", "MASTER_ADDR": "10.0.0.1"}
+RESOLVED = {
+    "SPARK1": "10.0.0.1",
+    "SPARK2": "10.0.0.2",
+    "FABRIC1": "10.0.0.1",
+    "FABRIC2": "10.0.0.2",
+    "MASTER_ADDR": "10.0.0.1",
+}
+# rank 1 connected to the master port from its fabric address
+REACHED = Reach(ran=True, ok=True, peer="10.0.0.2")
 
 
 def test_parse_probe_recorded() -> None:
@@ -166,7 +177,7 @@ def test_evidence_json_round_trip_keeps_the_recorded_shape() -> None:
     )
     data = json.loads(json.dumps(as_json([], evidence)))
     assert data["schema_version"] == 1 and data["ok"] is True and data["checks"] == []
-    assert set(data["evidence"]) == {"config", "resolved", "image", "nodes", "argv_check"}
+    assert set(data["evidence"]) == {"config", "resolved", "image", "nodes", "argv_check", "reach"}
     node = data["evidence"]["nodes"]["1"]
     assert node["containers"][0] == {
         "id": "abc",
@@ -446,7 +457,7 @@ def test_check_overlays_compares_only_what_ships() -> None:
 def _decide(n1: NodeEvidence, n0: NodeEvidence | None = None, **env: str) -> dict[str, str]:
     cfg = parse_env(dict(ENV, **env))
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    evidence = Evidence(resolved=RESOLVED, nodes={"0": n0 or ev(), "1": n1})
+    evidence = Evidence(resolved=RESOLVED, nodes={"0": n0 or ev(), "1": n1}, reach=REACHED)
     checks = decide(resolve(cfg, recipe), evidence, {"a.py": "x"})
     assert [c.id for c in checks] == [s.id for s in CHECKS]  # report order = registry order
     return {c.id: c.status for c in checks}

@@ -15,6 +15,7 @@ from pairctl.config import parse_env
 from pairctl.preflight import CHECKS, FAIL, PASS, SKIP, WARN, Need, decide, probe, runner
 from pairctl.preflight.check import Inputs
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
+from pairctl.preflight.reach import Reach
 from pairctl.recipe import load_recipe
 from pairctl.resolved import resolve
 
@@ -31,7 +32,13 @@ CFG = parse_env(
         "IMAGE": "img:1",
     }
 )
-RESOLVED = {"SPARK1": "10.0.0.1", "SPARK2": "10.0.0.2", "MASTER_ADDR": "10.0.0.1"}
+RESOLVED = {
+    "SPARK1": "10.0.0.1",
+    "SPARK2": "10.0.0.2",
+    "FABRIC1": "10.0.0.1",
+    "FABRIC2": "10.0.0.2",
+    "MASTER_ADDR": "10.0.0.1",
+}
 
 
 def node(addr: str) -> NodeEvidence:
@@ -40,6 +47,7 @@ def node(addr: str) -> NodeEvidence:
         reachable=True,
         rc=0,
         addrs=[addr],
+        ifaddrs={"eth0": [addr]},
         netdevs=["lo", "eth0"],
         docker_ps_rc=0,
         image_id="sha256:1",
@@ -57,7 +65,15 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
     emitted: list[str] = []
     seen_at: dict[str, list[str]] = {}
 
-    def fake_gather(pair, on_stage, progress, probe_rank1=True, check_args=False, local_argv=None):
+    def fake_gather(
+        pair,
+        on_stage,
+        progress,
+        probe_rank1=True,
+        check_args=False,
+        local_argv=None,
+        check_reach=False,
+    ):
         ev = Evidence(config=dict(pair.cfg.values), resolved=resolved, image="img:1")
         seen_at["before"] = list(emitted)
         on_stage(probe.NAMES, ev)
@@ -71,6 +87,10 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
                 ev = replace(ev, argv_check=ArgvCheck("image img:1", True))
                 on_stage(probe.ARGV, ev)
                 seen_at[probe.ARGV] = list(emitted)
+        if check_reach and len(order) == 2:  # the reach test, once both probes are in
+            ev = replace(ev, reach=Reach(ran=True, ok=True, peer="10.0.0.2"))
+            on_stage(probe.REACH, ev)
+            seen_at[probe.REACH] = list(emitted)
         return ev
 
     return fake_gather, emitted, seen_at

@@ -54,6 +54,7 @@ def test_hosts_have_own_hostname_ip_and_disk(pair: hosts.Pair) -> None:
                 "-c",
                 f"hostname; ip -o -4 addr show {host.nic}; "
                 f"sha256sum {lay.model_path}/config.json; "
+                f"ip -o -4 addr show {host.fabric_nic}; "
                 f"echo {host.name} > {host.node_view}/whoami",
             ]
         )
@@ -62,6 +63,9 @@ def test_hosts_have_own_hostname_ip_and_disk(pair: hosts.Pair) -> None:
         assert lines[0] == host.name
         assert f"{host.ip}/24" in lines[1]
         seen.append(lines[2].split()[0])
+        # the second NIC (the fabric), on its own subnet
+        assert host.fabric_ip and f"{host.fabric_ip}/24" in lines[3]
+        assert host.fabric_ip.rsplit(".", 1)[0] != host.ip.rsplit(".", 1)[0]
     assert seen[0] == seen[1]  # the same model files on both, like a synced pair
     # Same path, different disks: each host wrote its own name to the same path.
     assert (pair.h1.disk / "whoami").read_text() == f"{pair.h1.name}\n"

@@ -60,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=int,
         default=BOOT_TIMEOUT_S,
-        help=f"seconds each pair's up waits for health (default {BOOT_TIMEOUT_S}; first boot "
-        "~10 min)",
+        help=f"each pair's up --timeout, the backstop on its health wait (default "
+        f"{BOOT_TIMEOUT_S}; each boot phase has its own limit, longer on a first boot)",
     )
     sp = add("down", "remove the fleet's router container, then run each pair's down")
     sp.add_argument(

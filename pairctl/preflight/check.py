@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from pairctl.config import PairConfig
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
+from pairctl.preflight.reach import Reach
 from pairctl.recipe import Recipe
 from pairctl.resolved import ResolvedPair
 
@@ -38,13 +39,14 @@ class Need(enum.Enum):
     """Evidence a check may read; the value is its name in launch/README.md's table."""
 
     CONFIG = "config"  # env file + recipe + extra vLLM args
-    NAMES = "name lookup"  # SPARK1, SPARK2, MASTER_ADDR resolved on this machine
+    NAMES = "name lookup"  # SPARK1, SPARK2, FABRIC1, FABRIC2, MASTER_ADDR resolved here
     SSH = "ssh to SPARK2"  # how the rank-1 probe's transport went
     RANK0 = "rank 0"  # rank 0's probe
     RANK1 = "rank 1"  # rank 1's probe; the check is SKIP when rank 1 did not answer
     RANK1_IF_REACHED = "rank 1 if reached"  # rank 1's probe when it answered, else rank 0 alone
     OVERLAY_SRC = "ship list"  # what mods/dsv4-flash-overlays ships, sha256 per file
     ARGV = "vLLM parser"  # both ranks' argv read by vLLM's parser (pairctl.preflight.argcheck)
+    REACH = "rank 1 to master port"  # rank 1 connected to a listener here (preflight.reach)
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,11 @@ class View:
     def overlay_want(self) -> Mapping[str, str]:
         self._need(Need.OVERLAY_SRC)
         return self._in.overlay_want
+
+    @property
+    def reach(self) -> Reach:
+        self._need(Need.REACH)
+        return self._in.evidence.reach
 
     @property
     def argv_check(self) -> ArgvCheck:

@@ -15,6 +15,7 @@ from typing import Any
 from pairctl.docker import Container
 from pairctl.image import ImageFacts
 from pairctl.preflight.probe_host import IbPort, Link
+from pairctl.preflight.reach import Reach
 from pairctl.preflight.roce import Gid
 
 
@@ -29,6 +30,7 @@ class NodeEvidence:
     complete: bool = False  # the probe ran to its end marker
     hostname: str = ""
     addrs: list[str] = field(default_factory=list)
+    ifaddrs: dict[str, list[str]] = field(default_factory=dict)  # interface -> its addresses
     netdevs: list[str] = field(default_factory=list)
     ibdevs: dict[str, str] = field(default_factory=dict)  # RDMA device -> sysfs device path
     listen_ports: list[int] = field(default_factory=list)
@@ -104,12 +106,14 @@ class Evidence:
     """Everything preflight looked at: both nodes plus name resolution on this machine."""
 
     config: dict[str, str] = field(default_factory=dict)  # env values, secrets masked
-    resolved: dict[str, str | None] = field(default_factory=dict)  # SPARK1/SPARK2/MASTER_ADDR
+    # SPARK1/SPARK2/FABRIC1/FABRIC2/MASTER_ADDR
+    resolved: dict[str, str | None] = field(default_factory=dict)
     image: str = ""
     nodes: dict[str, NodeEvidence] = field(  # keys "0", "1" (JSON object keys)
         default_factory=lambda: {"0": NodeEvidence(), "1": NodeEvidence()}
     )
     argv_check: ArgvCheck = field(default_factory=ArgvCheck)
+    reach: Reach = field(default_factory=Reach)  # rank 1 -> MASTER_ADDR:MASTER_PORT
 
     @property
     def rank0(self) -> NodeEvidence:
@@ -128,4 +132,5 @@ class Evidence:
             image=str(data.get("image", "")),
             nodes={r: NodeEvidence.from_dict(n) for r, n in data["nodes"].items()},
             argv_check=ArgvCheck(**data.get("argv_check", {})),
+            reach=Reach(**data.get("reach", {})),
         )

@@ -24,7 +24,7 @@ from pairctl.docker import parse_ps
 from pairctl.image import parse_inspect
 from pairctl.nodes import SSH_CONNECT_TIMEOUT_S, Node, nodes
 from pairctl.plan import CACHE_VARS, LABEL_PAIR, is_secret
-from pairctl.preflight import argcheck, probe_host
+from pairctl.preflight import argcheck, probe_host, reach
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.preflight.roce import PROBE_SECTION as _ROCE_SECTION
 from pairctl.preflight.roce import parse_gids
@@ -35,7 +35,9 @@ MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 _SCRIPT = r"""
 sec() { printf '\n==== %s ====\n' "$1"; }
 sec hostname; hostname 2>/dev/null || cat /proc/sys/kernel/hostname
-sec addrs; ip -o addr show 2>/dev/null | awk '{print $4}'
+# every address with its interface (PF-FABRIC-ADDR: `ip -o addr show dev IFACE` for every
+# IFACE at once); the node's address list is read from it too
+sec ifaddrs; ip -o addr show 2>/dev/null | awk '{print $2, $4}'
 sec netdevs; ls /sys/class/net 2>/dev/null
 sec ibdevs
 for d in /sys/class/infiniband/*; do
@@ -115,6 +117,22 @@ def _digests(lines: list[str]) -> dict[str, str]:
     return out
 
 
+def parse_ifaddrs(lines: list[str]) -> dict[str, list[str]]:
+    """``ip -o addr show`` name and address columns (``enp1s0f1np1 10.0.0.1/24``; a veth
+    may show as ``veth0@if5``) → {interface: [addresses without prefix length]}."""
+    out: dict[str, set[str]] = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2:
+            name = parts[0].rstrip(":").split("@")[0]
+            out.setdefault(name, set()).add(parts[1].split("/")[0])
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _all(ifaddrs: dict[str, list[str]]) -> list[str]:
+    return [a for addrs in ifaddrs.values() for a in addrs]
+
+
 def _ports(addrs: list[str]) -> list[int]:
     """``ss`` local addresses (``0.0.0.0:22``, ``[::]:8000``) → sorted listening ports."""
     ports = set()
@@ -128,6 +146,7 @@ def _ports(addrs: list[str]) -> list[int]:
 def parse_probe(text: str) -> NodeEvidence:
     """Parse the probe's stdout into one node's evidence (transport fields left default)."""
     sec = split_sections(text)
+    ifaddrs = parse_ifaddrs(sec.get("ifaddrs", []))  # (older recordings: an "addrs" section)
     ib = {}
     for line in sec.get("ibdevs", []):
         name, _, dev = line.partition(" ")
@@ -142,7 +161,8 @@ def parse_probe(text: str) -> NodeEvidence:
     return NodeEvidence(
         complete="end" in sec,
         hostname=(sec.get("hostname") or [""])[0],
-        addrs=sorted({a.split("/")[0] for a in sec.get("addrs", [])}),
+        addrs=sorted({a.split("/")[0] for a in sec.get("addrs", [])} | set(_all(ifaddrs))),
+        ifaddrs=ifaddrs,
         netdevs=sorted(sec.get("netdevs", [])),
         ibdevs=ib,
         listen_ports=_ports(listen),
@@ -192,8 +212,9 @@ def resolve(host: str) -> str | None:
 
 
 # Stages of gather(), in the order their evidence can arrive ("rank0"/"rank1" either way;
-# "argv" right after "rank0", whose image facts the image's parser needs).
-NAMES, RANK0, RANK1, ARGV = "names", "rank0", "rank1", "argv"
+# "argv" right after "rank0", whose image facts the image's parser needs; "reach" once both
+# probes are in: rank 0's port listing must not see the test's own listener).
+NAMES, RANK0, RANK1, ARGV, REACH = "names", "rank0", "rank1", "argv", "reach"
 HEARTBEAT_S = 5.0
 
 
@@ -215,6 +236,7 @@ def gather(
     probe_rank1: bool = True,
     check_args: bool = False,
     local_argv: ArgvCheck | None = None,
+    check_reach: bool = False,
 ) -> Evidence:
     """Evidence from both nodes plus local name resolution (secrets masked in ``config``).
 
@@ -227,16 +249,24 @@ def gather(
     ``check_args`` asks for the argv check: ``local_argv`` when a local vLLM
     already read both ranks' argv, else the image's own parser on SPARK1 once rank 0's
     probe has shown the image (stage ``ARGV``).
+
+    ``check_reach`` asks for the reach test (``pairctl.preflight.reach``, stage ``REACH``)
+    once both probes are in and rank 1 answered.
     """
     say = progress or (lambda _msg: None)
     cfg, image = pair.cfg, pair.image
     n0, n1 = nodes(cfg)
-    say(f"resolving SPARK1 ({pair.spark1}), SPARK2 ({pair.spark2}) and MASTER_ADDR on this machine")
+    say(
+        f"resolving SPARK1 ({pair.spark1}), SPARK2 ({pair.spark2}), the fabric addresses and "
+        "MASTER_ADDR on this machine"
+    )
     ev = Evidence(
         config={k: ("***" if is_secret(k) and v else v) for k, v in cfg.values.items()},
         resolved={
             "SPARK1": resolve(cfg["SPARK1"]),
             "SPARK2": resolve(cfg["SPARK2"]),
+            "FABRIC1": resolve(pair.fabric1),
+            "FABRIC2": resolve(pair.fabric2),
             "MASTER_ADDR": resolve(cfg.master_addr),
         },
         image=image,
@@ -268,6 +298,8 @@ def gather(
                 stage = futures[fut]
                 if stage == ARGV:
                     ev = replace(ev, argv_check=fut.result())
+                elif stage == REACH:
+                    ev = replace(ev, reach=fut.result())
                 else:
                     key = "0" if stage == RANK0 else "1"
                     ev = replace(ev, nodes={**ev.nodes, key: fut.result()})
@@ -276,6 +308,19 @@ def gather(
                     job = pool.submit(check_argv, n0, pair, ev.rank0, None)
                     futures[job] = ARGV
                     pending.add(job)
+                probes_in = {RANK0, RANK1} <= {futures[f] for f in futures if f.done()}
+                ask = check_reach and REACH not in waits and ev.rank1.reachable
+                if stage in (RANK0, RANK1) and ask and probes_in:
+                    master = ev.resolved.get("MASTER_ADDR")
+                    if master:
+                        waits[REACH] = (
+                            f"rank 1 connecting to {pair.master_addr}:{pair.master_port} here"
+                        )
+                        job = pool.submit(
+                            reach.reach_master, n1, master, pair.master_port, pair.master_addr
+                        )
+                        futures[job] = REACH
+                        pending.add(job)
                 if on_stage:
                     on_stage(stage, ev)
             if pending and not done:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pairctl.preflight.check import Check, CheckSpec, Inputs
+from pairctl.preflight.checks_fabric import PF_FABRIC_ADDR, PF_FABRIC_REACH
 from pairctl.preflight.checks_host import (
     PF_JIT_CACHES,
     PF_MASTER_PORT_FREE,
@@ -61,6 +62,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     PF_PORT_FREE,
     PF_MASTER_PORT_FREE,
     PF_NCCL_IFACE,
+    PF_FABRIC_ADDR,
+    PF_FABRIC_REACH,
     PF_TILELANG_CACHE,
     PF_JIT_CACHES,
     PF_MEMORY,

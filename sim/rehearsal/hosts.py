@@ -2,10 +2,14 @@
 
 A pair rehearsal has two hosts, a fleet rehearsal five (two pairs and a router host).
 What a host is made of (prefix `P`, e.g. `dsv4r`; host `N` = 1, 2, ...):
-- network namespace `P-hN`, with `lo` and one NIC (`P-if0`, the same name on every host,
-  like the NCCL interface of a real pair) on a veth whose other end `P-hN` sits on the
-  bridge `P-br0` (which also has the `.254` address, so the machine itself can reach the
-  hosts: tests and the chat request come from there);
+- network namespace `P-hN`, with `lo` and two NICs, like a real Spark's LAN port and its
+  ConnectX-7 link: `P-if0` (the ssh/client network) on a veth whose other end `P-hN` sits
+  on the bridge `P-br0` (which also has the `.254` address, so the machine itself can reach
+  the hosts: tests and the chat request come from there), and `P-fab0` (the fabric, the
+  same name on every host like the NCCL interface of a real pair) on a veth whose other
+  end `P-hNf` sits on the bridge `P-br1`, a second subnet the machine has no address on:
+  only the hosts reach each other there, so traffic between ranks cannot take the LAN by
+  accident;
 - its own hostname (UTS namespace) and its own "local disk": every command on the host
   runs in a mount namespace where `BASE/node` is a bind mount of `BASE/hosts/hN/node`, so
   the same path (model dir, overlay dir, TileLang cache, docker state) holds different
@@ -72,6 +76,8 @@ class Host:
     ip: str
     nic: str
     base: Path
+    fabric_ip: str = ""  # the host's address on the fabric (the pair's FABRIC1/FABRIC2)
+    fabric_nic: str = ""  # its interface there (NCCL_SOCKET_IFNAME)
 
     @property
     def netns(self) -> str:
@@ -214,6 +220,8 @@ class Pair:
     bridge: str
     gateway: str
     hosts: list[Host]
+    fabric_subnet: str = ""  # the second network, between the hosts only
+    fabric_bridge: str = ""
     ssh_user: str = "root"
     sshd_procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     lock_fh: IO[str] | None = None

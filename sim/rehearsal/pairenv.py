@@ -140,7 +140,10 @@ def env_values(
         "PAIR_ID": pair_id,
         "SPARK1": head.ip,
         "SPARK2": worker.ip,
-        "MASTER_ADDR": head.ip,
+        # the engine's addresses on the hosts' second NIC; MASTER_ADDR empty = FABRIC1
+        "FABRIC1": head.fabric_ip,
+        "FABRIC2": worker.fabric_ip,
+        "MASTER_ADDR": "",
         "MASTER_PORT": "29501",
         "PORT": "8000",
         "SSH_USER": pair.ssh_user,
@@ -156,8 +159,8 @@ def env_values(
         "FLASHINFER_WORKSPACE_BASE": str(lay.cache_dir / "flashinfer"),
         "DG_JIT_CACHE_DIR": str(lay.cache_dir / "deep_gemm"),
         "RDMA_DEVICE_DIR": str(lay.rdma_dir),
-        "NCCL_SOCKET_IFNAME": head.nic,
-        "GLOO_SOCKET_IFNAME": head.nic,
+        "NCCL_SOCKET_IFNAME": head.fabric_nic,
+        "GLOO_SOCKET_IFNAME": head.fabric_nic,
         # No RDMA devices in a netns; empty = NCCL picks (preflight warns, as documented).
         "NCCL_IB_HCA": "",
         # A fake secret, so tests can prove the launcher never prints it.

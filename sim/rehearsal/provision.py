@@ -1,7 +1,8 @@
 """Build and remove the rehearsal test hosts (`hosts.Host`, `hosts.Pair`): two for a pair,
 five for a fleet (two pairs and a router host, sim/rehearsal/fleet.py).
 
-`build_pair` makes the bridge, one netns + veth per host, keys, sshd configs and sshds,
+`build_pair` makes the two bridges (the ssh/client network and the fabric), one netns and two
+veths per host, keys, sshd configs and sshds,
 and checks ssh from host 1 to every host; on any failure it removes what it made. Everything is
 removed by `teardown`, and leftovers of a crashed run with the same prefix are removed
 before a new pair is built (`clean_leftovers`). A lock file per prefix stops two live runs
@@ -102,7 +103,8 @@ def clean_leftovers(prefix: str, log: Log = lambda _m: None) -> list[str]:
     return removed
 
 
-def _pick_subnet(prefix: str) -> str:
+def _pick_subnet(prefix: str, second: int = 213) -> str:
+    """A free 10.SECOND.X.0/24 (213: the ssh/client network, 214: the fabric)."""
     used = (
         run_local(["ip", "-4", "-o", "addr"], check=False).stdout
         + run_local(["ip", "-4", "route"], check=False).stdout
@@ -110,10 +112,10 @@ def _pick_subnet(prefix: str) -> str:
     start = zlib.crc32(prefix.encode()) % 200 + 20
     for k in range(200):
         third = (start + k) % 230 + 20
-        net = f"10.213.{third}."
+        net = f"10.{second}.{third}."
         if net not in used:
-            return f"10.213.{third}"
-    raise HarnessError("no free 10.213.X.0/24 subnet for the test hosts")
+            return f"10.{second}.{third}"
+    raise HarnessError(f"no free 10.{second}.X.0/24 subnet for the test hosts")
 
 
 def _keygen(path: Path, comment: str) -> str:
@@ -179,13 +181,15 @@ def build_pair(
         base = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
         base.chmod(0o755)
         (base / "REHEARSAL").write_text("rehearsal temp dir; safe to delete\n")
-        net = _pick_subnet(prefix)
+        net, fab = _pick_subnet(prefix), _pick_subnet(prefix, 214)
         pair = Pair(
             prefix=prefix,
             base=base,
             subnet=f"{net}.0/24",
             bridge=f"{prefix}-br0",
             gateway=f"{net}.254",
+            fabric_subnet=f"{fab}.0/24",
+            fabric_bridge=f"{prefix}-br1",
             lock_fh=lock,
             hosts=[
                 Host(
@@ -194,6 +198,8 @@ def build_pair(
                     ip=f"{net}.{i}",
                     nic=nic or f"{prefix}-if0",
                     base=base,
+                    fabric_ip=f"{fab}.{i}",
+                    fabric_nic=f"{prefix}-fab0",
                 )
                 for i in range(1, n_hosts + 1)
             ],
@@ -230,8 +236,18 @@ def _build(pair: Pair, log: Log) -> None:
                 "subnet": pair.subnet,
                 "bridge": pair.bridge,
                 "gateway": pair.gateway,
+                "fabric_subnet": pair.fabric_subnet,
+                "fabric_bridge": pair.fabric_bridge,
                 "hosts": [
-                    {"name": h.name, "rank": h.rank, "ip": h.ip, "nic": h.nic} for h in pair.hosts
+                    {
+                        "name": h.name,
+                        "rank": h.rank,
+                        "ip": h.ip,
+                        "nic": h.nic,
+                        "fabric_ip": h.fabric_ip,
+                        "fabric_nic": h.fabric_nic,
+                    }
+                    for h in pair.hosts
                 ],
             },
             indent=1,
@@ -240,10 +256,15 @@ def _build(pair: Pair, log: Log) -> None:
     log(
         f"network: bridge {pair.bridge} {pair.subnet}, hosts "
         + ", ".join(f"{h.name}={h.ip}" for h in pair.hosts)
+        + f"; fabric {pair.fabric_bridge} {pair.fabric_subnet}, "
+        + ", ".join(f"{h.fabric_nic}={h.fabric_ip}" for h in pair.hosts)
     )
     run_local(["ip", "link", "add", pair.bridge, "type", "bridge"])
     run_local(["ip", "addr", "add", f"{pair.gateway}/24", "dev", pair.bridge])
     run_local(["ip", "link", "set", pair.bridge, "up"])
+    # the fabric's bridge carries no address: the machine itself is not on the fabric
+    run_local(["ip", "link", "add", pair.fabric_bridge, "type", "bridge"])
+    run_local(["ip", "link", "set", pair.fabric_bridge, "up"])
     for host in pair.hosts:
         ns, outer, inner = host.netns, host.name, f"{host.name}p"
         run_local(["ip", "netns", "add", ns])
@@ -254,6 +275,7 @@ def _build(pair: Pair, log: Log) -> None:
         run_local(["ip", "-n", ns, "link", "set", host.nic, "up"])
         run_local(["ip", "-n", ns, "link", "set", "lo", "up"])
         run_local(["ip", "link", "set", outer, "master", pair.bridge, "up"])
+        _add_fabric_nic(pair, host)
     for host in pair.hosts:
         pair.start_sshd(host)
         log(f"sshd up on {host.name} ({host.ip}), host key in {pair.known_hosts}")
@@ -267,6 +289,17 @@ def _build(pair: Pair, log: Log) -> None:
                 f"{res.stdout.strip()} {res.stderr.strip()}"
             )
     log(f"ssh from host 1 to all {len(pair.hosts)} hosts works (BatchMode, strict host keys)")
+
+
+def _add_fabric_nic(pair: Pair, host: Host) -> None:
+    """The host's second NIC, on the fabric bridge (its ConnectX-7 link)."""
+    ns, outer, inner = host.netns, f"{host.name}f", f"{host.name}fp"
+    run_local(["ip", "link", "add", outer, "type", "veth", "peer", "name", inner])
+    run_local(["ip", "link", "set", inner, "netns", ns])
+    run_local(["ip", "-n", ns, "link", "set", inner, "name", host.fabric_nic])
+    run_local(["ip", "-n", ns, "addr", "add", f"{host.fabric_ip}/24", "dev", host.fabric_nic])
+    run_local(["ip", "-n", ns, "link", "set", host.fabric_nic, "up"])
+    run_local(["ip", "link", "set", outer, "master", pair.fabric_bridge, "up"])
 
 
 def teardown(pair: Pair, log: Log = lambda _m: None) -> None:
@@ -284,8 +317,11 @@ def teardown(pair: Pair, log: Log = lambda _m: None) -> None:
     for host in pair.hosts:
         run_local(["ip", "netns", "del", host.netns], check=False)
         run_local(["ip", "link", "del", host.name], check=False)
+        run_local(["ip", "link", "del", f"{host.name}f"], check=False)
         remove_created_paths(host.disk / "docker")
     run_local(["ip", "link", "del", pair.bridge], check=False)
+    if pair.fabric_bridge:
+        run_local(["ip", "link", "del", pair.fabric_bridge], check=False)
     shutil.rmtree(pair.base, ignore_errors=True)
     if pair.lock_fh is not None:
         Path(pair.lock_fh.name).unlink(missing_ok=True)
@@ -318,8 +354,18 @@ def find_kept_pair(prefix: str) -> Pair:
                 subnet=data["subnet"],
                 bridge=data["bridge"],
                 gateway=data["gateway"],
+                fabric_subnet=data.get("fabric_subnet", ""),
+                fabric_bridge=data.get("fabric_bridge", ""),
                 hosts=[
-                    Host(name=h["name"], rank=h["rank"], ip=h["ip"], nic=h["nic"], base=base)
+                    Host(
+                        name=h["name"],
+                        rank=h["rank"],
+                        ip=h["ip"],
+                        nic=h["nic"],
+                        base=base,
+                        fabric_ip=h.get("fabric_ip", ""),
+                        fabric_nic=h.get("fabric_nic", ""),
+                    )
                     for h in data["hosts"]
                 ],
                 env_file=next(iter((base / "client").glob("*.env")), None),

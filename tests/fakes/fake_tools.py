@@ -2,7 +2,7 @@
 
 Every call is appended to $FAKE_LOG as a JSON line {"host", "tool", "argv"} so tests can
 assert what was (and was not) run. Per-host state lives in $FAKE_STATE (JSON):
-  {"hosts": {"h1": {"addrs": [...], "listen": [...],
+  {"hosts": {"h1": {"addrs": [...], "ifaces": {name: [addr]} (optional), "listen": [...],
                     "images": {ref: id | {"Id", "Env", "Entrypoint", "RepoDigests"}},
                     "containers": [{"ID","Name","State","ExitCode","Labels":{},"Logs":[]}],
                     "run": "running" | "exited",
@@ -266,9 +266,19 @@ def ssh(argv: list[str]) -> None:
 
 
 def ip(argv: list[str]) -> None:
+    """``ip -o addr show``: a host's "ifaces" ({name: [addr]}) when set, else its "addrs",
+    loopback ones on lo (where Linux has 127.0.0.0/8) and the rest on eth0."""
     st = json.loads(STATE.read_text())
-    for n, a in enumerate(st["hosts"][HOST].get("addrs", [])):
-        print(f"{n + 1}: eth0    inet {a}/24 brd 0.0.0.0 scope global eth0")
+    h = st["hosts"][HOST]
+    ifaces = h.get("ifaces") or {}
+    if not ifaces:
+        for a in h.get("addrs", []):
+            ifaces.setdefault("lo" if a.startswith("127.") else "eth0", []).append(a)
+    n = 0
+    for name, addrs in ifaces.items():
+        for a in addrs:
+            n += 1
+            print(f"{n}: {name}    inet {a}/24 brd 0.0.0.0 scope global {name}")
 
 
 def ss(argv: list[str]) -> None:

@@ -61,7 +61,8 @@ class Env:
             "PAIR_ID": "pair-a",
             "SPARK1": "127.0.0.1",
             "SPARK2": "127.0.0.2",
-            "MASTER_PORT": "29501",
+            # free: preflight's PF-FABRIC-REACH listens on it for a moment
+            "MASTER_PORT": str(free_port()),
             "PORT": str(port),
             "SSH_USER": "bird",
             "SSH_KNOWN_HOSTS_FILE": str(tmp / "known_hosts"),

@@ -77,6 +77,12 @@ VARS: tuple[Var, ...] = (
         "host dir of the RDMA devices (uverbs*) passed to the container as /dev/infiniband",
     ),
     Var(
+        "MODEL_REPO",
+        "",
+        "hf_repo_or_empty",
+        "Hugging Face repo of the checkpoint (model fetch); empty = the recipe's model.hf_repo",
+    ),
+    Var(
         "MODEL_REVISION",
         "",
         "revision_or_empty",
@@ -109,6 +115,7 @@ _WORD_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 _IF_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
+_HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HCA_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?::\d+)?(?:,[A-Za-z0-9._-]+(?::\d+)?)*$")
 
 
@@ -154,6 +161,8 @@ def _check(kind: str, value: str) -> str | None:
         return None if _HCA_RE.match(value) else "must look like dev[:port],dev[:port]"
     if kind == "revision":
         return None if _REV_RE.match(value) else "must be a 40-hex commit hash (or empty)"
+    if kind == "hf_repo":
+        return None if _HF_REPO_RE.match(value) else "must be a Hugging Face repo id (owner/name)"
     if kind == "token":
         ok = value.isprintable() and " " not in value
         return None if ok else "must be one printable word (no spaces)"

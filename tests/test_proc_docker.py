@@ -423,6 +423,9 @@ FLAG_CORPUS = [
     "-e VLLM_API_KEY img serve /m --port 8000",
     "run -d --network host --device /dev/infiniband img x",
     "run -d --network host --entrypoint= img x",
+    "run -d --network host --user 1000:1000 img x",
+    "run -d --network host -u=1000 img x",
+    "run -d --network host --user",
     # the throwaway argv check: attached, removed after, no network, the image's python3
     "run --rm --label dsv4.pair=p --label dsv4.role=argcheck --network none --gpus all "
     "-e VLLM_LOGGING_LEVEL=ERROR --entrypoint python3 img -c 'print(1)' '[[\"m\"]]'",

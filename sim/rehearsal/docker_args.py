@@ -35,8 +35,6 @@ _REAL_RUN_FLAGS = {
     "--publish",
     "--env-file",
     "--mount",
-    "-u",
-    "--user",
     "--init",
     "--pid",
     "--runtime",
@@ -212,6 +210,7 @@ RUN_SPEC = FlagSpec(
         "env": ("-e", "--env"),
         "device": ("--device",),
         "entrypoint": ("--entrypoint",),
+        "user": ("-u", "--user"),
     },
     repeat={"label", "ulimit", "volume", "env", "device"},
 )
@@ -255,6 +254,7 @@ class RunArgs:
     rm: bool = False
     devices: list[dict[str, str]] = field(default_factory=list)  # HostConfig.Devices entries
     entrypoint: str | None = None  # None: the image's; "": none (docker's --entrypoint "")
+    user: str | None = None  # Config.User (recorded; the process runs as the runtime's user)
 
     def label_dict(self) -> dict[str, str]:
         return dict(item.partition("=")[::2] for item in self.labels)
@@ -299,6 +299,7 @@ def run_args(args: list[str]) -> RunArgs:
         rm=opts["rm"],
         devices=[parse_device(d) for d in opts["device"]],
         entrypoint=opts["entrypoint"],
+        user=opts["user"],
     )
 
 

@@ -159,6 +159,7 @@ def inspect_object(store: Store, cid: str) -> dict[str, Any]:
             "Labels": cfg["Labels"],
             "Entrypoint": cfg.get("Entrypoint"),
             "WorkingDir": cfg["WorkingDir"],
+            "User": cfg.get("User", ""),
         },
         "NetworkSettings": {"Networks": {cfg["HostConfig"]["NetworkMode"]: {}}},
     }
@@ -370,7 +371,7 @@ The subset of the docker CLI in docs/INTERFACES.md, run as plain processes on a
 rehearsal test host (state in $DSV4R_DOCKER_STATE):
   run -d --name N --label K=V... --network host --gpus all --ipc host
          [--device SRC[:DST]]... [--entrypoint E] [--shm-size S] [--ulimit X]...
-         [-v SRC:DST[:ro]]... [-e K=V]... IMAGE ARG...
+         [--user UID[:GID]] [-v SRC:DST[:ro]]... [-e K=V]... IMAGE ARG...
   run --rm [--network none] [--label K=V]... [--entrypoint E] [-e K=V]... IMAGE ARG...
          (attached: waits, prints the output, removes the container)
   ps -a [--no-trunc] [--filter label=K=V]... [--format '{{json .}}']

@@ -328,6 +328,8 @@ def _take_action(a: Args, argv: list[str], i: int) -> int:
     """The action word after ``image``/``model``; a missing or unknown one is a usage error."""
     allowed = ACTIONS[a.cmd]
     word = argv[i + 1] if i + 1 < len(argv) else ""
+    if word in ("-h", "--help"):
+        return i  # `image --help` is the help, as for every command
     if word not in allowed:
         got = f"'{word}'" if word else "nothing"
         raise UsageError(

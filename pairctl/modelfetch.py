@@ -65,7 +65,7 @@ def downloader(given: str | None) -> list[str]:
         return [found]
     raise ConfigError(
         "no Hugging Face CLI (hf) found: install it into the launcher's venv "
-        "(.venv/bin/pip install 'huggingface_hub>=1.0', or make venv EXTRAS=hub), or pass "
+        "(.venv/bin/pip install 'huggingface_hub>=1.0'), or pass "
         "--downloader CMD"
     )
 

@@ -6,7 +6,8 @@ once; a dropped link must not restart them from zero. Each file is appended to
 does for a file that only grows) and renamed to ``DST`` once its size is right, so rank 1
 never sees a half file under the real name. Rank 1 needs nothing but ``sh``, ``cat``,
 ``find`` and ``mv``, and the same ssh options every other command uses (host keys checked).
-Progress is tqdm's byte counter (bytes/s) on stderr.
+Progress is rich's transfer bar (bytes, bytes/s, time left) on a terminal, and one plain
+line every 10 s otherwise (a log, a systemd journal), on stderr.
 """
 
 from __future__ import annotations
@@ -14,16 +15,25 @@ from __future__ import annotations
 import hashlib
 import shlex
 import subprocess
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from pairctl.nodes import Node
 
 CHUNK = 8 << 20
 PARTIAL = ".partial"
+PLAIN_EVERY_S = 10.0
 
 
 class TransferError(RuntimeError):
@@ -53,24 +63,66 @@ def local_sizes(root: Path, files: Iterable[str]) -> dict[str, int]:
 
 
 @dataclass
+class Bar:
+    """Bytes sent of ``total``: rich's bar on a terminal, a line every 10 s elsewhere."""
+
+    what: str
+    total: int
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+    last_line: float = 0.0
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+    progress: Progress | None = None
+    task: int = 0
+
+    def __post_init__(self) -> None:
+        if self.console.is_terminal:
+            self.progress = Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(binary_units=True),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(self.what, total=self.total)
+
+    def rate(self) -> float:
+        return self.done / max(time.monotonic() - self.started, 1e-6)
+
+    def line(self) -> str:
+        mib = 2**20
+        return (
+            f"{self.what}: {self.done / mib:.1f}/{self.total / mib:.1f} MiB, "
+            f"{self.rate() / mib:.1f} MiB/s"
+        )
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress.update(self.task, advance=n)
+        elif time.monotonic() - self.last_line >= PLAIN_EVERY_S:
+            self.last_line = time.monotonic()
+            self.console.print(self.line(), highlight=False)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        else:
+            self.console.print(self.line() + " (done)", highlight=False)
+
+
+@dataclass
 class Sender:
     """Streams files to one node; one progress bar over all bytes still to send."""
 
     node: Node
-    bar: tqdm
+    bar: Bar
 
     @classmethod
     def open(cls, node: Node, total: int, what: str) -> Sender:
-        bar = tqdm(
-            total=total,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc=f"{what} -> {node.label}",
-            mininterval=2.0,
-            dynamic_ncols=True,
-        )
-        return cls(node, bar)
+        return cls(node, Bar(f"{what} -> {node.label}", total))
 
     def close(self) -> None:
         self.bar.close()

@@ -125,7 +125,7 @@ def test_copy_resumes_a_partial_file_and_skips_complete_ones(fakes_env: Env, cap
     assert not (dst / "big.bin.partial").exists()
     assert pair.calls("ssh")  # rank 1 is reached over ssh
     err = capsys.readouterr().err
-    assert "2.00M/2.00M" in err and "B/s" in err, err  # progress: bytes and bytes/s
+    assert "2.0/2.0 MiB" in err and "MiB/s" in err, err  # progress: bytes and bytes/s
 
 
 def test_copy_restarts_a_partial_that_cannot_be_a_prefix(fakes_env: Env) -> None:

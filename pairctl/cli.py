@@ -138,6 +138,8 @@ def dispatch(a: Args) -> int:
         return ops.logs(a, pair)
     if a.cmd == "sync-overlays":
         return ops.sync_overlays(a, pair)
+    if a.cmd in ("image", "model"):
+        return ops.transfer(a, pair)
     if a.cmd == "watch":
         return ops.watchdog(a, pair, restart=lambda: restart(a))
     raise AssertionError(a.cmd)

@@ -89,6 +89,18 @@ VARS: tuple[Var, ...] = (
         "host dir of the RDMA devices (uverbs*) passed to the container as /dev/infiniband",
     ),
     Var(
+        "CONTAINER_USER",
+        "",
+        "user_or_empty",
+        "UID:GID both ranks' containers run as (files in the caches stay yours); empty = root",
+    ),
+    Var(
+        "MODEL_REPO",
+        "",
+        "hf_repo_or_empty",
+        "Hugging Face repo of the checkpoint (model fetch); empty = the recipe's model.hf_repo",
+    ),
+    Var(
         "MODEL_REVISION",
         "",
         "revision_or_empty",
@@ -121,6 +133,7 @@ _WORD_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 _IF_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
+_HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HCA_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?::\d+)?(?:,[A-Za-z0-9._-]+(?::\d+)?)*$")
 
 
@@ -166,6 +179,11 @@ def _check(kind: str, value: str) -> str | None:
         return None if _HCA_RE.match(value) else "must look like dev[:port],dev[:port]"
     if kind == "revision":
         return None if _REV_RE.match(value) else "must be a 40-hex commit hash (or empty)"
+    if kind == "user":
+        ok = re.fullmatch(r"\d+(?::\d+)?", value)
+        return None if ok else "must be UID:GID in numbers, e.g. 1000:1000 (id -u, id -g)"
+    if kind == "hf_repo":
+        return None if _HF_REPO_RE.match(value) else "must be a Hugging Face repo id (owner/name)"
     if kind == "token":
         ok = value.isprintable() and " " not in value
         return None if ok else "must be one printable word (no spaces)"

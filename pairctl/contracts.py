@@ -173,7 +173,8 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
         1,
         "EXIT_RUNTIME",
         "other runtime error (e.g. `down` could not reach a node; `logs` could not reach the "
-        "rank's node, or it has no container of this pair)",
+        "rank's node, or it has no container of this pair; `image ship` or `model fetch`/`verify` "
+        "could not build, copy or load, or the two copies differ)",
         "runtime error",
     ),
     ExitCode(
@@ -188,7 +189,8 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
         3,
         "EXIT_PREFLIGHT",
         "preflight FAIL, or another `up`/`down` of this pair holds its lock (nothing was "
-        "started or removed); `sync-overlays` run anywhere but `SPARK1` (nothing copied)",
+        "started or removed); `sync-overlays`, `image ship` or `model fetch`/`verify` run anywhere "
+        "but `SPARK1` (nothing copied)",
         "preflight FAIL or the pair's lock is held",
     ),
     ExitCode(

@@ -27,7 +27,20 @@ from pairctl.contracts import (
     exit_text,
 )
 
-COMMANDS = ("up", "down", "status", "logs", "plan", "preflight", "sync-overlays", "watch")
+COMMANDS = (
+    "up",
+    "down",
+    "status",
+    "logs",
+    "plan",
+    "preflight",
+    "sync-overlays",
+    "image",
+    "model",
+    "watch",
+)
+# Commands that take an action word right after them (``image ship``, ``model fetch``).
+ACTIONS = {"image": ("ship",), "model": ("fetch", "verify")}
 PASSTHROUGH = "--"  # the key under which the extra vLLM args are checked
 
 
@@ -173,6 +186,48 @@ OPTIONS: tuple[Opt, ...] = (
         "S",
     ),
     Opt(
+        ("--build",),
+        "build",
+        ("image",),
+        "ship: first docker build launch/image/Dockerfile on rank 0, tagged IMAGE",
+    ),
+    Opt(
+        ("--pull",),
+        "pull",
+        ("image",),
+        "ship: first docker pull IMAGE on rank 0 (a registry reference, best by digest)",
+    ),
+    Opt(
+        ("--stage",),
+        "stage",
+        ("image",),
+        "ship: where the image tar waits on both nodes while it is copied (default "
+        "/var/tmp/dsv4-image; needs the image's size free)",
+        str,
+        "DIR",
+    ),
+    Opt(
+        ("--checksum",),
+        "checksum",
+        ("model",),
+        "fetch/verify: also compare the sha256 of every file on both nodes (minutes per 100 GB)",
+    ),
+    Opt(
+        ("--skip-download",),
+        "skip_download",
+        ("model",),
+        "fetch: MODEL_PATH on rank 0 is complete already; only copy it to rank 1 and verify",
+    ),
+    Opt(
+        ("--downloader",),
+        "downloader",
+        ("model",),
+        "fetch: the Hugging Face CLI to run (default: hf beside the launcher's Python, else "
+        "on PATH); it gets `download REPO --revision COMMIT --local-dir MODEL_PATH`",
+        str,
+        "CMD",
+    ),
+    Opt(
         ("--catalogue-md",),
         "catalogue_md",
         ("preflight",),
@@ -207,6 +262,13 @@ class Args:
     backoff: float = 30.0
     backoff_max: float = 600.0
     catalogue_md: bool = False
+    action: str = ""
+    build: bool = False
+    pull: bool = False
+    stage: str = "/var/tmp/dsv4-image"
+    checksum: bool = False
+    skip_download: bool = False
+    downloader: str | None = None
     vllm_args: list[str] = field(default_factory=list)
     help: bool = False
     given: dict[str, str] = field(default_factory=dict)
@@ -225,6 +287,8 @@ def parse(argv: list[str]) -> Args:
                     f"two commands given ('{a.cmd}' and '{tok}'); pick one (see --help)"
                 )
             a.cmd, seen_cmd = tok, True
+            if tok in ACTIONS:
+                i = _take_action(a, argv, i)
         elif tok in ("-h", "--help"):
             a.help = True
             return a
@@ -261,6 +325,21 @@ def parse(argv: list[str]) -> Args:
     return a
 
 
+def _take_action(a: Args, argv: list[str], i: int) -> int:
+    """The action word after ``image``/``model``; a missing or unknown one is a usage error."""
+    allowed = ACTIONS[a.cmd]
+    word = argv[i + 1] if i + 1 < len(argv) else ""
+    if word in ("-h", "--help"):
+        return i  # `image --help` is the help, as for every command
+    if word not in allowed:
+        got = f"'{word}'" if word else "nothing"
+        raise UsageError(
+            f"{a.cmd} needs one of: {', '.join(allowed)} (got {got}); e.g. {a.cmd} {allowed[0]}"
+        )
+    a.action = word
+    return i + 1
+
+
 def _take_json(a: Args, argv: list[str], i: int, inline: str | None) -> int:
     """``--json`` is a flag (status) or takes a FILE (up, preflight): a next word that is
     neither an option nor a command is its FILE."""
@@ -281,6 +360,10 @@ def _check_applies(a: Args) -> None:
             raise UsageError(
                 f"{shown} does not apply to {a.cmd} (only to: {', '.join(where)}); see --help"
             )
+    if a.build and a.pull:
+        raise UsageError("image ship takes --build or --pull, not both (see --help)")
+    if a.cmd == "model" and a.action == "verify" and (a.skip_download or a.downloader):
+        raise UsageError("--skip-download and --downloader apply to model fetch only")
     if a.cmd == "status" and a.json_file is not None:
         raise UsageError(
             f"status --json prints JSON on stdout and takes no FILE (got '{a.json_file}'); "
@@ -311,6 +394,16 @@ COMMAND_HELP = {
     "both nodes, check every file's sha256 on arrival, then swap the copy in (a node that "
     "fails keeps its old copy; exit 1). Refuses (exit 3) unless this machine is SPARK1 and "
     "SPARK2 is another one (PF-SELF-IS-SPARK1, PF-DISTINCT-NODES).",
+    "image": "IMAGE on both ranks with the same image ID: on rank 0 build it "
+    "(--build: launch/image/Dockerfile), pull it (--pull) or use the one there; then docker "
+    "save, a resumable copy to rank 1 over ssh (bytes/s shown), docker load there, and the "
+    "image ID compared on both. Skips rank 1 when it has the same ID already; touches no "
+    "image but IMAGE. Refuses (exit 3) off SPARK1, as sync-overlays does.",
+    "model": "fetch: download MODEL_REPO at MODEL_REVISION into MODEL_PATH on rank 0 "
+    "(hf download; resumes), copy it to rank 1 over ssh (resumable, bytes/s), then verify. "
+    "verify: compare both copies only (file list, sizes, every shard "
+    "model.safetensors.index.json names; --checksum: sha256 too). HF_TOKEN goes to the "
+    "downloader's environment only. Refuses (exit 3) off SPARK1.",
     "watch": "watchdog: a 1-token completion every --interval s; after --failures failed "
     "probes in a row, down then up (backoff after a failed up). Runs until stopped "
     "(SIGTERM/Ctrl-C); one timestamped line per event. launch/dsv4-watch@.service runs it "
@@ -327,8 +420,12 @@ def usage() -> str:
         return (f"  {head:<17} " + body[20:]) if len(head) < 18 else f"  {head}\n{body}"
 
     out = [
-        "Usage: launch/dspark_launch.sh [" + "|".join(COMMANDS) + "]",
+        "Usage: launch/dspark_launch.sh ["
+        + "|".join(c for c in COMMANDS if c not in ACTIONS)
+        + "]",
         "                               [options] [-- VLLM_ARGS...]",
+        "       launch/dspark_launch.sh image ship [--build|--pull] [--stage DIR] [options]",
+        "       launch/dspark_launch.sh model fetch|verify [--checksum] [options]",
         "       launch/dspark_launch.sh fleet plan|up|down|status|prometheus [options]"
         "   (--help there)",
         "",
@@ -336,7 +433,10 @@ def usage() -> str:
         "",
         "Commands:",
     ]
-    out += [block(c, COMMAND_HELP[c]) for c in COMMANDS]
+    out += [
+        block(" ".join([c, "|".join(ACTIONS.get(c, ()))]).strip(), COMMAND_HELP[c])
+        for c in COMMANDS
+    ]
     out += ["", "Options:"]
     for o in OPTIONS:
         if o.hidden:

@@ -61,12 +61,39 @@ def status(a: Args, pair: ResolvedPair) -> int:
 
 def sync_overlays(a: Args, pair: ResolvedPair) -> int:
     """Refuse, as up does (exit 3), unless this is SPARK1 and SPARK2 is another machine."""
+    if not on_spark1("sync-overlays", pair):
+        return EXIT_PREFLIGHT
+    return sync(pair.cfg, Path(a.src))
+
+
+def on_spark1(what: str, pair: ResolvedPair) -> bool:
+    """The identity checks up runs (this machine is SPARK1, SPARK2 another one), printed."""
     specs = tuple(pf.BY_ID[i] for i in IDENTITY_CHECKS)
     checks, _ = runner.run(pair, {}, print_check, progress, specs, False)
     if pf.failed(checks):
-        log("sync-overlays refused: run it on this pair's rank-0 node; nothing was copied")
+        log(f"{what} refused: run it on this pair's rank-0 node; nothing was copied")
+        return False
+    return True
+
+
+def transfer(a: Args, pair: ResolvedPair) -> int:
+    """``image ship`` / ``model fetch|verify``: refuse off SPARK1 (exit 3), as sync does."""
+    from pairctl import imageship, modelfetch
+
+    if a.cmd == "model" and a.action == "fetch":
+        modelfetch.repo_and_revision(pair)  # an unpinned commit is exit 2, before any probe
+    if not on_spark1(f"{a.cmd} {a.action}", pair):
         return EXIT_PREFLIGHT
-    return sync(pair.cfg, Path(a.src))
+    if a.cmd == "image":
+        return imageship.ship(pair, build=a.build, pull=a.pull, stage=a.stage)
+    if a.action == "verify":
+        return modelfetch.verify(pair, checksum=a.checksum)
+    return modelfetch.fetch(
+        pair,
+        checksum=a.checksum,
+        skip_download=a.skip_download,
+        downloader_cmd=a.downloader,
+    )
 
 
 def logs(a: Args, pair: ResolvedPair) -> int:

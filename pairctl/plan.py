@@ -167,6 +167,11 @@ def container_env(
             env[k] = val
     if overlay:
         env["PYTHONPATH"] = pythonpath(image, OVERLAY_MOUNT)
+    if cfg["CONTAINER_USER"]:
+        # A UID the image has no passwd entry for gets HOME=/ (not writable): anything
+        # that still writes under ~ goes to /tmp instead (the known JIT caches are all
+        # mounted and named in the recipe env).
+        env["HOME"] = "/tmp"
     for name in sorted(SECRET_NAMES):
         if cfg.values.get(name) and (rank == 0 or name not in HEAD_ONLY_SECRETS):
             env[name] = cfg.values[name]
@@ -234,6 +239,10 @@ def build_rank(
         "--entrypoint",
         ENTRYPOINT,
     ]
+    if cfg["CONTAINER_USER"]:
+        # The operator's UID:GID: what the ranks write into the mounted caches stays the
+        # operator's (container_env sets HOME for a user the image does not know).
+        argv += ["--user", cfg["CONTAINER_USER"]]
     for u in recipe.ulimits:
         argv += ["--ulimit", u]
     for m in mounts:

@@ -20,7 +20,8 @@ import yaml
 from pairctl.config import ConfigError
 
 SUPPORTED_RECIPE_VERSIONS = (1,)
-TOP_KEYS = {"recipe_version", "name", "description", "container", "env", "serve"}
+TOP_KEYS = {"recipe_version", "name", "description", "model", "container", "env", "serve"}
+MODEL_KEYS = {"hf_repo", "revision"}
 CONTAINER_KEYS = {"image", "shm_size", "ulimits", "mounts"}
 # The launcher sets these per rank from the env file; a recipe must not.
 LAUNCHER_OWNED = {"model", "node-rank", "headless", "master-addr", "master-port", "config"}
@@ -60,6 +61,9 @@ class Recipe:
     mounts: list[Mount]
     env: dict[str, str]
     serve: dict[str, Any] = field(default_factory=dict)
+    # The checkpoint to fetch (``model fetch``); MODEL_REPO / MODEL_REVISION in .env win.
+    model_repo: str | None = None
+    model_revision: str | None = None
 
 
 def _err(path: str, msg: str) -> ConfigError:
@@ -112,6 +116,7 @@ def parse_recipe(data: Any, path: str = "<recipe>") -> Recipe:
         if not str(m["dst"]).startswith("/") or not str(m["src"]).startswith(("/", "${")):
             raise _err(path, f"container.mounts entry {m!r} needs absolute paths")
         mounts.append(Mount(str(m["src"]), str(m["dst"]), bool(m.get("ro", False))))
+    model_repo, model_revision = _model_section(data.get("model"), path)
     env = data.get("env") or {}
     if not isinstance(env, dict):
         raise _err(path, "env must be a mapping")
@@ -148,7 +153,23 @@ def parse_recipe(data: Any, path: str = "<recipe>") -> Recipe:
         mounts=mounts,
         env=env_out,
         serve=dict(serve),
+        model_repo=model_repo,
+        model_revision=model_revision,
     )
+
+
+def _model_section(model: Any, path: str) -> tuple[str | None, str | None]:
+    """``model: {hf_repo, revision}``: where ``model fetch`` downloads from."""
+    if model is None:
+        return None, None
+    if not isinstance(model, dict) or set(model) - MODEL_KEYS:
+        raise _err(path, f"model must be a mapping with keys {sorted(MODEL_KEYS)}")
+    repo, rev = model.get("hf_repo"), model.get("revision")
+    if repo is not None and (not isinstance(repo, str) or repo.count("/") != 1):
+        raise _err(path, f"model.hf_repo {repo!r} must be a Hugging Face repo id (owner/name)")
+    if rev is not None and not re.fullmatch(r"[0-9a-f]{40}", str(rev)):
+        raise _err(path, f"model.revision {rev!r} must be a 40-hex commit (or null)")
+    return repo, (str(rev) if rev is not None else None)
 
 
 def load_recipe(path: str | Path) -> Recipe:

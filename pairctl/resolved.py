@@ -42,6 +42,8 @@ class ResolvedPair:
     image: str
     model_path: str
     overlay_dir: str
+    model_repo: str
+    model_revision: str
     api_key: str = field(repr=False)
     placeholders: tuple[Mapping[str, str], Mapping[str, str]] = field(repr=False)
     vllm_argv: tuple[tuple[str, ...], tuple[str, ...]] = field(repr=False)
@@ -88,6 +90,8 @@ def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) ->
         image=image,
         model_path=full["MODEL_PATH"],
         overlay_dir=full["OVERLAY_DIR"],
+        model_repo=full["MODEL_REPO"] or recipe.model_repo or "",
+        model_revision=full["MODEL_REVISION"] or recipe.model_revision or "",
         api_key=full["VLLM_API_KEY"],
         placeholders=(values[0], values[1]),
         vllm_argv=(argvs[0], argvs[1]),

@@ -35,7 +35,9 @@ def _table(header: str) -> list[list[str]]:
 def _generated() -> dict[str, str]:
     """item -> value for both ranks' lines on .env.example, every optional item switched on."""
     values = dict(dotenv_values(REPO / ".env.example"))
-    values.update(HF_TOKEN="hf_doc", VLLM_API_KEY="sk_doc", NCCL_IB_GID_INDEX="3")
+    values.update(
+        HF_TOKEN="hf_doc", VLLM_API_KEY="sk_doc", NCCL_IB_GID_INDEX="3", CONTAINER_USER="1000:1000"
+    )
     cfg = parse_env(values)
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
     by_path = {cfg.values[v]: v for v in ("MODEL_PATH", "OVERLAY_DIR", *CACHE_VARS)}
@@ -80,6 +82,7 @@ NOT_VALUE_CHECKED = {
     "--headless",  # rank 1 only
     "-e VLLM_HOST_IP",
     "-e NCCL_IB_GID_INDEX",  # only when the env file pins it
+    "-e HOME",  # only with CONTAINER_USER
 }
 
 

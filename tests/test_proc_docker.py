@@ -423,11 +423,24 @@ FLAG_CORPUS = [
     "-e VLLM_API_KEY img serve /m --port 8000",
     "run -d --network host --device /dev/infiniband img x",
     "run -d --network host --entrypoint= img x",
+    "run -d --network host --user 1000:1000 img x",
+    "run -d --network host -u=1000 img x",
+    "run -d --network host --user",
     # the throwaway argv check: attached, removed after, no network, the image's python3
     "run --rm --label dsv4.pair=p --label dsv4.role=argcheck --network none --gpus all "
     "-e VLLM_LOGGING_LEVEL=ERROR --entrypoint python3 img -c 'print(1)' '[[\"m\"]]'",
     "run --rm --entrypoint",
     "run --rm --device",
+    # image ship: save on rank 0, load on rank 1
+    "save -o /tmp/x.tar img:1",
+    "save --output=/tmp/x.tar img:1 img:2",
+    "save",
+    "save -o",
+    "save --bogus img",
+    "load -i /dev/null",  # the client opens the file before it connects
+    "load --input=/dev/null -q",
+    "load extra",
+    "load -x",
 ]
 
 
@@ -569,3 +582,52 @@ def test_argv_check_runs_the_images_own_parser_in_a_throwaway(
         "--bogus-flag 1"
     ]
     assert docker(state, "ps", "-a", "-q").stdout == ""
+
+
+def test_save_then_load_carries_the_id_and_env_not_the_registry_digest(
+    tmp_path: Path,
+) -> None:
+    """image ship's round trip on the runtime (no root: save/load start no process): the
+    tar docker save writes (manifest.json + config blob named by the ID), loaded on
+    another host under the same ID with the image's env; RepoDigests dropped, as docker
+    does for a loaded image."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    image_id = "sha256:" + "cd" * 32
+    res = docker(
+        a,
+        "load-fake",
+        "img:1",
+        image_id,
+        "--env",
+        "PYTHONPATH=/x",
+        "--digest",
+        "reg/img@sha256:" + "ee" * 32,
+    )
+    assert res.returncode == 0, res.stderr
+    tar = tmp_path / "img.tar"
+    res = docker(a, "save", "-o", str(tar), "img:1")
+    assert res.returncode == 0 and res.stdout == "", res.stderr
+    assert tar.stat().st_mode & 0o777 == 0o600  # docker/cli CopyToFile: a CreateTemp file
+    assert not list(tmp_path.glob(".docker_temp_*"))
+    res = docker(b, "load", "-i", str(tar))
+    assert res.returncode == 0 and res.stdout == "Loaded image: img:1\n", res
+    info = json.loads(docker(b, "image", "inspect", "img:1").stdout)[0]
+    assert info["Id"] == image_id and info["RepoDigests"] == []
+    assert info["Config"]["Env"] == ["PYTHONPATH=/x"]
+    assert docker(b, "image", "inspect", "--format", "{{.Id}}", "img:1").stdout.strip() == image_id
+
+
+def test_save_and_load_fail_like_docker(tmp_path: Path) -> None:
+    st = tmp_path / "st"
+    st.mkdir()
+    res = docker(st, "save", "-o", str(tmp_path / "x.tar"), "nope:1")
+    assert res.returncode == 1 and "reference does not exist" in res.stderr
+    assert not (tmp_path / "x.tar").exists()
+    res = docker(st, "load", "-i", str(tmp_path / "missing.tar"))
+    assert res.returncode == 1 and "no such file or directory" in res.stderr
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"not a tar at all" * 100)
+    res = docker(st, "load", "-i", str(bad))
+    assert res.returncode == 1 and "Error response from daemon" in res.stderr

@@ -18,8 +18,10 @@ PF_IMAGE_MATCH = CheckSpec(
     "PF-IMAGE-MATCH",
     title="the same image ID on both nodes, and no registry digest (RepoDigests) that "
     "differs between them; a tag that could be pinned by its digest WARNs",
-    remedy="docker pull IMAGE on both nodes (or docker save IMAGE | ssh SPARK2 docker load); "
-    "pin IMAGE=repo@sha256:DIGEST in the env file so a later pull cannot change one node",
+    remedy="run launch/dspark_launch.sh image ship (add --build to build launch/image/Dockerfile "
+    "on rank 0, or --pull for a registry image): it copies rank 0's image to rank 1 and checks "
+    "the ID on both; pin IMAGE=repo@sha256:DIGEST in the env file so a later pull cannot "
+    "change one node",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
     decide=lambda v: check_image(v.pair.image, v.rank0, v.rank1),
 )
@@ -53,7 +55,8 @@ PF_MODEL_MATCH = CheckSpec(
     "PF-MODEL-MATCH",
     title=f"MODEL_PATH exists on both nodes with identical {', '.join(MODEL_FILES)} "
     "(sha256; config.json required)",
-    remedy="copy the model to the same path on both nodes (rsync -a), then re-run",
+    remedy="run launch/dspark_launch.sh model fetch (downloads on rank 0, copies to rank 1 "
+    "and verifies), or copy the model to the same path on both nodes, then re-run",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
     decide=lambda v: check_model(v.cfg["MODEL_PATH"], v.rank0, v.rank1),
 )
@@ -118,11 +121,11 @@ PF_MODEL_REVISION = CheckSpec(
     title="the model's Hugging Face commit (from an HF cache snapshot path, or the download "
     "metadata of `hf download --local-dir`) is the same on both nodes and equals "
     "MODEL_REVISION; an unpinned or unknown revision WARNs",
-    remedy="download with `hf download REPO --revision COMMIT --local-dir MODEL_PATH` on "
-    "both nodes (or point MODEL_PATH at the HF cache snapshot) and set MODEL_REVISION=COMMIT "
-    "in the env file",
+    remedy="set MODEL_REVISION=COMMIT in the env file and run launch/dspark_launch.sh model "
+    "fetch: it downloads MODEL_REPO at that commit on rank 0 (hf download --local-dir "
+    "MODEL_PATH), copies it to rank 1 and verifies both copies",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_model_revision(v.cfg["MODEL_REVISION"], v.rank0, v.rank1),
+    decide=lambda v: check_model_revision(v.pair.model_revision, v.rank0, v.rank1),
 )
 
 

@@ -35,8 +35,6 @@ _REAL_RUN_FLAGS = {
     "--publish",
     "--env-file",
     "--mount",
-    "-u",
-    "--user",
     "--init",
     "--pid",
     "--runtime",
@@ -212,6 +210,7 @@ RUN_SPEC = FlagSpec(
         "env": ("-e", "--env"),
         "device": ("--device",),
         "entrypoint": ("--entrypoint",),
+        "user": ("-u", "--user"),
     },
     repeat={"label", "ulimit", "volume", "env", "device"},
 )
@@ -224,6 +223,11 @@ INSPECT_SPEC = FlagSpec(values={"format": ("-f", "--format"), "type": ("--type",
 IMAGE_INSPECT_SPEC = FlagSpec(values={"format": ("-f", "--format")})
 LOGS_SPEC = FlagSpec(bools={"follow": ("-f", "--follow")}, values={"tail": ("-n", "--tail")})
 RM_SPEC = FlagSpec(bools={"force": ("-f", "--force")})
+SAVE_SPEC = FlagSpec(values={"output": ("-o", "--output"), "platform": ("--platform",)})
+LOAD_SPEC = FlagSpec(
+    bools={"quiet": ("-q", "--quiet")},
+    values={"input": ("-i", "--input"), "platform": ("--platform",)},
+)
 LOAD_FAKE_SPEC = FlagSpec(
     values={"env": ("--env", "-e"), "entrypoint": ("--entrypoint",), "digest": ("--digest",)},
     repeat={"env", "entrypoint", "digest"},
@@ -250,6 +254,7 @@ class RunArgs:
     rm: bool = False
     devices: list[dict[str, str]] = field(default_factory=list)  # HostConfig.Devices entries
     entrypoint: str | None = None  # None: the image's; "": none (docker's --entrypoint "")
+    user: str | None = None  # Config.User (recorded; the process runs as the runtime's user)
 
     def label_dict(self) -> dict[str, str]:
         return dict(item.partition("=")[::2] for item in self.labels)
@@ -294,6 +299,7 @@ def run_args(args: list[str]) -> RunArgs:
         rm=opts["rm"],
         devices=[parse_device(d) for d in opts["device"]],
         entrypoint=opts["entrypoint"],
+        user=opts["user"],
     )
 
 
@@ -406,6 +412,34 @@ def rm_args(args: list[str]) -> RmArgs:
     return RmArgs(refs, opts["force"])
 
 
+@dataclass(frozen=True)
+class SaveArgs:
+    refs: list[str]
+    output: str | None  # None: the tar goes to stdout
+
+
+def save_args(args: list[str]) -> SaveArgs:
+    """`docker save [-o FILE] IMAGE...` (image ship, on rank 0)."""
+    opts, refs = parse_flags(args, SAVE_SPEC, "save")
+    if not refs:
+        raise UsageError('"docker save" requires at least 1 argument.', "save")
+    return SaveArgs(refs, opts["output"])
+
+
+@dataclass(frozen=True)
+class LoadArgs:
+    input: str | None  # None: the tar comes on stdin
+    quiet: bool
+
+
+def load_args(args: list[str]) -> LoadArgs:
+    """`docker load [-i FILE] [-q]` (image ship, on rank 1)."""
+    opts, rest = parse_flags(args, LOAD_SPEC, "load")
+    if rest:
+        raise UsageError('"docker load" accepts no arguments.', "load")
+    return LoadArgs(opts["input"], opts["quiet"])
+
+
 def verdict(argv: list[str]) -> str | None:
     """None if the real client would accept `docker ARGV...`'s flags, else the error."""
     parsers = {
@@ -415,6 +449,8 @@ def verdict(argv: list[str]) -> str | None:
         "image": image_inspect_args,
         "logs": logs_args,
         "rm": rm_args,
+        "save": save_args,
+        "load": load_args,
     }
     if not argv or argv[0] not in parsers:
         return f"docker: {argv[0] if argv else ''!r} is not in the contract's subset"

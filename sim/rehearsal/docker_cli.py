@@ -10,26 +10,30 @@ this host with the given ID, so tests can give the two hosts different image IDs
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from typing import Any
 
-from sim.rehearsal import gotemplate
+from sim.rehearsal import gotemplate, imagetar
 from sim.rehearsal.docker_args import (
     LOAD_FAKE_SPEC,
     CliError,
     UsageError,
     image_inspect_args,
     inspect_args,
+    load_args,
     logs_args,
     parse_flags,
     ps_args,
     rm_args,
+    save_args,
 )
 from sim.rehearsal.docker_run import cmd_run
 from sim.rehearsal.store import Store, StoreError, alive, write_json_atomic
@@ -155,6 +159,7 @@ def inspect_object(store: Store, cid: str) -> dict[str, Any]:
             "Labels": cfg["Labels"],
             "Entrypoint": cfg.get("Entrypoint"),
             "WorkingDir": cfg["WorkingDir"],
+            "User": cfg.get("User", ""),
         },
         "NetworkSettings": {"Networks": {cfg["HostConfig"]["NetworkMode"]: {}}},
     }
@@ -282,6 +287,57 @@ def cmd_rm(store: Store, args: list[str]) -> int:
     return rc
 
 
+def cmd_save(store: Store, args: list[str]) -> int:
+    """`docker save [-o FILE] IMAGE...`: a docker-save tar (imagetar) of the named images.
+    Like docker/cli's CopyToFile, -o writes a temp file beside FILE and renames it."""
+    sv = save_args(args)
+    images = []
+    for ref in sv.refs:
+        image = store.image(ref)
+        if image is None:
+            raise StoreError("Error response from daemon: reference does not exist")
+        images.append((ref, image))
+    if sv.output is None:
+        if sys.stdout.isatty():
+            raise StoreError("cowardly refusing to save to a terminal. Use the -o flag or redirect")
+        imagetar.write(sys.stdout.buffer, images)
+        return 0
+    fd, tmp = tempfile.mkstemp(prefix=".docker_temp_", dir=os.path.dirname(sv.output) or ".")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            imagetar.write(fh, images)
+        os.replace(tmp, sv.output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return 0
+
+
+def cmd_load(store: Store, args: list[str]) -> int:
+    """`docker load [-i FILE] [-q]`: register every tagged image of the tar under its ID
+    (registry digests dropped, as docker does), printing `Loaded image: REF` each."""
+    ld = load_args(args)
+    try:
+        src = open(ld.input, "rb") if ld.input else sys.stdin.buffer  # noqa: SIM115
+    except OSError as exc:
+        raise StoreError(f"open {ld.input}: {exc.strerror.lower()}") from None
+    try:
+        found = imagetar.read(src)
+    except ValueError as exc:
+        raise StoreError(f"Error response from daemon: {exc}") from None
+    finally:
+        if ld.input:
+            src.close()
+    if not found:
+        raise StoreError("Error response from daemon: no images found in the archive")
+    for ref, image in found:
+        store.load_image(ref, image["Id"], image["Env"], image["Entrypoint"], [])
+        if not ld.quiet:
+            print(f"Loaded image: {ref}")
+    return 0
+
+
 def cmd_load_fake(store: Store, args: list[str]) -> int:
     """Harness-only: register IMAGE with ID on this host (`--env K=V` = image ENV,
     `--entrypoint W` = one word of its ENTRYPOINT, `--digest REPO@sha256:D` = a RepoDigest)."""
@@ -304,6 +360,8 @@ COMMANDS = {
     "image": cmd_image,
     "logs": cmd_logs,
     "rm": cmd_rm,
+    "save": cmd_save,
+    "load": cmd_load,
     "load-fake": cmd_load_fake,
 }
 
@@ -313,7 +371,7 @@ The subset of the docker CLI in docs/INTERFACES.md, run as plain processes on a
 rehearsal test host (state in $DSV4R_DOCKER_STATE):
   run -d --name N --label K=V... --network host --gpus all --ipc host
          [--device SRC[:DST]]... [--entrypoint E] [--shm-size S] [--ulimit X]...
-         [-v SRC:DST[:ro]]... [-e K=V]... IMAGE ARG...
+         [--user UID[:GID]] [-v SRC:DST[:ro]]... [-e K=V]... IMAGE ARG...
   run --rm [--network none] [--label K=V]... [--entrypoint E] [-e K=V]... IMAGE ARG...
          (attached: waits, prints the output, removes the container)
   ps -a [--no-trunc] [--filter label=K=V]... [--format '{{json .}}']
@@ -321,6 +379,8 @@ rehearsal test host (state in $DSV4R_DOCKER_STATE):
   image inspect [--format '{{.Id}}'] IMAGE...
   logs [--tail N] [-f] CONTAINER
   rm -f CONTAINER...
+  save [-o FILE] IMAGE...      (a docker-save tar: manifest.json + config blobs)
+  load [-i FILE] [-q]          (registers each tagged image under its saved ID)
   load-fake IMAGE ID [--env K=V]... [--entrypoint W]... [--digest REPO@sha256:D]...
          (harness only: "load" an image with this ID)
 """

@@ -137,6 +137,7 @@ def cmd_run(store: Store, args: list[str]) -> int:
             "Env": [f"{k}={v}" for k, v in merged.items()],
             "Mounts": mounts,
             "WorkingDir": "",
+            "User": run.user or "",
             "Hostname": socket.gethostname(),
             "HostConfig": {
                 "NetworkMode": run.network,

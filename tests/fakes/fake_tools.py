@@ -4,6 +4,7 @@ Every call is appended to $FAKE_LOG as a JSON line {"host", "tool", "argv"} so t
 assert what was (and was not) run. Per-host state lives in $FAKE_STATE (JSON):
   {"hosts": {"h1": {"addrs": [...], "ifaces": {name: [addr]} (optional), "listen": [...],
                     "images": {ref: id | {"Id", "Env", "Entrypoint", "RepoDigests"}},
+                    (`docker save -o` / `load -i` write and read the runtime's tar)
                     "containers": [{"ID","Name","State","ExitCode","Labels":{},"Logs":[]}],
                     "run": "running" | "exited",
                     "throwaway": {"out": "...", "rc": 0}}},
@@ -32,7 +33,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sim.rehearsal import docker_args
+from sim.rehearsal import docker_args, imagetar
 
 STATE = Path(os.environ.get("FAKE_STATE", "/nonexistent"))
 HOST = os.environ.get("FAKE_HOST", "h1")
@@ -80,6 +81,8 @@ def docker(argv: list[str]) -> None:
         "image": _image,
         "logs": _logs,
         "rm": _rm,
+        "save": _save,
+        "load": _load,
     }
     if cmd not in handlers:
         die(f"fake docker: unsupported command {cmd}")
@@ -226,6 +229,42 @@ def _rm(h: dict, rest: list[str]) -> None:
             die(f"Error response from daemon: You cannot remove a running container {c['ID']}.")
         h["containers"].remove(c)
         print(ref)
+
+
+def _image_record(images: dict, ref: str) -> dict:
+    img = images[ref]
+    return img if isinstance(img, dict) else {"Id": img, "Env": [], "Entrypoint": None}
+
+
+def _save(h: dict, rest: list[str]) -> None:
+    """`docker save -o FILE IMAGE...`: the same tar as the rehearsal runtime (imagetar)."""
+    sv = docker_args.save_args(rest)
+    images = h.get("images", {})
+    for ref in sv.refs:
+        if ref not in images:
+            die("Error response from daemon: reference does not exist")
+    if sv.output is None:
+        die("fake docker: save writes only with -o FILE (extend fake_tools.py)")
+    with open(sv.output, "wb") as fh:
+        imagetar.write(fh, [(ref, _image_record(images, ref)) for ref in sv.refs])
+
+
+def _load(h: dict, rest: list[str]) -> None:
+    """`docker load -i FILE`: each tagged image of the tar, under its saved ID."""
+    ld = docker_args.load_args(rest)
+    if ld.input is None:
+        die("fake docker: load reads only -i FILE (extend fake_tools.py)")
+    try:
+        with open(ld.input, "rb") as fh:
+            found = imagetar.read(fh)
+    except OSError as exc:
+        die(f"open {ld.input}: {exc.strerror.lower()}")
+    except ValueError as exc:
+        die(f"Error response from daemon: {exc}")
+    for ref, image in found:
+        h.setdefault("images", {})[ref] = image
+        if not ld.quiet:
+            print(f"Loaded image: {ref}")
 
 
 def ssh(argv: list[str]) -> None:

@@ -1,0 +1,136 @@
+"""``image ship``: the pair's IMAGE on both ranks, the same image ID on each.
+
+Rank 0 builds it (``--build``: launch/image/Dockerfile, the DSpark fork on the Spark's
+vLLM base), pulls it (``--pull``: a registry reference, best pinned by digest), or already
+has it. Rank 1 gets it over the pair's ssh, never from a registry, so the two cannot
+drift: ``docker save`` to a tar on rank 0, a resumable copy (pairctl.transfer), ``docker
+load`` on rank 1, then the image ID (the digest of the image's config) compared on both.
+A rank 1 that already has the same ID is left alone. Only the pair's IMAGE reference is
+ever saved, loaded or tagged: no other image on either node is touched.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, REPO
+from pairctl.nodes import Node, nodes
+from pairctl.resolved import ResolvedPair
+from pairctl.transfer import PARTIAL, TransferError, send_tree
+
+DOCKERFILE_DIR = REPO / "launch" / "image"
+DEFAULT_STAGE = "/var/tmp/dsv4-image"
+
+
+def log(msg: str) -> None:
+    print(f"image: {msg}", file=sys.stderr, flush=True)
+
+
+def image_id(node: Node, ref: str) -> str:
+    """The image ID of ``ref`` on ``node``, '' when it is not there."""
+    res = node.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
+    return res.out.strip() if res.rc == 0 else ""
+
+
+def _stream(argv: list[str]) -> int:
+    """Run a long local command with its own progress output on the terminal."""
+    log("running: " + shlex.join(argv))
+    sys.stdout.flush()
+    return subprocess.run(argv, check=False).returncode
+
+
+def build_argv(image: str, dockerfile_dir: Path = DOCKERFILE_DIR) -> list[str]:
+    """``docker build`` of the repo's recipe, tagged as the pair's IMAGE."""
+    return [
+        "docker",
+        "build",
+        "-t",
+        image,
+        "-f",
+        str(dockerfile_dir / "Dockerfile"),
+        str(dockerfile_dir),
+    ]
+
+
+def tar_name(image_id_: str) -> str:
+    """The tar of one image ID (a resumed copy only ever continues the same bytes)."""
+    return image_id_.removeprefix("sha256:")[:32] + ".tar"
+
+
+def save(rank0: Node, image: str, tar: Path) -> None:
+    """``docker save`` into ``tar`` (via a .partial, so an interrupted save is redone)."""
+    if tar.is_file():
+        log(f"{tar} already saved; reusing it")
+        return
+    tar.parent.mkdir(parents=True, exist_ok=True)
+    part = tar.with_name(tar.name + PARTIAL)
+    log(f"saving {image} on {rank0.label} to {tar} (docker save; minutes for a large image)")
+    res = rank0.run(["docker", "save", "-o", str(part), image], timeout=7200)
+    if res.rc != 0:
+        part.unlink(missing_ok=True)
+        raise TransferError(f"docker save {image} failed: {(res.err or res.out).strip()[-300:]}")
+    part.replace(tar)
+
+
+def ship(
+    pair: ResolvedPair,
+    *,
+    build: bool = False,
+    pull: bool = False,
+    stage: str = DEFAULT_STAGE,
+    remote_stage: str | None = None,
+    dockerfile_dir: Path = DOCKERFILE_DIR,
+) -> int:
+    """Get IMAGE onto both ranks; 0 when both hold the same ID, 1 otherwise."""
+    rank0, rank1 = nodes(pair.cfg)
+    image = pair.image
+    if build and _stream(build_argv(image, dockerfile_dir)) != 0:
+        log(f"docker build failed on {rank0.label}; nothing was shipped")
+        return EXIT_RUNTIME
+    if pull and _stream(["docker", "pull", image]) != 0:
+        log(f"docker pull {image} failed on {rank0.label}; nothing was shipped")
+        return EXIT_RUNTIME
+    id0 = image_id(rank0, image)
+    if not id0:
+        log(
+            f"{image} is not on {rank0.label}: build it (image ship --build, from "
+            "launch/image/Dockerfile) or pull it (image ship --pull); nothing was shipped"
+        )
+        return EXIT_RUNTIME
+    id1 = image_id(rank1, image)
+    if id1 == id0:
+        print(f"{image} = {id0} on both ranks; nothing to ship")
+        return EXIT_OK
+    if id1:
+        log(f"{rank1.label} has {image} = {id1}, rank 0 has {id0}: replacing it with rank 0's")
+    name = tar_name(id0)
+    tar = Path(stage) / name
+    far = (remote_stage or stage).rstrip("/")
+    try:
+        save(rank0, image, tar)
+        sent, nbytes = send_tree(rank1, tar.parent, far, [name], f"{image}")
+        log(f"copied {nbytes / 2**30:.1f} GiB to {rank1.label}" if sent else "tar already there")
+        far_tar = f"{far}/{name}"
+        res = rank1.run(["docker", "load", "-i", far_tar], timeout=7200)
+        if res.rc != 0:
+            raise TransferError(
+                f"docker load on {rank1.label} failed: {(res.err or res.out).strip()[-300:]}"
+            )
+    except TransferError as exc:
+        log(f"{exc}")
+        return EXIT_RUNTIME
+    id1 = image_id(rank1, image)
+    if id1 != id0:
+        log(
+            f"after docker load, {rank1.label} has {image} = {id1 or 'nothing'}, rank 0 "
+            f"{id0}: the copy is not the image; {far_tar} removed, run image ship again"
+        )
+        rank1.run(["rm", "-f", far_tar])
+        return EXIT_RUNTIME
+    rank1.run(["rm", "-f", far_tar])
+    tar.unlink(missing_ok=True)
+    print(f"{image} = {id0} on both ranks (docker load on {rank1.label}, image ID checked)")
+    return EXIT_OK

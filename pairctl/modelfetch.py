@@ -1,0 +1,221 @@
+"""``model fetch`` / ``model verify``: the checkpoint at MODEL_PATH on both ranks, the same
+files from the same Hugging Face commit.
+
+``fetch`` downloads MODEL_REPO at MODEL_REVISION into MODEL_PATH on rank 0 with the
+Hugging Face CLI (``hf download REPO --revision COMMIT --local-dir MODEL_PATH``: its own
+progress bars, and it resumes an interrupted download), then copies the directory to the
+same path on rank 1 over the pair's ssh (pairctl.transfer: resumable, bytes/s), then
+verifies. ``HF_TOKEN`` reaches the downloader in its environment only, never on a command
+line or in a message. The commit is required: a moving ``main`` would give two pairs (or
+a re-fetch) different weights. The download metadata ``hf download --local-dir`` writes
+(``.cache/huggingface/download/*.metadata``, which names the commit) travels too, so
+preflight's PF-MODEL-REVISION reads the same commit on both nodes.
+
+``verify`` (also the end of ``fetch``): the same file list and sizes on both nodes, and
+``model.safetensors.index.json`` present with every shard its ``weight_map`` names on
+both; ``--checksum`` adds a sha256 of every file on both sides (minutes per 100 GB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from pairctl.config import ConfigError
+from pairctl.contracts import EXIT_OK, EXIT_RUNTIME
+from pairctl.nodes import Node, nodes
+from pairctl.resolved import ResolvedPair
+from pairctl.transfer import PARTIAL, TransferError, remote_sizes, send_tree, sha256_remote
+
+INDEX = "model.safetensors.index.json"
+# What `hf download --local-dir` keeps beside the files while it works: not the model.
+SKIP_SUFFIXES = (".incomplete", ".lock", PARTIAL)
+
+
+def log(msg: str) -> None:
+    print(f"model: {msg}", file=sys.stderr, flush=True)
+
+
+def model_files(root: Path) -> list[str]:
+    """Every file of the model dir (relative), the download metadata included, without
+    the downloader's in-progress files."""
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.name.endswith(SKIP_SUFFIXES):
+            out.append(p.relative_to(root).as_posix())
+    return out
+
+
+def downloader(given: str | None) -> list[str]:
+    """The Hugging Face CLI: ``--downloader CMD``, else ``hf`` beside this Python, else on
+    PATH; ConfigError naming the install command when there is none."""
+    if given:
+        return shlex.split(given)
+    beside = Path(sys.executable).parent / "hf"
+    if beside.is_file():
+        return [str(beside)]
+    found = shutil.which("hf")
+    if found:
+        return [found]
+    raise ConfigError(
+        "no Hugging Face CLI (hf) found: install it into the launcher's venv "
+        "(.venv/bin/pip install 'huggingface_hub>=1.0'), or pass "
+        "--downloader CMD"
+    )
+
+
+def repo_and_revision(pair: ResolvedPair) -> tuple[str, str]:
+    """MODEL_REPO / MODEL_REVISION (env file, else the recipe's model:); ConfigError when
+    the commit is not pinned."""
+    repo = pair.model_repo
+    rev = pair.model_revision
+    if not repo:
+        raise ConfigError("MODEL_REPO is empty and the recipe names no model.hf_repo; set one")
+    if not rev:
+        raise ConfigError(
+            f"MODEL_REVISION is not set: pin the commit of {repo} to download (40 hex, from "
+            f"https://huggingface.co/{repo}/commits/main) in {pair.cfg.env_file}, so both "
+            "nodes, and every later fetch, get the same weights"
+        )
+    return repo, rev
+
+
+def download(
+    repo: str, rev: str, dest: str, cmd: list[str], token: str, env: Mapping[str, str] | None = None
+) -> int:
+    """Run the downloader on rank 0 (this machine); its progress goes to the terminal."""
+    argv = [*cmd, "download", repo, "--revision", rev, "--local-dir", dest]
+    log("running: " + shlex.join(argv) + ("  (HF_TOKEN from the env file)" if token else ""))
+    run_env = dict(env if env is not None else os.environ)
+    run_env.pop("HF_HUB_OFFLINE", None)  # the container's setting, not the download's
+    if token:
+        run_env["HF_TOKEN"] = token
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    try:
+        return subprocess.run(argv, env=run_env, check=False).returncode
+    except FileNotFoundError:
+        log(f"{cmd[0]} not found; install the Hugging Face CLI or pass --downloader")
+        return 127
+
+
+def shards(index_path: Path) -> set[str]:
+    """The shard files ``model.safetensors.index.json``'s weight_map names."""
+    data = json.loads(index_path.read_text())
+    wmap = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise ValueError(f"{index_path}: no weight_map")
+    return {str(v) for v in wmap.values()}
+
+
+def problems(
+    path: str, local: Mapping[str, int], far: Mapping[str, int], index: set[str] | None
+) -> list[str]:
+    """What differs between rank 0's files (``local``) and rank 1's (``far``), and what the
+    index names that a node lacks."""
+    far = {k: v for k, v in far.items() if not k.endswith(SKIP_SUFFIXES)}
+    out = [f"rank 1 lacks {k}" for k in sorted(set(local) - set(far))]
+    out += [f"rank 1 has {k}, rank 0 does not" for k in sorted(set(far) - set(local))]
+    out += [
+        f"{k}: {local[k]} bytes on rank 0, {far[k]} on rank 1"
+        for k in sorted(set(local) & set(far))
+        if local[k] != far[k]
+    ]
+    if index is None:
+        out.append(f"{path}/{INDEX} missing: not a complete safetensors checkpoint")
+    else:
+        for rank, have in ((0, local), (1, far)):
+            miss = sorted(index - set(have))
+            if miss:
+                out.append(f"rank {rank} lacks {len(miss)} shard(s) the index names: {miss[0]}...")
+    return out
+
+
+def verify(pair: ResolvedPair, checksum: bool = False, far_root: str | None = None) -> int:
+    """Compare the two copies (file list, sizes, the index's shards; ``checksum``: sha256)."""
+    rank0, rank1 = nodes(pair.cfg)
+    root = Path(pair.model_path)
+    far = far_root or pair.model_path
+    if not root.is_dir():
+        log(f"{root} does not exist on {rank0.label}: run model fetch")
+        return EXIT_RUNTIME
+    files = model_files(root)
+    local = {rel: (root / rel).stat().st_size for rel in files}
+    try:
+        there = remote_sizes(rank1, far)
+    except TransferError as exc:
+        log(str(exc))
+        return EXIT_RUNTIME
+    try:
+        index = shards(root / INDEX) if (root / INDEX).is_file() else None
+    except (ValueError, json.JSONDecodeError) as exc:
+        log(f"{root}/{INDEX} unreadable: {exc}")
+        return EXIT_RUNTIME
+    probs = problems(pair.model_path, local, there, index)
+    if not probs and checksum:
+        probs = _checksums(rank0, rank1, pair.model_path, far, files)
+    if probs:
+        for p in probs[:10]:
+            log(f"MISMATCH: {p}")
+        log("the copies differ: run model fetch again (it resumes and re-copies what differs)")
+        return EXIT_RUNTIME
+    size = sum(local.values())
+    how = "sha256 of every file" if checksum else "names and sizes"
+    shard_note = f", all {len(index)} shards of {INDEX}" if index else ""
+    print(
+        f"{pair.model_path}: {len(files)} files, {size / 2**30:.1f} GiB identical on both ranks "
+        f"({how}{shard_note})"
+    )
+    return EXIT_OK
+
+
+def _checksums(rank0: Node, rank1: Node, near: str, far: str, files: list[str]) -> list[str]:
+    log(f"sha256 of {len(files)} files on both ranks (minutes per 100 GB)...")
+    try:
+        s0 = sha256_remote(rank0, near, files)
+        s1 = sha256_remote(rank1, far, files)
+    except TransferError as exc:
+        return [str(exc)]
+    return [f"{k}: sha256 differs" for k in files if s0.get(k) != s1.get(k)]
+
+
+def fetch(
+    pair: ResolvedPair,
+    *,
+    checksum: bool = False,
+    skip_download: bool = False,
+    downloader_cmd: str | None = None,
+    far_root: str | None = None,
+) -> int:
+    """Download on rank 0, copy to rank 1, verify; 0 when both copies match."""
+    repo, rev = repo_and_revision(pair)
+    rank1 = nodes(pair.cfg)[1]
+    if not skip_download:
+        cmd = downloader(downloader_cmd)
+        rc = download(repo, rev, pair.model_path, cmd, pair.cfg["HF_TOKEN"])
+        if rc != 0:
+            log(f"download of {repo}@{rev[:12]} failed (rc={rc}); run model fetch again to resume")
+            return EXIT_RUNTIME
+    root = Path(pair.model_path)
+    files = model_files(root)
+    if not files:
+        log(f"{root} is empty on rank 0; nothing to copy")
+        return EXIT_RUNTIME
+    far = far_root or pair.model_path
+    try:
+        sent, nbytes = send_tree(rank1, root, far, files, Path(pair.model_path).name)
+    except TransferError as exc:
+        log(str(exc))
+        return EXIT_RUNTIME
+    log(
+        f"copied {sent} file(s), {nbytes / 2**30:.1f} GiB to {rank1.label}"
+        if sent
+        else f"{rank1.label} already has every file at its size"
+    )
+    return verify(pair, checksum=checksum, far_root=far_root)

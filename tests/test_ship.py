@@ -1,0 +1,244 @@
+"""Day one on a pair: `image ship` and `model fetch|verify` against the fake tools
+(tests/fakes: docker with save/load, ssh that runs the command as the other host), and the
+resumable copy underneath them (pairctl.transfer) with two real directories standing in
+for the two nodes' disks."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from pairctl.contracts import DEFAULT_RECIPE
+from pairctl.imageship import DOCKERFILE_DIR, build_argv
+from pairctl.modelfetch import INDEX, fetch, verify
+from pairctl.nodes import nodes
+from pairctl.resolved import load
+from pairctl.transfer import TransferError, send_tree
+from tests.fakes.fakepair import IMAGE, IMAGE_ID, SECRET, Env
+
+EXIT_RUNTIME, EXIT_USAGE, EXIT_PREFLIGHT = 1, 2, 3
+REPO_ID = "deepseek-ai/DeepSeek-V4-Flash-DSpark"
+REV = "0123456789abcdef0123456789abcdef01234567"
+
+
+def docker_calls(pair: Env, host: str) -> list[list[str]]:
+    return [c["argv"] for c in pair.calls() if c["host"] == host]
+
+
+# --- image ship ------------------------------------------------------------------------
+
+
+def test_ship_copies_rank0s_image_to_rank1_and_checks_the_id(pair: Env) -> None:
+    pair.state["hosts"]["h2"]["images"] = {"other-pair/engine:7": "sha256:" + "77" * 32}
+    pair.save()
+    stage = pair.tmp / "stage"
+    p = pair.run("image", "ship", "--stage", str(stage))
+    assert p.returncode == 0, p.stderr
+    assert f"{IMAGE} = {IMAGE_ID} on both ranks" in p.stdout
+    h2 = pair.load()["hosts"]["h2"]["images"]
+    assert h2[IMAGE]["Id"] == IMAGE_ID
+    assert h2["other-pair/engine:7"] == "sha256:" + "77" * 32  # a foreign image untouched
+    saves = [a for a in docker_calls(pair, "h1") if a[0] == "save"]
+    loads = [a for a in docker_calls(pair, "h2") if a[0] == "load"]
+    assert len(saves) == 1 and saves[0][-1] == IMAGE and len(loads) == 1
+    for argv in docker_calls(pair, "h1") + docker_calls(pair, "h2"):
+        assert "other-pair/engine:7" not in argv
+    assert list(stage.iterdir()) == []  # the tar is removed once rank 1 has the image
+
+
+def test_ship_leaves_a_rank1_with_the_same_id_alone(pair: Env) -> None:
+    p = pair.run("image", "ship", "--stage", str(pair.tmp / "stage"))
+    assert p.returncode == 0 and "nothing to ship" in p.stdout, p.stderr
+    assert not [
+        a for a in docker_calls(pair, "h1") + docker_calls(pair, "h2") if a[0] in ("save", "load")
+    ]
+
+
+def test_ship_replaces_a_different_image_on_rank1(pair: Env) -> None:
+    pair.state["hosts"]["h2"]["images"] = {IMAGE: "sha256:" + "99" * 32}
+    pair.save()
+    p = pair.run("image", "ship", "--stage", str(pair.tmp / "stage"))
+    assert p.returncode == 0, p.stderr
+    assert "replacing it with rank 0's" in p.stderr
+    assert pair.load()["hosts"]["h2"]["images"][IMAGE]["Id"] == IMAGE_ID
+
+
+def test_ship_without_the_image_on_rank0_says_how_to_get_it(pair: Env) -> None:
+    pair.state["hosts"]["h1"]["images"] = {}
+    pair.save()
+    p = pair.run("image", "ship", "--stage", str(pair.tmp / "stage"))
+    assert p.returncode == EXIT_RUNTIME
+    assert "--build" in p.stderr and "--pull" in p.stderr
+    assert not [a for a in docker_calls(pair, "h1") if a[0] == "save"]
+
+
+def test_ship_refuses_off_spark1_and_bad_lines(pair: Env) -> None:
+    assert pair.run("image").returncode == EXIT_USAGE
+    p = pair.run("image", "ship", "--build", "--pull")
+    assert p.returncode == EXIT_USAGE and "not both" in p.stderr
+    assert pair.run("image", "ship", "--checksum").returncode == EXIT_USAGE
+    pair.state["hosts"]["h1"]["addrs"] = ["10.9.9.9"]
+    pair.save()
+    p = pair.run("image", "ship")
+    assert p.returncode == EXIT_PREFLIGHT and "PF-SELF-IS-SPARK1" in p.stdout
+
+
+def test_build_uses_the_repos_dockerfile_with_pinned_base_and_fork() -> None:
+    argv = build_argv("vllm-dspark:x")
+    assert argv[:4] == ["docker", "build", "-t", "vllm-dspark:x"]
+    text = (DOCKERFILE_DIR / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=" in text and "ARG FORK_COMMIT=" in text
+    fork = next(line for line in text.splitlines() if line.startswith("ARG FORK_COMMIT="))
+    assert len(fork.split("=", 1)[1]) == 40  # a commit, not a branch
+
+
+# --- the resumable copy ------------------------------------------------------------------
+
+
+@pytest.fixture()
+def fakes_env(pair: Env, monkeypatch: pytest.MonkeyPatch) -> Env:
+    """The fake tools for in-process calls (pairctl.nodes runs ssh from PATH)."""
+    for k, v in pair.environ().items():
+        monkeypatch.setenv(k, v)
+    return pair
+
+
+def test_copy_resumes_a_partial_file_and_skips_complete_ones(fakes_env: Env, capsys) -> None:
+    pair = fakes_env
+    src, dst = pair.tmp / "src", pair.tmp / "far"
+    src.mkdir()
+    dst.mkdir()
+    body = os.urandom(3 << 20)
+    (src / "big.bin").write_bytes(body)
+    (src / "done.bin").write_bytes(b"x" * 1000)
+    (dst / "done.bin").write_bytes(b"x" * 1000)
+    (dst / "big.bin.partial").write_bytes(body[: 1 << 20])
+    rank1 = nodes(load(pair.env_file, DEFAULT_RECIPE).cfg)[1]
+    sent, nbytes = send_tree(rank1, src, str(dst), ["big.bin", "done.bin"], "test")
+    assert (sent, nbytes) == (1, 2 << 20)  # only the missing 2 MiB of one file
+    assert (dst / "big.bin").read_bytes() == body
+    assert not (dst / "big.bin.partial").exists()
+    assert pair.calls("ssh")  # rank 1 is reached over ssh
+    err = capsys.readouterr().err
+    assert "2.0/2.0 MiB" in err and "MiB/s" in err, err  # progress: bytes and bytes/s
+
+
+def test_copy_restarts_a_partial_that_cannot_be_a_prefix(fakes_env: Env) -> None:
+    pair = fakes_env
+    src, dst = pair.tmp / "src", pair.tmp / "far"
+    src.mkdir()
+    dst.mkdir()
+    (src / "f").write_bytes(b"a" * 100)
+    (dst / "f.partial").write_bytes(b"b" * 500)
+    rank1 = nodes(load(pair.env_file, DEFAULT_RECIPE).cfg)[1]
+    assert send_tree(rank1, src, str(dst), ["f"], "t") == (1, 100)
+    assert (dst / "f").read_bytes() == b"a" * 100
+
+
+def test_copy_failure_names_the_node_and_says_run_again(fakes_env: Env) -> None:
+    pair = fakes_env
+    pair.state["ssh_fail"] = "ssh: connect to host 127.0.0.2 port 22: No route to host"
+    pair.save()
+    src = pair.tmp / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"a")
+    rank1 = nodes(load(pair.env_file, DEFAULT_RECIPE).cfg)[1]
+    with pytest.raises(TransferError, match="rank 1"):
+        send_tree(rank1, src, str(pair.tmp / "far"), ["f"], "t")
+
+
+# --- model fetch / verify ------------------------------------------------------------------
+
+FAKE_HF = """#!{py}
+import json, os, sys
+from pathlib import Path
+argv = sys.argv[1:]
+Path(os.environ["FAKE_HF_LOG"]).write_text(json.dumps({{
+    "argv": argv, "token": os.environ.get("HF_TOKEN") == {secret!r}}}))
+dest = Path(argv[argv.index("--local-dir") + 1])
+rev = argv[argv.index("--revision") + 1]
+(dest / "config.json").write_text('{{"model_type": "deepseek_v4"}}')
+shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+for i, s in enumerate(shards):
+    (dest / s).write_bytes(bytes([i]) * (4096 + i))
+(dest / "model.safetensors.index.json").write_text(json.dumps(
+    {{"weight_map": {{"a.weight": shards[0], "b.weight": shards[1]}}}}))
+meta = dest / ".cache" / "huggingface" / "download"
+meta.mkdir(parents=True, exist_ok=True)
+(meta / "config.json.metadata").write_text(rev + "\\netag\\n1\\n")
+(meta / "x.safetensors.incomplete").write_text("in progress")
+"""
+
+
+@pytest.fixture()
+def hub(fakes_env: Env, monkeypatch: pytest.MonkeyPatch) -> tuple[Env, Path]:
+    """A pair whose MODEL_PATH is empty, a fake `hf` CLI and the file it logs its call to."""
+    pair = fakes_env
+    model = pair.tmp / "models" / "dsv4"
+    pair.values.update(MODEL_PATH=str(model), MODEL_REVISION=REV, MODEL_REPO=REPO_ID)
+    pair.write_env()
+    hf = pair.tmp / "fake-hf"
+    hf.write_text(FAKE_HF.format(py=sys.executable, secret=SECRET))
+    hf.chmod(hf.stat().st_mode | stat.S_IXUSR)
+    log = pair.tmp / "hf.json"
+    monkeypatch.setenv("FAKE_HF_LOG", str(log))
+    return pair, hf
+
+
+def test_fetch_downloads_the_pinned_commit_with_the_token_in_env_only(
+    hub: tuple[Env, Path],
+) -> None:
+    pair, hf = hub
+    p = pair.run("model", "fetch", "--downloader", str(hf))
+    assert p.returncode == 0, p.stderr
+    call = json.loads((pair.tmp / "hf.json").read_text())
+    model = pair.values["MODEL_PATH"]
+    assert call["argv"] == ["download", REPO_ID, "--revision", REV, "--local-dir", model]
+    assert call["token"] is True  # reached the downloader; Env.run asserts it never printed
+    assert "identical on both ranks" in p.stdout and "all 2 shards" in p.stdout
+
+
+def test_fetch_without_a_pinned_commit_is_a_usage_error(hub: tuple[Env, Path]) -> None:
+    pair, hf = hub
+    pair.values["MODEL_REVISION"] = ""
+    pair.write_env()
+    p = pair.run("model", "fetch", "--downloader", str(hf))
+    assert p.returncode == EXIT_USAGE and "MODEL_REVISION is not set" in p.stderr
+    assert REPO_ID in p.stderr and pair.calls("ssh") == []
+
+
+def test_fetch_copies_to_rank1_and_verify_catches_what_differs(hub: tuple[Env, Path]) -> None:
+    pair, hf = hub
+    resolved = load(pair.env_file, DEFAULT_RECIPE)
+    far = pair.tmp / "rank1-disk"
+    assert fetch(resolved, downloader_cmd=str(hf), far_root=str(far)) == 0
+    model = Path(pair.values["MODEL_PATH"])
+    assert (far / "model-00002-of-00002.safetensors").read_bytes() == (
+        model / "model-00002-of-00002.safetensors"
+    ).read_bytes()
+    assert (far / ".cache/huggingface/download/config.json.metadata").is_file()  # the commit
+    assert not (far / ".cache/huggingface/download/x.safetensors.incomplete").exists()
+    # a same-size corruption: only the checksum sees it
+    shard = far / "model-00001-of-00002.safetensors"
+    shard.write_bytes(b"\xff" * shard.stat().st_size)
+    assert verify(resolved, far_root=str(far)) == 0
+    assert verify(resolved, checksum=True, far_root=str(far)) == EXIT_RUNTIME
+    # a missing shard: the file list and the index both say so
+    shard.unlink()
+    assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
+
+
+def test_verify_wants_the_safetensors_index(hub: tuple[Env, Path], capsys) -> None:
+    pair, hf = hub
+    resolved = load(pair.env_file, DEFAULT_RECIPE)
+    far = pair.tmp / "rank1-disk"
+    assert fetch(resolved, downloader_cmd=str(hf), far_root=str(far)) == 0
+    (Path(pair.values["MODEL_PATH"]) / INDEX).unlink()
+    (far / INDEX).unlink()
+    assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
+    assert f"{INDEX} missing" in capsys.readouterr().err

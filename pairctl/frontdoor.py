@@ -55,6 +55,19 @@ def _lines(text: str) -> int:
     return int(text)
 
 
+def _canary_every(text: str) -> float:
+    """0 (off) or at least 60 s: the canary is meant to cost seconds an hour, not a load."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(
+            f"must be a number of seconds (0 = off, else >= 60), got '{text}'"
+        ) from None
+    if v != 0 and not 60 <= v < float("inf"):
+        raise ValueError(f"must be 0 (off) or at least 60 seconds, got '{text}'")
+    return v
+
+
 def _argtype(fn: Callable[[str], Any]) -> Callable[[str], Any]:
     """pairctl.argtypes' messages, as a ValueError this parser reports with the flag."""
 
@@ -172,6 +185,25 @@ OPTIONS: tuple[Opt, ...] = (
         "S",
     ),
     Opt(
+        ("--canary-every",),
+        "canary_every",
+        ("watch",),
+        "seconds between runs of the output canary (5 greedy short answers; default 900; "
+        "0 = off). A bad answer is an event, never a restart",
+        _canary_every,
+        "S",
+    ),
+    Opt(
+        ("--acceptance-window",),
+        "acceptance_window",
+        ("watch",),
+        "seconds of spec-decode counters the acceptance sentinel judges (default 600; "
+        "longer while fewer drafts than the baseline's minimum). A drop is an event, never "
+        "a restart",
+        _argtype(argtypes.positive_float),
+        "S",
+    ),
+    Opt(
         ("--catalogue-md",),
         "catalogue_md",
         ("preflight",),
@@ -205,6 +237,8 @@ class Args:
     probe_timeout: float = 60.0
     backoff: float = 30.0
     backoff_max: float = 600.0
+    canary_every: float = 900.0
+    acceptance_window: float = 600.0
     catalogue_md: bool = False
     vllm_args: list[str] = field(default_factory=list)
     help: bool = False
@@ -312,8 +346,10 @@ COMMAND_HELP = {
     "SPARK2 is another one (PF-SELF-IS-SPARK1, PF-DISTINCT-NODES).",
     "watch": "watchdog: a 1-token completion every --interval s; after --failures failed "
     "probes in a row, down then up (backoff after a failed up). Runs until stopped "
-    "(SIGTERM/Ctrl-C); one timestamped line per event. launch/dsv4-watch@.service runs it "
-    "under systemd.",
+    "(SIGTERM/Ctrl-C); one timestamped line per event. After each good probe: the acceptance "
+    "sentinel (acceptance per draft position against the recipe's recorded band) and, every "
+    "--canary-every s, the output canary; both log events and never restart. "
+    "launch/dsv4-watch@.service runs it under systemd.",
 }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from pairctl.lifecycle import probe_health, session
 from pairctl.nodes import Node, nodes
 from pairctl.plan import LABEL_PLAN, container_name
 from pairctl.resolved import ResolvedPair, load
+from pairctl.sentinel.pair import status_extras
 from pairctl.status.metrics import MetricsParseError, Scrape, ServingFigures, figures, parse
 
 SCHEMA_VERSION = 1
@@ -83,6 +84,12 @@ class PairStatus:
     running_plan: str | None  # rank 0's plan label (what runs), to compare with current_plan
     current_plan: str | None  # plan hash of the current config (None if not computed)
     checked_at: str  # UTC, RFC 3339
+    # The acceptance sentinel's reading and what `watch` recorded (sentinel + output canary),
+    # and their events, one line each (pairctl.sentinel; docs/INTERFACES.md). Events do not
+    # change the verdict or the exit code.
+    acceptance: dict[str, Any] | None = None
+    watch_record: dict[str, Any] | None = None
+    events: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,7 +199,7 @@ def collect(
     now = datetime.now(UTC)
     with ThreadPoolExecutor(max_workers=2) as pool:  # rank 1's ssh runs alongside rank 0
         ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), nodes(pair.cfg)))
-    serving, last = None, None
+    serving, last, prev = None, None, None
     if h.healthy:
         prev = previous or first
         if prev is not None and previous is None:
@@ -202,6 +209,8 @@ def collect(
             dt = last.t - prev.t if prev is not None else None
             serving = figures(last.scrape, prev.scrape if prev else None, dt)
     name, reasons = verdict(ranks, ep)
+    window = f"last {serving.window_s:.1f} s" if serving and serving.window_s else "since start"
+    extras = status_extras(pair, prev and prev.scrape, last and last.scrape, window)
     status = PairStatus(
         schema_version=SCHEMA_VERSION,
         pair_id=pair.pair_id,
@@ -215,6 +224,7 @@ def collect(
         running_plan=ranks[0].plan,
         current_plan=pair.plan_hash,
         checked_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        **extras,
     )
     return status, last
 

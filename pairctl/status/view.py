@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from pairctl.sentinel import render as sentinel_render
 from pairctl.status.metrics import ServingFigures
 from pairctl.status.pair import HEALTHY, MetricsSample, PairStatus, RankStatus
 
@@ -94,6 +95,7 @@ def render_text(st: PairStatus) -> str:
         lines += ["  " + x for x in serving_lines(st.serving)]
     elif st.metrics_error:
         lines.append(f"  metrics: {st.metrics_error}")
+    lines += ["  " + x for x in sentinel_render.lines(st.acceptance, st.watch_record, st.events)]
     if st.verdict != HEALTHY:
         lines += [f"  why {st.verdict}: {r}" for r in st.reasons]
     if st.running_plan and st.current_plan and st.running_plan != st.current_plan:
@@ -150,6 +152,10 @@ def render_rich(st: PairStatus) -> Group:
         parts.append(fig)
     elif st.metrics_error:
         parts.append(Text(f"metrics: {st.metrics_error}"))
+    parts += [
+        Text(x, style="bold red" if x.startswith("EVENT") else "")
+        for x in sentinel_render.lines(st.acceptance, st.watch_record, st.events)
+    ]
     parts += [Text(f"why {st.verdict}: {r}", style="yellow") for r in st.reasons]
     return Group(*parts)
 

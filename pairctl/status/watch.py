@@ -106,8 +106,12 @@ class Watchdog:
         busy: Callable[[], bool] = lambda: False,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        after_ok: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        # Runs after each good probe: the acceptance sentinel and output canary
+        # (pairctl.sentinel.monitors). It only logs; nothing it finds restarts the pair.
+        self.after_ok = after_ok
         self.probe, self.restart, self.log = probe, restart, log
         self.busy, self.sleep, self.clock = busy, sleep, clock
         self.failed = 0
@@ -136,6 +140,7 @@ class Watchdog:
                 self.log("ok: the pair generated a token")
             self.failed, self.healthy_once, self.restarted_ok = 0, True, False
             self.backoff = self.cfg.backoff_s
+            self._monitors()
             return self.cfg.interval_s
         self.failed += 1
         if self.failed <= self.cfg.failures:
@@ -161,6 +166,14 @@ class Watchdog:
             f"next probe in {wait:.0f} s"
         )
         return wait
+
+    def _monitors(self) -> None:
+        if self.after_ok is None:
+            return
+        try:
+            self.after_ok()
+        except Exception as exc:  # noqa: BLE001 - a monitor's bug must not stop the watchdog
+            self.log(f"monitors failed this round ({type(exc).__name__}: {exc}); no restart")
 
     def run(self, cycles: int | None = None) -> None:
         n = 0

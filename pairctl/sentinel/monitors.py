@@ -9,7 +9,8 @@ hide the cause). Each reading is also written to the pair's monitor record
 The sentinel's sliding window: every probe adds a snapshot of the spec-decode counters; the
 judgement covers the counters since the newest snapshot at least ``window_s`` old, or an
 older one (up to ``max_window_s``) when the window holds fewer drafts than the band's
-minimum. A counter reset (the pair restarted) empties the window.
+minimum. With one snapshot (watch just started, or a counter reset emptied the window
+because the server restarted) it covers the counters since the server started.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def pick_base(
 ) -> tuple[float, Counters] | None:
     """The snapshot the window starts at: the newest one at least ``window_s`` old, or an
     older one while the window holds fewer than ``min_drafts`` drafts. None: no snapshot is
-    old enough yet (the window is then everything since the oldest)."""
+    old enough yet (the window is then everything since the oldest); None with one snapshot
+    (the caller then judges the counters since the server started)."""
     if len(samples) < 2:
         return None
     latest = samples[-1][1]
@@ -79,8 +81,8 @@ class AcceptanceWindow:
         latest = self.samples[-1][1] if self.samples else None
         need = band.min_drafts if band else 0
         base = pick_base(list(self.samples), now, self.window_s, need)
-        if base is None:
-            return judge(latest, latest, band, "no window yet (one snapshot)")
+        if base is None:  # one snapshot (watch just started, or the server restarted)
+            return judge(None, latest, band, "since the server started")
         return judge(base[1], latest, band, f"last {now - base[0]:.0f} s")
 
 

@@ -136,7 +136,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--margin", type=argtypes.float_above(0, True), default=baseline.DEFAULT_MARGIN)
     p.add_argument("--min-drafts", type=argtypes.int_at_least(1), default=DEFAULT_MIN_DRAFTS)
     p.add_argument("--min-trials", type=argtypes.int_at_least(1), default=DEFAULT_MIN_TRIALS)
-    p.add_argument("--out", type=argtypes.output_file, default=None, help="default: the recipe's")
+    p.add_argument(
+        "--out",
+        type=argtypes.output_file,
+        default=None,
+        help="write here (None: baselines/RECIPE_NAME.acceptance.json beside the recipe)",
+    )
     a = p.parse_args(argv)
     if a.margin >= 1:
         p.error(f"--margin must be below 1, got {a.margin}")

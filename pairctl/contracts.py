@@ -27,6 +27,10 @@ DEFAULT_INVENTORY = REPO / "pairs" / "fleet.yaml"
 BOOT_TIMEOUT_S = 900
 # The boot-phase poll of `up` (docker inspect + log tail per rank, then /health).
 BOOT_POLL_S = 2.0
+# watch's output canary and acceptance sentinel (pairctl/sentinel): seconds between canary
+# runs (5 short greedy answers: seconds of load an hour) and the sentinel's window.
+CANARY_EVERY_S = 15 * 60
+ACCEPTANCE_WINDOW_S = 10 * 60
 
 
 @dataclass(frozen=True)

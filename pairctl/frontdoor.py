@@ -18,7 +18,9 @@ from typing import Any
 
 from pairctl import argtypes
 from pairctl.contracts import (
+    ACCEPTANCE_WINDOW_S,
     BOOT_TIMEOUT_S,
+    CANARY_EVERY_S,
     DEFAULT_ENV,
     DEFAULT_RECIPE,
     DEFAULT_RECIPE_REL,
@@ -188,8 +190,8 @@ OPTIONS: tuple[Opt, ...] = (
         ("--canary-every",),
         "canary_every",
         ("watch",),
-        "seconds between runs of the output canary (5 greedy short answers; default 900; "
-        "0 = off). A bad answer is an event, never a restart",
+        f"seconds between runs of the output canary (5 greedy short answers; default "
+        f"{CANARY_EVERY_S}; 0 = off). A bad answer is an event, never a restart",
         _canary_every,
         "S",
     ),
@@ -197,7 +199,8 @@ OPTIONS: tuple[Opt, ...] = (
         ("--acceptance-window",),
         "acceptance_window",
         ("watch",),
-        "seconds of spec-decode counters the acceptance sentinel judges (default 600; "
+        f"seconds of spec-decode counters the acceptance sentinel judges (default "
+        f"{ACCEPTANCE_WINDOW_S}; "
         "longer while fewer drafts than the baseline's minimum). A drop is an event, never "
         "a restart",
         _argtype(argtypes.positive_float),
@@ -237,8 +240,8 @@ class Args:
     probe_timeout: float = 60.0
     backoff: float = 30.0
     backoff_max: float = 600.0
-    canary_every: float = 900.0
-    acceptance_window: float = 600.0
+    canary_every: float = float(CANARY_EVERY_S)
+    acceptance_window: float = float(ACCEPTANCE_WINDOW_S)
     catalogue_md: bool = False
     vllm_args: list[str] = field(default_factory=list)
     help: bool = False

@@ -24,11 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pairctl.contracts import ACCEPTANCE_WINDOW_S, CANARY_EVERY_S
 from pairctl.sentinel.acceptance import DROP, Band, Counters, Reading, judge
 from pairctl.sentinel.canary import CanaryResult
 
-DEFAULT_CANARY_EVERY_S = 900.0  # 4 runs an hour x ~5 short greedy answers: seconds of load
-DEFAULT_WINDOW_S = 600.0
+DEFAULT_CANARY_EVERY_S = float(CANARY_EVERY_S)  # 4 runs an hour x 5 short greedy answers
+DEFAULT_WINDOW_S = float(ACCEPTANCE_WINDOW_S)
 DEFAULT_MAX_WINDOW_S = 3600.0
 RECORD_FRESH_S = 3600.0  # status shows a record at most this old
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,43 @@ def test_status_says_how_to_record_a_missing_baseline() -> None:
     s = status_of((rank(0), rank(1)))
     s = type(s)(**{**s.__dict__, "acceptance": {"state": "no-baseline", "detail": "none"}})
     assert "python -m pairctl.sentinel record" in view.render_text(s)
+
+
+def scrape_of(c: Counters):
+    from pairctl.status.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFTS, Scrape
+
+    per = [({"position": str(k)}, v) for k, v in enumerate(c.per_pos)]
+    return Scrape({DRAFTS: [({}, c.drafts)], ACCEPTED: [({}, c.accepted)], ACCEPTED_PER_POS: per})
+
+
+def test_status_judges_its_interval_else_since_start_and_shows_watchs_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from pairctl.sentinel import baseline
+    from pairctl.sentinel.pair import monitor_record, status_extras
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    recipe = SimpleNamespace(path=str(tmp_path / "recipes" / "r.yaml"), name="r")
+    pair = SimpleNamespace(recipe=recipe, pair_id="pair-a", spark1="10.0.0.1")
+    old = cnt(C, 100_000)
+    new = plus(old, cnt([0.6, 0.2, 0.08, 0.03, 0.01], 3000))
+    got = status_extras(pair, scrape_of(old), scrape_of(new), "last 60.0 s")
+    assert got["acceptance"]["state"] == "no-baseline" and got["events"] == []
+    path = baseline.path_for(recipe.path, recipe.name)
+    baseline.save(path, baseline.document("r", BAND, 0.15, {}))
+    got = status_extras(pair, scrape_of(old), scrape_of(new), "last 60.0 s")
+    assert got["acceptance"]["state"] == DROP and got["acceptance"]["window"] == "last 60.0 s"
+    assert got["events"][0].startswith("acceptance drop: depth ratio")
+    quiet = status_extras(pair, scrape_of(new), scrape_of(new), "last 1.0 s")  # no drafts
+    assert quiet["acceptance"]["window"] == "since start"  # diluted over 103000 drafts: ok
+    assert quiet["acceptance"]["state"] == "ok" and quiet["watch_record"] is None
+    rec = {**RECORD, "written_at": datetime.now(UTC).isoformat()}
+    monitor_record(pair).write_text(json.dumps(rec))
+    got = status_extras(pair, None, scrape_of(new), "since start")
+    assert got["watch_record"]["canary"]["at"] == "2026-11-30T10:59:00Z"
+    assert [e.split(" (")[0] for e in got["events"]] == ["canary"]
+    path.write_text("{")
+    broken = status_extras(pair, None, scrape_of(new), "since start")["acceptance"]
+    assert broken["state"] == "error" and "record it again" in broken["detail"]

@@ -99,6 +99,10 @@ def phase_table_md() -> str:
 
 # The boot-phase poll of `up` (docker inspect + log tail per rank, then /health).
 BOOT_POLL_S = 2.0
+# watch's output canary and acceptance sentinel (pairctl/sentinel): seconds between canary
+# runs (5 short greedy answers: seconds of load an hour) and the sentinel's window.
+CANARY_EVERY_S = 15 * 60
+ACCEPTANCE_WINDOW_S = 10 * 60
 
 # Memory pressure on a node: `status`, `watch` and preflight's PF-MEMORY-FLOOR read each
 # node's MemAvailable / MemTotal against these bands (pairctl/status/memory.py).

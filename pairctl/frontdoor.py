@@ -18,7 +18,9 @@ from typing import Any
 
 from pairctl import argtypes
 from pairctl.contracts import (
+    ACCEPTANCE_WINDOW_S,
     BOOT_TIMEOUT_S,
+    CANARY_EVERY_S,
     DEFAULT_ENV,
     DEFAULT_RECIPE,
     DEFAULT_RECIPE_REL,
@@ -66,6 +68,19 @@ def _lines(text: str) -> int:
     if not text.isdigit():
         raise ValueError(f"must be a whole number of lines (0 or more), got '{text}'")
     return int(text)
+
+
+def _canary_every(text: str) -> float:
+    """0 (off) or at least 60 s: the canary is meant to cost seconds an hour, not a load."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(
+            f"must be a number of seconds (0 = off, else >= 60), got '{text}'"
+        ) from None
+    if v != 0 and not 60 <= v < float("inf"):
+        raise ValueError(f"must be 0 (off) or at least 60 seconds, got '{text}'")
+    return v
 
 
 def _argtype(fn: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -228,6 +243,26 @@ OPTIONS: tuple[Opt, ...] = (
         "CMD",
     ),
     Opt(
+        ("--canary-every",),
+        "canary_every",
+        ("watch",),
+        f"seconds between runs of the output canary (5 greedy short answers; default "
+        f"{CANARY_EVERY_S}; 0 = off). A bad answer is an event, never a restart",
+        _canary_every,
+        "S",
+    ),
+    Opt(
+        ("--acceptance-window",),
+        "acceptance_window",
+        ("watch",),
+        f"seconds of spec-decode counters the acceptance sentinel judges (default "
+        f"{ACCEPTANCE_WINDOW_S}; "
+        "longer while fewer drafts than the baseline's minimum). A drop is an event, never "
+        "a restart",
+        _argtype(argtypes.positive_float),
+        "S",
+    ),
+    Opt(
         ("--catalogue-md",),
         "catalogue_md",
         ("preflight",),
@@ -261,6 +296,8 @@ class Args:
     probe_timeout: float = 60.0
     backoff: float = 30.0
     backoff_max: float = 600.0
+    canary_every: float = float(CANARY_EVERY_S)
+    acceptance_window: float = float(ACCEPTANCE_WINDOW_S)
     catalogue_md: bool = False
     action: str = ""
     build: bool = False
@@ -406,8 +443,10 @@ COMMAND_HELP = {
     "downloader's environment only. Refuses (exit 3) off SPARK1.",
     "watch": "watchdog: a 1-token completion every --interval s; after --failures failed "
     "probes in a row, down then up (backoff after a failed up). Runs until stopped "
-    "(SIGTERM/Ctrl-C); one timestamped line per event. launch/dsv4-watch@.service runs it "
-    "under systemd.",
+    "(SIGTERM/Ctrl-C); one timestamped line per event. After each good probe: the acceptance "
+    "sentinel (acceptance per draft position against the recipe's recorded band) and, every "
+    "--canary-every s, the output canary; both log events and never restart. "
+    "launch/dsv4-watch@.service runs it under systemd.",
 }
 
 

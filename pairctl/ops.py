@@ -18,6 +18,7 @@ from pairctl.overlays import sync
 from pairctl.plan import container_name
 from pairctl.preflight import runner
 from pairctl.resolved import ResolvedPair
+from pairctl.sentinel.pair import pair_monitors
 from pairctl.status import memory, watch
 from pairctl.status import pair as pst
 from pairctl.status import view as status_view
@@ -151,6 +152,7 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
     )
     say = watch.printer(pair.pair_id)
     base = pair.endpoint
+    mon = pair_monitors(pair, a.canary_every, a.acceptance_window, say)
     dog = watch.Watchdog(
         wc,
         probe=lambda: watch.probe_token(base, wc.probe_timeout_s, pair.api_key),
@@ -158,12 +160,15 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
         log=say,
         busy=lambda: lock_busy(lock_path(pair)),
         nodes=NodeWatch(lambda: memory.sample(pair.cfg), say),
+        after_ok=mon.after_ok_probe,
     )
+    canary = f"every {a.canary_every:g} s" if a.canary_every else "off"
     what = (
         f"{base}/v1: a 1-token completion every {wc.interval_s:g} s (answer within "
         f"{wc.probe_timeout_s:g} s); after {wc.failures} failures in a row: down, then up "
         f"(up --timeout {a.timeout}); a failed restart waits {wc.backoff_s:g} s, doubling "
         f"up to {wc.backoff_max_s:g} s; both nodes' memory read each cycle; a restart waits "
-        "for rank 1's ssh to answer"
+        "for rank 1's ssh to answer. Acceptance sentinel over {a.acceptance_window:g} s "
+        f"windows, output canary {canary}: events only, never a restart"
     )
     return watch.serve(dog, what)

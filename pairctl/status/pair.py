@@ -29,6 +29,7 @@ from pairctl.nodes import Node, nodes
 from pairctl.plan import LABEL_PLAN, container_name
 from pairctl.pressure import NodeMemory
 from pairctl.resolved import ResolvedPair, load
+from pairctl.sentinel.pair import status_extras
 from pairctl.status import memory
 from pairctl.status.metrics import MetricsParseError, Scrape, ServingFigures, figures, parse
 
@@ -87,6 +88,12 @@ class PairStatus:
     current_plan: str | None  # plan hash of the current config (None if not computed)
     checked_at: str  # UTC, RFC 3339
     memory: list[NodeMemory] = field(default_factory=list)  # each node's pressure band
+    # The acceptance sentinel's reading and what `watch` recorded (sentinel + output canary),
+    # and their events, one line each (pairctl.sentinel; docs/INTERFACES.md). Events do not
+    # change the verdict or the exit code.
+    acceptance: dict[str, Any] | None = None
+    watch_record: dict[str, Any] | None = None
+    events: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -198,7 +205,7 @@ def collect(
         mem = pool.submit(memory.sample, pair.cfg)
         ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), nodes(pair.cfg)))
         readings = mem.result()
-    serving, last = None, None
+    serving, last, prev = None, None, None
     if h.healthy:
         prev = previous or first
         if prev is not None and previous is None:
@@ -211,6 +218,8 @@ def collect(
     if memory.reasons(readings):  # a node about to wedge is not a healthy pair
         reasons += memory.reasons(readings)
         name = DEGRADED if name == HEALTHY else name
+    window = f"last {serving.window_s:.1f} s" if serving and serving.window_s else "since start"
+    extras = status_extras(pair, prev and prev.scrape, last and last.scrape, window)
     status = PairStatus(
         schema_version=SCHEMA_VERSION,
         pair_id=pair.pair_id,
@@ -225,6 +234,7 @@ def collect(
         current_plan=pair.plan_hash,
         checked_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
         memory=readings,
+        **extras,
     )
     return status, last
 

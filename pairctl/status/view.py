@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from pairctl.sentinel import render as sentinel_render
 from pairctl.status.metrics import ServingFigures
 from pairctl.status.pair import HEALTHY, MetricsSample, PairStatus, RankStatus
 
@@ -97,6 +98,7 @@ def render_text(st: PairStatus) -> str:
         lines.append(f"  metrics: {st.metrics_error}")
     lines += [f"  memory: {m.line()}" for m in st.memory]
     lines += [f"    action: {m.action}" for m in st.memory if m.action]
+    lines += ["  " + x for x in sentinel_render.lines(st.acceptance, st.watch_record, st.events)]
     if st.verdict != HEALTHY:
         lines += [f"  why {st.verdict}: {r}" for r in st.reasons]
     if st.running_plan and st.current_plan and st.running_plan != st.current_plan:
@@ -154,6 +156,10 @@ def render_rich(st: PairStatus) -> Group:
     elif st.metrics_error:
         parts.append(Text(f"metrics: {st.metrics_error}"))
     parts += [Text(f"memory: {m.line()}", style=MEMORY_STYLE.get(m.band, "")) for m in st.memory]
+    parts += [
+        Text(x, style="bold red" if x.startswith("EVENT") else "")
+        for x in sentinel_render.lines(st.acceptance, st.watch_record, st.events)
+    ]
     parts += [Text(f"why {st.verdict}: {r}", style="yellow") for r in st.reasons]
     return Group(*parts)
 

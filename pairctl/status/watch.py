@@ -114,8 +114,12 @@ class Watchdog:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         nodes: Callable[[], str | None] = lambda: None,
+        after_ok: Callable[[], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        # Runs after each good probe: the acceptance sentinel and output canary
+        # (pairctl.sentinel.monitors). It only logs; nothing it finds restarts the pair.
+        self.after_ok = after_ok
         self.probe, self.restart, self.log = probe, restart, log
         self.busy, self.sleep, self.clock = busy, sleep, clock
         self.nodes = nodes  # each cycle: memory events; why rank 1's ssh fails (a wedge)
@@ -149,6 +153,7 @@ class Watchdog:
             self.failed, self.healthy_once, self.restarted_ok = 0, True, False
             self.lost_since = None
             self.backoff = self.cfg.backoff_s
+            self._monitors()
             return self.cfg.interval_s
         self.failed += 1
         if self.failed <= self.cfg.failures:
@@ -206,6 +211,14 @@ class Watchdog:
             "containers on both nodes and relaunching"
         )
         return None
+
+    def _monitors(self) -> None:
+        if self.after_ok is None:
+            return
+        try:
+            self.after_ok()
+        except Exception as exc:  # noqa: BLE001 - a monitor's bug must not stop the watchdog
+            self.log(f"monitors failed this round ({type(exc).__name__}: {exc}); no restart")
 
     def run(self, cycles: int | None = None) -> None:
         n = 0

@@ -14,6 +14,10 @@ limits an item to one rank; without it the item applies to every rank):
                                       the engine, as a huge prefill step does in vLLM
     no-answers                        do not serve the quality gate's known answers (the
                                       gate then fails, as after a bad change)
+    draft-decay:FACTOR[:FROM]         the conditional acceptance of draft positions FROM
+                                      (0-based, default 1) and later times FACTOR (0..1):
+                                      a draft that lost the weights its later positions
+                                      need; the output text stays the same (rank 0)
 
 Example: TWIN_FAULT='crash:compiling:rank1;foreign:4:10:30'
 """
@@ -38,6 +42,7 @@ class Faults:
     foreign: list[tuple[int, float, float]] = field(default_factory=list)
     stalls: dict[int, float] = field(default_factory=dict)
     no_answers: bool = False
+    draft_decay: tuple[float, int] | None = None  # (FACTOR, FROM)
     spec: str = ""
 
     def crash_delay(self, phase: str) -> float | None:
@@ -90,6 +95,13 @@ def parse(spec: str | None, rank: int) -> Faults:
         elif kind == "no-answers" and not args:
             if mine:
                 out.no_answers = True
+        elif kind == "draft-decay" and len(args) in (1, 2):
+            factor = _num(args[0], "FACTOR", item)
+            if factor > 1:
+                raise FaultSpecError(f"fault {item!r}: FACTOR must be in [0, 1]")
+            start = int(_num(args[1], "FROM", item)) if len(args) == 2 else 1
+            if mine and rank == 0:
+                out.draft_decay = (factor, start)
         elif kind == "stall" and len(args) == 2:
             step = int(_num(args[0], "STEP", item))
             if mine and rank == 0:
@@ -97,7 +109,8 @@ def parse(spec: str | None, rank: int) -> Faults:
         else:
             raise FaultSpecError(
                 f"fault {item!r} not understood; expected slow-boot:FACTOR, "
-                "crash:PHASE[+SECS], foreign:N:AT_S:FOR_S, stall:STEP:SECS or no-answers, "
+                "crash:PHASE[+SECS], foreign:N:AT_S:FOR_S, stall:STEP:SECS, no-answers or "
+                "draft-decay:FACTOR[:FROM], "
                 "optionally ending in :rank0 or :rank1"
             )
     return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.twin import params
+from sim.twin.acceptance_model import AcceptanceModel, request_text
 from sim.twin.engine import FOREVER, Engine, Request
 from sim.twin.params import BadRequest
 from sim.twin.prefix_cache import block_hashes
@@ -36,25 +37,26 @@ class Prompt:
     digest: str
     tokenize_ms: float
     canned: list[str] | None  # the known reply, token by token (quality answers)
+    cum_accept: list[float] | None = None  # P(position k accepted) for this content
 
 
 def load_answers(prof: Profile) -> dict[str, str]:
-    """Prompt -> exact reply, from the profile's `answers.file` (the quality gate's JSON).
+    """Prompt -> exact reply, from the profile's `answers.file` (the quality gate's JSON, or
+    a list of such files: the gate's and the output canary's).
 
-    Lets the offline rehearsal pass the real quality gate; the fault `no-answers` turns it
-    off so the gate's failure path can be rehearsed too.
+    Lets the offline rehearsal pass the real quality gate and canary; the fault `no-answers`
+    turns it off so their failure paths can be rehearsed too.
     """
-    cfg = prof.section("answers")
-    name = cfg.get("file")
-    if not name:
-        return {}
-    path = Path(prof.raw.get("_path", ".")).parent / name
-    try:
-        doc = json.loads(path.read_text())
-        return {str(p["prompt"]): str(p["answer"]) for p in doc.get("prompts", [])}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("answers file %s unusable (%s): replies are generated words only", path, exc)
-        return {}
+    names = prof.section("answers").get("file") or []
+    out: dict[str, str] = {}
+    for name in [names] if isinstance(names, str) else list(names):
+        path = Path(prof.raw.get("_path", ".")).parent / str(name)
+        try:
+            doc = json.loads(path.read_text())
+            out.update({str(p["prompt"]): str(p["answer"]) for p in doc.get("prompts", [])})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("answers file %s unusable (%s): its prompts get generated words", path, exc)
+    return out
 
 
 @dataclass
@@ -69,9 +71,11 @@ class Builder:
     max_model_len: int
     block_size: int
     answers_enabled: bool = True
+    draft_decay: tuple[float, int] | None = None  # the fault draft-decay:FACTOR[:FROM]
 
     def __post_init__(self) -> None:
         self.answers = load_answers(self.prof) if self.answers_enabled else {}
+        self.acceptance = AcceptanceModel(self.prof, self.gamma, self.draft_decay)
         self._sampled = itertools.count()
         out = self.prof.section("output")
         self.eos_lo = int(out.get("eos_min_tokens", 48))
@@ -118,7 +122,8 @@ class Builder:
             )
         digest = hashlib.blake2b(array("q", ids).tobytes(), digest_size=8).hexdigest()
         canned = self._canned(body) if chat else None
-        return Prompt(ids, digest, tok_ms, canned)
+        cum = self.acceptance.cum_for(request_text(body, chat))
+        return Prompt(ids, digest, tok_ms, canned, cum)
 
     def build(
         self,
@@ -151,7 +156,9 @@ class Builder:
         if prompt.canned is not None:
             target = min(len(prompt.canned), max_tokens)
         drawer = AcceptanceDrawer(
-            self.prof.cum_accept(self.gamma), self.prof.sampling, key_of(key, "accept")
+            prompt.cum_accept or self.acceptance.default,
+            self.prof.sampling,
+            key_of(key, "accept"),
         )
         return Request(
             id=rid,
@@ -194,7 +201,7 @@ class Builder:
             target_len=limit,
             max_tokens=limit,
             out_key=key,
-            drawer=AcceptanceDrawer(self.prof.cum_accept(self.gamma), self.prof.sampling, key),
+            drawer=AcceptanceDrawer(self.acceptance.default, self.prof.sampling, key),
             received_ns=time.monotonic_ns(),
             foreign_until=time.monotonic() + seconds if tokens is None else float("inf"),
         )

@@ -1,0 +1,30 @@
+"""``python -m pairctl.sentinel record [options]``: record a recipe's acceptance baseline."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = (
+    "usage: python -m pairctl.sentinel record [options]\n"
+    "  record   record the recipe's acceptance baseline band (record --help for options)\n"
+)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0 if argv else 2
+    if argv[0] != "record":
+        sys.stderr.write(f"unknown command {argv[0]!r}\n" + USAGE)
+        return 2
+    from pairctl.sentinel.record import main as record_main
+
+    return record_main(argv[1:])
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

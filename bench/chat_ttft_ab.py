@@ -352,6 +352,13 @@ def machine() -> dict[str, Any]:
     }
 
 
+def command() -> str:
+    """How this run was started, as a user types it (`python -m bench.NAME ...`)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["python", "-m", spec.name] if spec and spec.name else ["python", sys.argv[0]]
+    return " ".join([*head, *sys.argv[1:]])
+
+
 def document(
     benches: dict[str, Bench], args: argparse.Namespace, summary: dict[str, Any], started: str
 ) -> dict[str, Any]:
@@ -360,7 +367,7 @@ def document(
         "script": "chat_ttft_ab",
         "date_utc": started,
         "ended_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": command(),
         "command_line": [sys.executable, *sys.argv],
         "git_sha": git_sha(),
         "machine": machine(),
@@ -377,9 +384,20 @@ def document(
     }
 
 
+def relativize(text: str, prefixes: dict[str, str] | None = None) -> str:
+    """Paths of this machine out of a result: the clone's become repo-relative, the
+    interpreter is `python`, and each of `prefixes` (e.g. the engine venv) its short name."""
+    subs = {sys.executable: "python", str(REPO) + "/": "", **(prefixes or {})}
+    for old, new in sorted(subs.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(old, new)
+    return text
+
+
 def write_json(path: str | None, doc: dict[str, Any]) -> None:
     if path:
-        Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        prefixes = doc.pop("_path_prefixes", None)
+        text = json.dumps(doc, indent=1, default=str) + "\n"
+        Path(path).write_text(relativize(text, prefixes))
 
 
 def main(argv: list[str] | None = None, extra: Callable[[], dict[str, Any]] | None = None) -> int:

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace, rest: list[str], servers: list[Server]) -> int
 
     def extra() -> dict[str, Any]:
         return {
+            "_path_prefixes": {str(args.engine_venv): ".venv-engine"},
             "model_dir": str(model),
             "model_spec": None if args.model_dir else args.model_spec,
             "servers": {

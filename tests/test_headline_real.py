@@ -91,13 +91,13 @@ def _complete_ids(url: str, prompt_ids: list[int]) -> list[int]:
 
 
 def test_overlay_active_and_token_exact_in_the_real_api_server(server: Server) -> None:
-    history = [{"role": "user", "content": body_text("trace", 5000, 7, 3.0) + "\n\nRead it."}]
+    history = [{"role": "user", "content": body_text("trace", 5000, 7, 4.0) + "\n\nRead it."}]
     chats = []
     for turn in range(TURNS + 1):
         res = _chat(server.url, history)
         chats.append(res)
         reply = res["choices"][0]["message"]["content"] or "OK."
-        question = body_text("trace", 200, 100 + turn, 3.0) + "\n\nWhat changes?"
+        question = body_text("trace", 200, 100 + turn, 4.0) + "\n\nWhat changes?"
         history += [{"role": "assistant", "content": reply}, {"role": "user", "content": question}]
 
     first = chats[0]["usage"]["prompt_tokens"]
@@ -107,9 +107,12 @@ def test_overlay_active_and_token_exact_in_the_real_api_server(server: Server) -
         assert len(prompt_ids) == res["usage"]["prompt_tokens"]
         # The same prompt as ids, past the tokenizer: the same greedy tokens.
         assert _complete_ids(server.url, prompt_ids) == res["choices"][0]["token_ids"]
-    # Each turn's prompt starts with the previous turn's prompt (the history is re-sent).
+    # Each turn re-sends the history: its prompt repeats the previous one but for the end,
+    # where DSV4's encoder renders the last generation prompt (<think>) and the reply anew.
     for a, b in zip(chats, chats[1:], strict=False):
-        assert b["prompt_token_ids"][: len(a["prompt_token_ids"])] == a["prompt_token_ids"]
+        pa, pb = a["prompt_token_ids"], b["prompt_token_ids"]
+        common = next((i for i, (x, y) in enumerate(zip(pa, pb, strict=False)) if x != y), len(pa))
+        assert common >= len(pa) - 8, (common, len(pa))
 
     assert server.overlay_active(), "no 'incremental-encode-cache active' line in the log"
     stats = server.encoder_stats()

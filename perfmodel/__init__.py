@@ -2,5 +2,6 @@
 
 Modules: `paging` (distinct experts touched when verifying M tokens, closed forms and a
 Monte-Carlo), `budget` (per-verify-step time budget, steps/s, tok/s, aggregate ceiling),
-`report` (table and JSON), `cli` (flags; run as `python -m perfmodel`).
+`turn` (a chat turn's prefill floor, next to re-tokenizing the history), `report` (table and
+JSON), `cli` (flags; run as `python -m perfmodel`).
 """

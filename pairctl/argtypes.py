@@ -136,6 +136,20 @@ def size_list(text: str) -> list[int]:
     return [parse_size(t) for t in items]
 
 
+def int_list_at_most(high: int) -> Callable[[str], list[int]]:
+    """``int_list`` with an upper bound per value (where a large one can hurt the machine)."""
+
+    def parse(text: str) -> list[int]:
+        out = int_list(text)
+        over = [v for v in out if v > high]
+        if over:
+            raise argparse.ArgumentTypeError(f"needs whole numbers <= {high}, got {over[0]}")
+        return out
+
+    parse.__name__ = f"list of int <= {high}"
+    return parse
+
+
 def int_list(text: str) -> list[int]:
     """'1,2,4' -> [1, 2, 4]; positive whole numbers, at least one."""
     items = [t.strip() for t in text.split(",") if t.strip()]
@@ -222,17 +236,25 @@ def output_file(text: str) -> str:
 output_file.__name__ = "output file"
 
 
+def output_file_or_stdout(text: str) -> str:
+    """``output_file``, or ``-`` for stdout."""
+    return text if text == "-" else output_file(text)
+
+
+output_file_or_stdout.__name__ = "output file or -"
+
+
 # What the plots are written as (matplotlib's savefig picks the format from the suffix).
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def png_file(text: str) -> str:
     """An output file for a plot; matplotlib must be importable (checked now, not at the end)."""
+    path = output_file(text)
     if Path(text).suffix.lower() not in PLOT_SUFFIXES:
         raise argparse.ArgumentTypeError(
             f"must end in {', '.join(PLOT_SUFFIXES)} (the plot's format), got {text!r}"
         )
-    path = output_file(text)
     # Looked up, not imported: only a bench that plots needs it (the [bench] extra).
     if importlib.util.find_spec("matplotlib") is None:
         raise argparse.ArgumentTypeError(

@@ -51,7 +51,7 @@ from bench.benchlib.cli import entry, log
 from bench.benchlib.runner import git_sha
 from bench.benchlib.stats import summarize
 from pairctl import argtypes as t
-from pairctl.endpoint import Endpoint
+from pairctl.endpoint import Endpoint, redacted_argv
 
 VARIANTS = ("direct", "affinity", "round_robin")
 
@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     rr = runs.LocalRouter(args.router_bin, "round_robin", args.pair_urls, logdir / "rr.log", cpus)
     doc: dict[str, Any] = {
         "script": "bench_router",
-        "command_line": [sys.executable, *sys.argv],
+        "command_line": redacted_argv([sys.executable, *sys.argv]),
         "git_sha": git_sha(),
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {

@@ -187,6 +187,20 @@ def add_endpoint_args(
     p.add_argument("--session-id", default=None, help=session_help or SESSION_HELP)
 
 
+def redacted_argv(argv: list[str]) -> list[str]:
+    """A command line as a result file records it: ``--api-key``'s value as ``***``."""
+    out, hide = [], False
+    for word in argv:
+        if hide:
+            out.append("***")
+        elif word.startswith("--api-key="):
+            out.append("--api-key=***")
+        else:
+            out.append(word)
+        hide = word == "--api-key"
+    return out
+
+
 def endpoint_of(args: argparse.Namespace) -> Endpoint:
     """--url's Endpoint with --api-key and --session-id on it (the URL is not parsed again)."""
     return args.url.with_auth(args.api_key, args.session_id)

@@ -207,3 +207,16 @@ def test_https_against_plain_http_says_so(plain_http: str) -> None:
         why = cause(exc)
     assert "looks like plain HTTP" in why and "http://" in why
     assert why != "cannot connect"
+
+
+def test_the_result_json_never_carries_the_api_key(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "c.json"
+    key = "sk-bench-secret-42"
+    with MockServer(MockConfig(ttft_s=0.01, step_s=0.002, tokens_per_step=(2,))) as m:
+        argv = ["--url", m.url, "--api-key", key, "--concurrency", "1", "--max-tokens", "4"]
+        argv += ["--json", str(out), *FAST]
+        monkeypatch.setattr(sys, "argv", ["bench_conc", *argv])
+        assert bench_conc.main(argv) == 0
+    text = out.read_text()
+    assert key not in text
+    assert json.loads(text)["command_line"][4:6] == ["--api-key", "***"]

@@ -24,6 +24,7 @@ from bench.benchlib.guard import GuardConfig, GuardedPoint, GuardError, InFlight
 from bench.benchlib.kstamp import clock_offset_cached
 from bench.benchlib.results import Results
 from bench.benchlib.stream import StreamResult, open_connection, stream_request
+from pairctl.endpoint import redacted_argv
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -195,7 +196,7 @@ class Bench:
         """What the result JSON says about the run itself (every flag but the API key)."""
         return {
             "script": self.script,
-            "command_line": [sys.executable, *sys.argv],
+            "command_line": redacted_argv([sys.executable, *sys.argv]),  # no --api-key value
             "git_sha": git_sha(),
             "url": self.endpoint.base,
             "model": self.model,

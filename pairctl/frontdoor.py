@@ -114,7 +114,7 @@ OPTIONS: tuple[Opt, ...] = (
         "src",
         ("sync-overlays",),
         "overlay package to copy (default mods/dsv4-flash-overlays); must exist",
-        _argtype(argtypes.existing_dir),
+        str,
         "DIR",
     ),
     Opt(("--rank",), "rank", ("logs",), "which rank (default 0)", _rank, "0|1"),
@@ -287,6 +287,11 @@ def _check_applies(a: Args) -> None:
         )
     if a.cmd != "status" and a.json:
         raise UsageError(f"--json needs a FILE for {a.cmd} (see --help)")
+    if "src" in a.given:  # checked here, after "applies", and before any probe
+        try:
+            argtypes.existing_dir(a.src)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"--src {exc}") from None
 
 
 BY_DEST = {o.dest: o for o in OPTIONS}
@@ -300,7 +305,9 @@ COMMAND_HELP = {
     "status": "each rank's container state and uptime, endpoint health and model, and live "
     "serving figures from /metrics: running/waiting, decode tok/s, TTFT p50/p95, KV-cache "
     "use, prefix-cache hit rate, DSpark acceptance per draft position and mean acceptance "
-    "length. --json for machines, --watch for a live view. Exit 0 healthy, 7 degraded, 8 down.",
+    "length, shown only once rank 0's labelled container runs on SPARK1 (else: whose endpoint it "
+    "may be). --json for machines, --watch for a live view. Exit 0 healthy, 7 degraded, 8 "
+    "down, 9 the endpoint rejects VLLM_API_KEY.",
     "logs": "container log of one rank (--rank 0|1, -f to follow, --tail N).",
     "plan": "print the exact docker run lines per rank (env, mounts, vLLM args; secrets "
     "masked). Changes nothing.",
@@ -311,8 +318,9 @@ COMMAND_HELP = {
     "fails keeps its old copy; exit 1). Refuses (exit 3) unless this machine is SPARK1 and "
     "SPARK2 is another one (PF-SELF-IS-SPARK1, PF-DISTINCT-NODES).",
     "watch": "watchdog: a 1-token completion every --interval s; after --failures failed "
-    "probes in a row, down then up (backoff after a failed up). Runs until stopped "
-    "(SIGTERM/Ctrl-C); one timestamped line per event. launch/dsv4-watch@.service runs it "
+    "probes in a row, down then up (backoff after a failed up); a 401/403 (wrong key) stops "
+    "it with exit 9 and never restarts the pair. Runs until stopped (SIGTERM/Ctrl-C); one "
+    "timestamped line per event. launch/dsv4-watch@.service runs it "
     "under systemd.",
 }
 

@@ -1,4 +1,4 @@
-"""Bad inputs to the benches refused before any work, and Ctrl-C answered right (issue 24).
+"""Bad inputs to the benches refused before any work, and Ctrl-C answered right.
 
 Each case failed on the code before: a traceback, a late error after the run, an "ok" without
 a figure, or a bound that was not there. Against the mock server (tests/fakes/mock_openai.py).

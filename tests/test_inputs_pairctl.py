@@ -1,4 +1,4 @@
-"""The launcher and the fleet answer bad inputs right (issue 24): a key problem is never a
+"""The launcher and the fleet answer bad inputs right: a key problem is never a
 reason to restart, `status` shows only figures it can prove are this pair's, bad files are
 refused before any probe, and nothing ends in a traceback.
 

@@ -1,4 +1,4 @@
-"""Secrets are never printed (issue 24): every output of ours in a rehearsal run of a pair
+"""Secrets are never printed: every output of ours in a rehearsal run of a pair
 with an API key and an HF token is grepped for both.
 
 Runs on the offline rehearsal (network namespaces, real sshd, the simulator as the image);

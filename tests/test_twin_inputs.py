@@ -1,4 +1,4 @@
-"""The twin takes bad input as vLLM 0.33 does (issue 24): it enforces ``--api-key`` on /v1
+"""The twin takes bad input as vLLM 0.33 does: it enforces ``--api-key`` on /v1
 (vllm/entrypoints/serve/middleware/authenticate.py), never prints a key or an unknown flag's
 value, binds its port before booting (vllm/entrypoints/launchers/launcher.py, setup_server),
 and refuses counts below 1 instead of dividing by them. Each failed on the code before."""

@@ -192,10 +192,15 @@ def test_health_does_not_say_the_key_differs_when_none_is_set(keyed: str) -> Non
 def test_watch_stops_on_a_rejected_key_and_never_restarts(keyed: str) -> None:
     restarts: list[int] = []
     lines: list[str] = []
+
+    def restart() -> int:
+        restarts.append(1)
+        raise AssertionError("the pair was restarted for a key problem")
+
     dog = watch.Watchdog(
         watch.WatchConfig(interval_s=0.01, failures=1),
         probe=lambda: watch.probe_token(keyed, 5.0, "wrong-key-123"),
-        restart=lambda: restarts.append(1) or 0,
+        restart=restart,
         log=lines.append,
         sleep=lambda _s: None,
     )

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bench.benchlib import cli, prompts, report
+from bench.benchlib import MAX_CONCURRENCY, cli, prompts, report
 from bench.benchlib.guard import InFlightTracker
 from bench.benchlib.response import StreamResult
 from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
@@ -108,9 +107,10 @@ def wave_metrics(results: list[StreamResult]) -> dict[str, Any]:
 def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--concurrency",
-        type=argtypes.int_list,
+        type=argtypes.int_list_at_most(MAX_CONCURRENCY),
         default="1,2,4,8,16,24,32",
-        help="levels to sweep (comma-separated streams)",
+        help=f"levels to sweep (comma-separated streams, each 1..{MAX_CONCURRENCY}: one "
+        "thread and socket per stream)",
     )
     p.add_argument(
         "--max-tokens", type=argtypes.int_at_least(1), default=256, help="tokens decoded per stream"
@@ -216,13 +216,17 @@ def plot(path: str, summary: ConcSummary, model: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, levels = parse_args(argv)
     b = Bench("bench_conc", args)
-    b.prepare()
-    summary = summarize_sweep(run(b, levels))
-    print_report(summary, args.runs)
-    if args.plot:
-        plot(args.plot, summary, b.model)
-    return b.finish(summary.to_json())
+
+    def body() -> int:
+        b.prepare()
+        summary = summarize_sweep(run(b, levels))
+        print_report(summary, args.runs)
+        if args.plot:
+            plot(args.plot, summary, b.model)
+        return b.finish(summary.to_json())
+
+    return b.run(body)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.entry(main)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,16 +224,34 @@ def plot(path: str, summary: CtxSummary, model: str) -> None:
     report.plot(path, depths, panels, "prompt depth (tokens)", f"bench_ctx {model}", logx=True)
 
 
+def too_deep(depths: list[int], max_tokens: int, max_model_len: int | None) -> str | None:
+    """Why the server cannot take the deepest prompt (None when it can, or is not known)."""
+    if max_model_len is None:
+        return None
+    over = [d for d in depths if d + max_tokens > max_model_len]
+    if not over:
+        return None
+    return (
+        f"--depths {','.join(map(str, over))} plus --max-tokens {max_tokens} exceed the "
+        f"server's max_model_len {max_model_len} (GET /v1/models); use depths up to "
+        f"{max_model_len - max_tokens} (a prompt's chat template adds a few tokens too)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args, depths = parse_args(argv)
     b = Bench("bench_ctx", args)
-    b.prepare()
-    summary = summarize_ladder(run(b, depths))
-    print_report(summary, args.runs)
-    if args.plot:
-        plot(args.plot, summary, b.model)
-    return b.finish(summary.to_json())
+
+    def body() -> int:
+        b.prepare(lambda: too_deep(depths, args.max_tokens, b.max_model_len))
+        summary = summarize_ladder(run(b, depths))
+        print_report(summary, args.runs)
+        if args.plot:
+            plot(args.plot, summary, b.model)
+        return b.finish(summary.to_json())
+
+    return b.run(body)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.entry(main)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -144,6 +143,11 @@ def interfered_metrics(o: dict[str, Any]) -> dict[str, Any]:
             err = "decode stream had not started when the prefill was sent (raise --lead-ms)"
         else:
             w = window_metrics(dec, pre.t_request_ns, end)
+            if w["decode_tok_s"] is None:  # a wave without its figure is not an "ok" point
+                err = (
+                    "no figure: the decoding stream had too few tokens while the prefill ran "
+                    "to measure its rate (raise --decode-tokens or --prefill-tokens)"
+                )
     if truncated:
         cli.log("warning: decode stream ended before the prefill did; raise --decode-tokens")
     return {
@@ -257,13 +261,17 @@ def plot(path: str, summary: InterfereSummary, model: str, n_prefill: int) -> No
 def main(argv: list[str] | None = None) -> int:
     args, n_prefill = parse_args(argv)
     b = Bench("bench_interfere", args)
-    b.prepare()
-    summary = summarize_phases(run(b, n_prefill))
-    print_report(summary, n_prefill)
-    if args.plot:
-        plot(args.plot, summary, b.model, n_prefill)
-    return b.finish(summary.to_json())
+
+    def body() -> int:
+        b.prepare()
+        summary = summarize_phases(run(b, n_prefill))
+        print_report(summary, n_prefill)
+        if args.plot:
+            plot(args.plot, summary, b.model, n_prefill)
+        return b.finish(summary.to_json())
+
+    return b.run(body)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.entry(main)

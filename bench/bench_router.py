@@ -39,12 +39,19 @@ from typing import Any
 import requests
 
 from bench import bench_router_runs as runs
-from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_OK, report
-from bench.benchlib.cli import log
+from bench.benchlib import (
+    EXIT_CONTAMINATED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    MAX_CONCURRENCY,
+    report,
+)
+from bench.benchlib.cli import entry, log
 from bench.benchlib.runner import git_sha
 from bench.benchlib.stats import summarize
 from pairctl import argtypes as t
-from pairctl.endpoint import Endpoint
+from pairctl.endpoint import Endpoint, redacted_argv
 
 VARIANTS = ("direct", "affinity", "round_robin")
 
@@ -57,6 +64,13 @@ def _pair_endpoints(text: str) -> list[Endpoint]:
         raise argparse.ArgumentTypeError(str(e)) from None
     if len(eps) < 2:
         raise argparse.ArgumentTypeError("needs at least two endpoints, comma-separated")
+    seen: set[str] = set()
+    for e in eps:
+        if e.base in seen:  # one pair twice: "affinity" would compare a pair with itself
+            raise argparse.ArgumentTypeError(
+                f"{e.base} is given twice; each endpoint must be a different pair"
+            )
+        seen.add(e.base)
     return eps
 
 
@@ -97,9 +111,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--overhead-concurrency",
         dest="levels",
-        type=t.int_list,
+        type=t.int_list_at_most(MAX_CONCURRENCY),
         default="1,64",
-        help="concurrency levels of part 2",
+        help=f"concurrency levels of part 2 (each 1..{MAX_CONCURRENCY})",
     )
     p.add_argument(
         "--overhead-requests", type=t.int_at_least(1), default=128, help="requests per level/side"
@@ -338,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     rr = runs.LocalRouter(args.router_bin, "round_robin", args.pair_urls, logdir / "rr.log", cpus)
     doc: dict[str, Any] = {
         "script": "bench_router",
-        "command_line": [sys.executable, *sys.argv],
+        "command_line": redacted_argv([sys.executable, *sys.argv]),
         "git_sha": git_sha(),
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {
@@ -376,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         log(str(exc))
         code = EXIT_ERROR
+    except KeyboardInterrupt:  # the parts finished so far are in the JSON below
+        done = [k for k in ("multi_turn", "overhead") if k in doc]
+        where = f"; parts done ({', '.join(done) or 'none'}) in {args.json_path}"
+        log("interrupted" + (where if args.json_path else ""))
+        code = EXIT_INTERRUPTED
     finally:
         aff.stop()
         rr.stop()
@@ -387,4 +406,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

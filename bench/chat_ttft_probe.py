@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,13 +160,17 @@ def plot(path: str, summary: ChatSummary, model: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, first_n, turn_n = parse_args(argv)
     b = Bench("chat_ttft_probe", args)
-    b.prepare()
-    summary = summarize_conversations(run(b, first_n, turn_n))
-    print_report(summary)
-    if args.plot:
-        plot(args.plot, summary, b.model)
-    return b.finish(summary.to_json())
+
+    def body() -> int:
+        b.prepare()
+        summary = summarize_conversations(run(b, first_n, turn_n))
+        print_report(summary)
+        if args.plot:
+            plot(args.plot, summary, b.model)
+        return b.finish(summary.to_json())
+
+    return b.run(body)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.entry(main)

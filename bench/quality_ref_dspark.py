@@ -19,8 +19,7 @@ Example: python -m bench.quality_ref_dspark --url http://HOST:8000
 
 from __future__ import annotations
 
-import sys
-
+from bench.benchlib.cli import entry
 from pairctl.gate import cli
 from pairctl.gate.check import DEFAULT_PROMPTS, check, normalise
 
@@ -32,4 +31,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

@@ -13,6 +13,7 @@ from pairctl.contracts import (  # noqa: F401 - re-exported
     EXIT_DOWN,
     EXIT_GATE,
     EXIT_INTERRUPTED,
+    EXIT_KEY,
     EXIT_OK,
     EXIT_PREFLIGHT,
     EXIT_RUNTIME,

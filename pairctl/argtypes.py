@@ -18,7 +18,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -137,6 +136,20 @@ def size_list(text: str) -> list[int]:
     return [parse_size(t) for t in items]
 
 
+def int_list_at_most(high: int) -> Callable[[str], list[int]]:
+    """``int_list`` with an upper bound per value (where a large one can hurt the machine)."""
+
+    def parse(text: str) -> list[int]:
+        out = int_list(text)
+        over = [v for v in out if v > high]
+        if over:
+            raise argparse.ArgumentTypeError(f"needs whole numbers <= {high}, got {over[0]}")
+        return out
+
+    parse.__name__ = f"list of int <= {high}"
+    return parse
+
+
 def int_list(text: str) -> list[int]:
     """'1,2,4' -> [1, 2, 4]; positive whole numbers, at least one."""
     items = [t.strip() for t in text.split(",") if t.strip()]
@@ -185,27 +198,63 @@ def speculative_config(text: str) -> dict[str, Any]:
 
 
 # ---- output files ---------------------------------------------------------------------------
-def output_file(text: str) -> str:
-    """A file we can write later: its directory exists and is writable; it is not a directory."""
+def unwritable(text: str) -> str | None:
+    """Why ``text`` cannot be written as a file later (None when it can).
+
+    Asked of the file system itself, not of permission bits alone: as root ``os.access``
+    says yes to /proc or a read-only mount, and the results would be lost after the run. A
+    file that does not exist yet is created and removed again, so nothing is left behind.
+    """
     p = Path(text).expanduser()
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name")
+        return f"{text} is a directory; give a file name"
     if not parent.is_dir():
-        raise argparse.ArgumentTypeError(
-            f"directory {parent} does not exist (create it first: mkdir -p {parent})"
-        )
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise argparse.ArgumentTypeError(f"{text} is not writable")
-    return str(p)
+        return f"directory {parent} does not exist (create it first: mkdir -p {parent})"
+    existed = p.exists()
+    try:
+        with open(p, "a"):
+            pass
+    except OSError as exc:
+        return f"{text} is not writable ({exc.strerror or exc})"
+    if not existed:
+        try:
+            p.unlink()
+        except OSError:
+            pass
+    return None
+
+
+def output_file(text: str) -> str:
+    """A file we can write later: its directory exists and a file can be written there."""
+    why = unwritable(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return str(Path(text).expanduser())
 
 
 output_file.__name__ = "output file"
 
 
+def output_file_or_stdout(text: str) -> str:
+    """``output_file``, or ``-`` for stdout."""
+    return text if text == "-" else output_file(text)
+
+
+output_file_or_stdout.__name__ = "output file or -"
+
+
+# What the plots are written as (matplotlib's savefig picks the format from the suffix).
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
 def png_file(text: str) -> str:
     """An output file for a plot; matplotlib must be importable (checked now, not at the end)."""
     path = output_file(text)
+    if Path(text).suffix.lower() not in PLOT_SUFFIXES:
+        raise argparse.ArgumentTypeError(
+            f"must end in {', '.join(PLOT_SUFFIXES)} (the plot's format), got {text!r}"
+        )
     # Looked up, not imported: only a bench that plots needs it (the [bench] extra).
     if importlib.util.find_spec("matplotlib") is None:
         raise argparse.ArgumentTypeError(
@@ -215,3 +264,16 @@ def png_file(text: str) -> str:
 
 
 png_file.__name__ = "plot file"
+
+
+def existing_dir(text: str) -> str:
+    """A directory that is there now (a source to copy from)."""
+    p = Path(text).expanduser()
+    if not p.exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist; give an existing directory")
+    if not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    return str(p)
+
+
+existing_dir.__name__ = "directory"

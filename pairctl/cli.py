@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from pairctl import contracts, ops, updown
+from pairctl import argtypes, contracts, ops, updown
 from pairctl import lifecycle as lc
 from pairctl import preflight as pf
 from pairctl.config import ConfigError
@@ -29,17 +29,9 @@ from pairctl.status import pair as pst
 
 def writable_file(path: str, flag: str) -> None:
     """Fail before the work when ``path`` cannot be written, not after it."""
-    p = Path(path)
-    parent = p.parent
-    if p.is_dir():
-        raise ConfigError(f"{flag} {path} is a directory; give a file path")
-    if not parent.is_dir():
-        raise ConfigError(
-            f"{flag} {path}: directory {parent} does not exist; create it "
-            f"(mkdir -p {parent}) or give another path"
-        )
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ConfigError(f"{flag} {path}: not writable by this user; give another path")
+    why = argtypes.unwritable(path)
+    if why:
+        raise ConfigError(f"{flag} {why}; give another path")
 
 
 def preflight(pair: ResolvedPair, json_file: str | None = None) -> int:

@@ -247,22 +247,39 @@ def parse_env(values: dict[str, str | None], env_file: str = "<dict>") -> PairCo
             shown = "***" if var.secret else repr(raw)
             raise ConfigError(f"{env_file}: {var.name}={shown} {why}")
         out[var.name] = raw
+    if out["SPARK1"].lower() == out["SPARK2"].lower():
+        raise ConfigError(
+            f"{env_file}: SPARK1 and SPARK2 are both {out['SPARK1']}; a pair is two Sparks: "
+            "set SPARK2 to the rank-1 node's address"
+        )
     unknown = tuple(sorted(k for k in values if k not in VAR_NAMES))
     return PairConfig(values=out, env_file=env_file, unknown=unknown)
 
 
-def load_env_file(path: str | Path) -> PairConfig:
-    """Read an env file with python-dotenv (no interpolation surprises) and validate it."""
+LAUNCHER_HINT = "copy .env.example to .env and set your pair's addresses (or pass --env-file FILE)"
+
+
+def load_env_file(path: str | Path, missing_hint: str = LAUNCHER_HINT) -> PairConfig:
+    """Read an env file with python-dotenv (no interpolation surprises) and validate it.
+
+    ``missing_hint`` is the fix named for a file that is not there: the launcher's
+    ``.env``/``--env-file``, or what a fleet inventory says instead (it has no such flag).
+    """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"env file {p} is a directory; give the pair's env file inside it")
     if not p.is_file():
-        raise ConfigError(
-            f"env file {p} not found; copy .env.example to .env and set your pair's addresses "
-            f"(or pass --env-file FILE)"
-        )
+        raise ConfigError(f"env file {p} not found; {missing_hint}")
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = p.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{p}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save the env "
+            "file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"env file {p}: {exc}") from exc
+        raise ConfigError(f"env file {p}: {exc.strerror or exc}") from exc
     # python-dotenv only warns about lines it cannot parse and skips them; a skipped line
     # may be the SPARK2 the operator meant to set, so every unparsable line is an error.
     # Its text is not echoed: it may hold a secret (e.g. "HF_TOKEN hf_...").
@@ -272,7 +289,7 @@ def load_env_file(path: str | Path) -> PairConfig:
                 f"{p}:{binding.original.line}: malformed line; expected "
                 "KEY=VALUE (see .env.example)"
             )
-    raw = dict(dotenv_values(p, interpolate=False))
+    raw = dict(dotenv_values(stream=io.StringIO(text), interpolate=False))
     # ssh files relative to the env file (not to wherever the launcher was started); ~ too.
     for key in ("SSH_IDENTITY_FILE", "SSH_KNOWN_HOSTS_FILE"):
         val = (raw.get(key) or "").strip()

@@ -230,6 +230,14 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
         "down",
     ),
     ExitCode(
+        9,
+        "EXIT_KEY",
+        "API key problem: the endpoint answered 401/403 to `VLLM_API_KEY` (wrong, or unset "
+        "while the server requires one). `status` says so; `watch` stops without restarting "
+        "the pair (a restart cannot fix a key): fix `VLLM_API_KEY` in the env file",
+        "API key rejected (fix VLLM_API_KEY)",
+    ),
+    ExitCode(
         130,
         "EXIT_INTERRUPTED",
         "interrupted (Ctrl-C, SIGTERM, SIGHUP); a boot in progress was torn down first",
@@ -255,6 +263,18 @@ FLEET_EXITS: tuple[ExitCode, ...] = (
         "some pair(s) did not come up",
     ),
     ExitCode(5, "EXIT_ROUTER", "the router did not become ready", "router not ready"),
+    ExitCode(
+        7,
+        "EXIT_DEGRADED",
+        "`status`: degraded (the router or some pair not healthy, but something serves)",
+        "degraded",
+    ),
+    ExitCode(
+        8,
+        "EXIT_DOWN",
+        "`status`: down (the router is not ready and no pair is healthy)",
+        "down",
+    ),
 )
 
 EXIT_OK = 0
@@ -266,6 +286,7 @@ EXIT_TIMEOUT = 5
 EXIT_GATE = 6
 EXIT_DEGRADED = 7
 EXIT_DOWN = 8
+EXIT_KEY = 9
 EXIT_INTERRUPTED = 130
 
 

@@ -92,6 +92,15 @@ def pair_containers(node: Node, pair_id: str) -> tuple[list[Container], Result]:
     return [c for c in parse_ps(res.out) if c.pair == pair_id], res
 
 
+def labelled_containers(node: Node) -> tuple[list[Container], Result]:
+    """Every pair's containers on the node (any ``dsv4.pair`` label): whose is running here.
+    Only read, to name another pair; nothing selected from this list is ever touched."""
+    res = node.run(ps_argv(LABEL_PAIR), timeout=30)
+    if res.rc != 0:
+        return [], res
+    return [c for c in parse_ps(res.out) if c.pair], res
+
+
 def remove_pair(node: Node, pair_id: str) -> tuple[list[str], str | None]:
     """``docker rm -f`` this pair's containers on the node. Returns (names, error)."""
     mine, res = pair_containers(node, pair_id)

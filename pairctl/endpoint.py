@@ -187,6 +187,20 @@ def add_endpoint_args(
     p.add_argument("--session-id", default=None, help=session_help or SESSION_HELP)
 
 
+def redacted_argv(argv: list[str]) -> list[str]:
+    """A command line as a result file records it: ``--api-key``'s value as ``***``."""
+    out, hide = [], False
+    for word in argv:
+        if hide:
+            out.append("***")
+        elif word.startswith("--api-key="):
+            out.append("--api-key=***")
+        else:
+            out.append(word)
+        hide = word == "--api-key"
+    return out
+
+
 def endpoint_of(args: argparse.Namespace) -> Endpoint:
     """--url's Endpoint with --api-key and --session-id on it (the URL is not parsed again)."""
     return args.url.with_auth(args.api_key, args.session_id)
@@ -199,6 +213,15 @@ def cause(e: BaseException) -> str:
     text = str(e)
     if isinstance(e, requests.Timeout):
         return "no answer (timed out)"
+    if isinstance(e, requests.exceptions.SSLError):
+        low = text.lower()
+        # OpenSSL's words when the other side answers TLS's hello with plain HTTP bytes.
+        if any(w in low for w in ("wrong_version_number", "wrong version number", "record layer")):
+            return (
+                "TLS handshake failed: the server looks like plain HTTP; use http://, not https://"
+            )
+        first = text.splitlines()[0][-160:] if text else "SSLError"
+        return f"TLS handshake failed ({first})"
     if isinstance(e, requests.ConnectionError):
         low = text.lower()
         if "refused" in low:
@@ -252,6 +275,16 @@ def identify(models: Any, headers: Any) -> Identity:
 FINAL_STATUSES = (401, 403, 404)
 
 
+def key_hint(endpoint: Endpoint) -> str:
+    """Why a 401/403 came back: the key given was rejected, or none was given."""
+    if endpoint.api_key:
+        return (
+            " (the server rejected the API key given with --api-key or OPENAI_API_KEY; use "
+            "the key it was started with)"
+        )
+    return " (the server requires an API key: set --api-key or OPENAI_API_KEY)"
+
+
 class NotReady(RuntimeError):
     """The endpoint did not answer /v1/models in time; the message is one line."""
 
@@ -282,7 +315,7 @@ def wait_ready(
             if r.status_code == 404:
                 last += " (no OpenAI-compatible server at this URL?)"
             elif r.status_code in (401, 403):
-                last += " (set --api-key or OPENAI_API_KEY)"
+                last += key_hint(endpoint)
             if r.status_code in FINAL_STATUSES:  # an answer waiting will not change
                 raise NotReady(f"{target}: {last}")
         except requests.RequestException as e:

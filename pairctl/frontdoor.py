@@ -142,7 +142,7 @@ OPTIONS: tuple[Opt, ...] = (
         ("--src",),
         "src",
         ("sync-overlays",),
-        "overlay package to copy (default mods/dsv4-flash-overlays)",
+        "overlay package to copy (default mods/dsv4-flash-overlays); must exist",
         str,
         "DIR",
     ),
@@ -408,6 +408,11 @@ def _check_applies(a: Args) -> None:
         )
     if a.cmd != "status" and a.json:
         raise UsageError(f"--json needs a FILE for {a.cmd} (see --help)")
+    if "src" in a.given:  # checked here, after "applies", and before any probe
+        try:
+            argtypes.existing_dir(a.src)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"--src {exc}") from None
 
 
 BY_DEST = {o.dest: o for o in OPTIONS}
@@ -421,7 +426,9 @@ COMMAND_HELP = {
     "status": "each rank's container state and uptime, endpoint health and model, and live "
     "serving figures from /metrics: running/waiting, decode tok/s, TTFT p50/p95, KV-cache "
     "use, prefix-cache hit rate, DSpark acceptance per draft position and mean acceptance "
-    "length. --json for machines, --watch for a live view. Exit 0 healthy, 7 degraded, 8 down.",
+    "length, shown only once rank 0's labelled container runs on SPARK1 (else: whose endpoint it "
+    "may be). --json for machines, --watch for a live view. Exit 0 healthy, 7 degraded, 8 "
+    "down, 9 the endpoint rejects VLLM_API_KEY.",
     "logs": "container log of one rank (--rank 0|1, -f to follow, --tail N).",
     "plan": "print the exact docker run lines per rank (env, mounts, vLLM args; secrets "
     "masked). Changes nothing.",
@@ -442,11 +449,12 @@ COMMAND_HELP = {
     "model.safetensors.index.json names; --checksum: sha256 too). HF_TOKEN goes to the "
     "downloader's environment only. Refuses (exit 3) off SPARK1.",
     "watch": "watchdog: a 1-token completion every --interval s; after --failures failed "
-    "probes in a row, down then up (backoff after a failed up). Runs until stopped "
-    "(SIGTERM/Ctrl-C); one timestamped line per event. After each good probe: the acceptance "
-    "sentinel (acceptance per draft position against the recipe's recorded band) and, every "
-    "--canary-every s, the output canary; both log events and never restart. "
-    "launch/dsv4-watch@.service runs it under systemd.",
+    "probes in a row, down then up (backoff after a failed up); a 401/403 (wrong key) stops "
+    "it with exit 9 and never restarts the pair. Runs until stopped (SIGTERM/Ctrl-C); one "
+    "timestamped line per event. After each good probe: the acceptance sentinel (acceptance "
+    "per draft position against the recipe's recorded band) and, every --canary-every s, the "
+    "output canary; both log events and never restart. launch/dsv4-watch@.service runs it "
+    "under systemd.",
 }
 
 

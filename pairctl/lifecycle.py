@@ -80,6 +80,27 @@ class Health:
     models: list[str]
     simulator: bool
     detail: str
+    answered: bool = False  # something answered HTTP there (whoever's server it is)
+    key_rejected: bool = False  # /v1 said 401/403: a configuration error, not an outage
+    pair_header: str | None = None  # X-Spark-Pair, which the simulator sends (whose it is)
+
+
+# HTTP statuses that mean "the key", never "the engine" (vLLM's API-key middleware answers
+# 401, vllm/entrypoints/serve/middleware/authenticate.py; a proxy in front may say 403).
+KEY_STATUSES = (401, 403)
+
+
+def key_problem(status: int, key_set: bool) -> str:
+    """What a 401/403 from the pair's own /v1 means, and the fix. Never the key itself."""
+    if key_set:
+        return (
+            f"HTTP {status}: the endpoint rejected VLLM_API_KEY from the env file (the server "
+            "runs with another key); set the key it was started with (a restart does not help)"
+        )
+    return (
+        f"HTTP {status}: the endpoint requires an API key and VLLM_API_KEY is not set in the "
+        "env file; set it to the server's key"
+    )
 
 
 def session(api_key: str = ""):  # -> requests.Session (lazy import)
@@ -100,23 +121,26 @@ def probe_health(base: str, timeout: float = 3.0, api_key: str = "") -> Health:
     s = session(api_key)
     try:
         r = s.get(f"{base}/health", timeout=timeout)
+        owner = r.headers.get("X-Spark-Pair")
         if r.status_code != 200:
-            return Health(False, [], False, f"/health {r.status_code}")
+            return Health(False, [], False, f"/health {r.status_code}", True, False, owner)
         r = s.get(f"{base}/v1/models", timeout=timeout)
-        if r.status_code == 401:
-            return Health(False, [], False, "/v1/models 401: VLLM_API_KEY differs")
+        if r.status_code in KEY_STATUSES:
+            why = f"/v1/models {key_problem(r.status_code, bool(api_key))}"
+            return Health(False, [], False, why, True, True, owner)
         if r.status_code != 200:
-            return Health(False, [], False, f"/v1/models {r.status_code}")
+            return Health(False, [], False, f"/v1/models {r.status_code}", True, False, owner)
         data = r.json().get("data", [])
     except requests.Timeout:
         return Health(False, [], False, f"no answer within {timeout:g} s")
     except requests.ConnectionError:
         return Health(False, [], False, "connection failed (nothing listening, or host down)")
     except (requests.RequestException, ValueError) as exc:
-        return Health(False, [], False, f"{type(exc).__name__}: {str(exc)[:200]}")
+        return Health(False, [], False, f"{type(exc).__name__}: {str(exc)[:200]}", True)
     models = [str(m.get("id")) for m in data if isinstance(m, dict)]
     sim = any(m.get("owned_by") == "spark-twin-simulator" for m in data if isinstance(m, dict))
-    return Health(bool(models), models, sim, "ok" if models else "no models listed")
+    detail = "ok" if models else "no models listed"
+    return Health(bool(models), models, sim, detail, True, False, owner)
 
 
 def cleanup(pair: ResolvedPair) -> int:

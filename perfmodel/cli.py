@@ -12,8 +12,14 @@ import json
 import math
 import sys
 from dataclasses import replace
+from pathlib import Path
 
-from pairctl.argtypes import non_negative_int, positive_float, positive_int
+from pairctl.argtypes import (
+    non_negative_int,
+    output_file_or_stdout,
+    positive_float,
+    positive_int,
+)
 from perfmodel import budget as B
 from perfmodel import report
 
@@ -69,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m perfmodel",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: python -m perfmodel --accept 0.85 --bw-gbs 273 --json",
+        epilog="Example: python -m perfmodel --accept 0.85 --bw-gbs 273 --json model.json",
     )
     p.add_argument(
         "--bw-gbs",
@@ -152,7 +158,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--mc-seed", type=non_negative_int, default=0, help="Monte-Carlo RNG seed (>= 0)"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    p.add_argument(
+        "--json",
+        metavar="FILE",
+        type=output_file_or_stdout,
+        default=None,
+        help="also write one JSON document to FILE (as every tool's --json FILE); '-' prints "
+        "it on stdout instead of the tables",
+    )
     a = p.parse_args(argv)
     if len(a.accept) not in (1, a.gamma):
         p.error(f"--accept needs 1 or gamma={a.gamma} values, got {len(a.accept)}")
@@ -195,5 +208,16 @@ def main(argv: list[str] | None = None) -> int:
         tree_width=a.tree_width,
         per_seq_ms=a.per_seq_ms,
     )
-    print(json.dumps(doc, indent=2) if a.json else report.render(doc))
+    text = json.dumps(doc, indent=2)
+    if a.json == "-":
+        print(text)
+        return 0
+    print(report.render(doc))
+    if a.json:
+        try:
+            Path(a.json).write_text(text + "\n")
+        except OSError as e:  # checked writable at start; the directory can still go away
+            print(f"perf_model: cannot write --json {a.json}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        print(f"JSON written to {a.json}", file=sys.stderr)
     return 0

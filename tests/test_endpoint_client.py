@@ -16,7 +16,7 @@ import requests
 from pairctl.gate import run_for_pair
 from pairctl.lifecycle import probe_health
 from pairctl.status.pair import scrape
-from pairctl.status.watch import probe_token
+from pairctl.status.watch import KeyRejected, probe_token
 from tests.support.twin import Twin, free_port, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +56,8 @@ def test_key_is_required_on_v1_and_sent_by_our_probes(keyed_twin: str) -> None:
     assert h.healthy and h.models == ["dsv4"] and h.simulator
     sample, err = scrape(keyed_twin, api_key=KEY)
     assert sample is not None, err
-    assert probe_token(keyed_twin, timeout=10) is not None  # the watchdog without the key: 401
+    with pytest.raises(KeyRejected):  # the watchdog without the key: 401, a key problem
+        probe_token(keyed_twin, timeout=10)
     assert probe_token(keyed_twin, timeout=10, api_key=KEY) is None
 
 

@@ -182,9 +182,10 @@ def test_status_exit_codes_down_degraded_healthy(pair: Env) -> None:
     p = dead_pair.run("status")
     assert p.returncode == EXIT_DOWN, p.stdout + p.stderr
     assert "DOWN" in p.stdout and "why down" in p.stdout
-    p = pair.run("status")  # the endpoint answers, but no container runs
-    assert p.returncode == EXIT_DEGRADED, p.stdout
+    p = pair.run("status")  # something answers at SPARK1:PORT, but no container of ours runs
+    assert p.returncode == EXIT_DOWN, p.stdout  # not this pair's endpoint: no figures shown
     assert "container dsv4-pair-a-rank1 missing" in p.stdout
+    assert "not this pair's endpoint" in p.stdout and "decode:" not in p.stdout
     assert pair.run("up").returncode == 0
     p = pair.run("status", "--interval", "0.2")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -202,7 +203,8 @@ def test_status_json_is_the_documented_document(pair: Env) -> None:
     p = pair.run("status", "--json", "--interval", "0.2")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert doc["schema_version"] == 1 and doc["verdict"] == "healthy" and doc["exit_code"] == 0
+    assert doc["schema_version"] == 2 and doc["verdict"] == "healthy" and doc["exit_code"] == 0
+    assert doc["endpoint"]["ours"] == "yes"
     assert [r["state"] for r in doc["ranks"]] == ["running", "running"]
     assert all(r["uptime_s"] is not None and r["uptime_s"] >= 0 for r in doc["ranks"])
     assert doc["endpoint"]["models"] == ["/models/dsv4"]
@@ -211,6 +213,7 @@ def test_status_json_is_the_documented_document(pair: Env) -> None:
 
 
 def test_status_watch_json_streams_readings(pair: Env) -> None:
+    assert pair.run("up").returncode == 0
     env = dict(
         os.environ,
         PATH=f"{FAKES}:{os.environ['PATH']}",
@@ -228,7 +231,7 @@ def test_status_watch_json_streams_readings(pair: Env) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    assert [d["verdict"] for d in docs] == ["degraded"] * 3
+    assert [d["verdict"] for d in docs] == ["healthy"] * 3
     assert all(d["serving"]["window"] == "interval" for d in docs)
 
 
@@ -256,9 +259,13 @@ def test_pair_status_of_is_the_python_interface(pair: Env, monkeypatch) -> None:
     monkeypatch.setenv("FAKE_STATE", str(pair.state_path))
     monkeypatch.setenv("FAKE_PY", sys.executable)
     st = pair_status_of(pair.env_file, interval_s=0.1)
-    assert st.verdict == "degraded" and st.exit_code == EXIT_DEGRADED  # no containers yet
-    assert st.endpoint.healthy and st.serving is not None and st.serving.running == 2
+    # No container of this pair yet: whatever answers at SPARK1:PORT is not shown as ours.
+    assert st.verdict == "down" and st.exit_code == EXIT_DOWN
+    assert not st.endpoint.healthy and st.endpoint.ours == "no" and st.serving is None
     assert [r.state for r in st.ranks] == ["missing", "missing"]
+    assert pair.run("up").returncode == 0
+    st = pair_status_of(pair.env_file, interval_s=0.1)
+    assert st.endpoint.healthy and st.serving is not None and st.serving.running == 2
     assert json.loads(json.dumps(st.to_dict()))["pair_id"] == "pair-a"
     with pytest.raises(ConfigError):
         pair_status_of(pair.tmp / "missing.env")

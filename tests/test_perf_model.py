@@ -214,7 +214,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 
 def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out = run_cli(capsys, "--json", "--mc-trials", "200", "--m", "1,6,12")
+    rc, out = run_cli(capsys, "--json", "-", "--mc-trials", "200", "--m", "1,6,12")
     assert rc == 0
     doc = json.loads(out)
     for key in (
@@ -243,10 +243,11 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_flags_change_the_numbers(capsys: pytest.CaptureFixture[str]) -> None:
-    _, a = run_cli(capsys, "--json", "--mc-trials", "0")
+    _, a = run_cli(capsys, "--json", "-", "--mc-trials", "0")
     _, b = run_cli(
         capsys,
         "--json",
+        "-",
         "--mc-trials",
         "0",
         "--bw-gbs",

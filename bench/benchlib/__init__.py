@@ -27,3 +27,8 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # endpoint not ready, test request failed, or requests in a wave failed
 EXIT_USAGE = 2  # argparse / bad flag values
 EXIT_CONTAMINATED = 3  # at least one point had no clean wave after all retries: no number printed
+EXIT_INTERRUPTED = 130  # Ctrl-C: one line, the points measured so far written to --json
+
+# One stream is one thread and one socket: more than this many at once would measure the
+# client box (threads, file descriptors), not the server, whose --max-num-seqs is far lower.
+MAX_CONCURRENCY = 512

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import NoReturn
 
-from bench.benchlib import endpoint
+from bench.benchlib import EXIT_INTERRUPTED, endpoint
 from pairctl import argtypes as t
 
 EPILOG = (
-    "Exit codes: 0 ok; 1 endpoint/request failure; 2 usage; 3 refused: a point "
-    "stayed contaminated by foreign traffic after every retry (no number printed for it)."
+    "Exit codes: 0 ok; 1 endpoint/request failure; 2 usage (also: a value the server cannot "
+    "take, e.g. a depth above its max_model_len); 3 refused: a point stayed contaminated by "
+    "foreign traffic after every retry (no number printed for it); 130 interrupted (Ctrl-C; "
+    "the points measured so far are in --json)."
 )
 
 
@@ -105,3 +109,14 @@ endpoint_of = endpoint.endpoint_of
 def log(msg: str) -> None:
     """Progress and guard messages go to stderr so stdout stays the table."""
     print(msg, file=sys.stderr, flush=True)
+
+
+def entry(main: Callable[[], int]) -> NoReturn:
+    """``sys.exit(main())`` for a script's ``__main__``; a Ctrl-C that lands outside a run
+    (while parsing, importing, connecting) is one line and exit 130 too, never a traceback."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        log("interrupted")
+        code = EXIT_INTERRUPTED
+    sys.exit(code)

@@ -18,12 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, endpoint
+from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, endpoint
 from bench.benchlib.cli import endpoint_of, log
 from bench.benchlib.guard import GuardConfig, GuardedPoint, GuardError, InFlightTracker, run_guarded
 from bench.benchlib.kstamp import clock_offset_cached
 from bench.benchlib.results import Results
 from bench.benchlib.stream import StreamResult, open_connection, stream_request
+from pairctl.endpoint import redacted_argv
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -137,9 +138,17 @@ class Bench:
             ]
         )
 
-    def prepare(self) -> None:
-        """Readiness, one test request that must succeed, then warmups."""
+    def prepare(self, check: Callable[[], str | None] | None = None) -> None:
+        """Readiness, one test request that must succeed, then warmups.
+
+        ``check`` runs once the server's /v1/models is known and before any other request: a
+        message from it refuses the run (exit 2), e.g. a depth above the server's
+        max_model_len, instead of building a prompt for a minute to get an HTTP 400."""
         self.wait_ready()
+        why = check() if check is not None else None
+        if why:
+            log(f"refused: {why}")
+            raise SystemExit(EXIT_USAGE)
         msgs = [{"role": "user", "content": "Say hello."}]
         r = self.stream(self.chat_payload(msgs, 8), None)
         if not r.ok:
@@ -153,6 +162,29 @@ class Bench:
         except GuardError as e:
             raise SystemExit(self.fail(str(e))) from e
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The served model's max_model_len as its /v1/models lists it (vLLM's ModelCard)."""
+        data = self.models.get("data") if isinstance(self.models, dict) else None
+        for card in data or []:
+            if isinstance(card, dict) and card.get("id") == self.model:
+                v = card.get("max_model_len")
+                return v if isinstance(v, int) and v > 0 else None
+        return None
+
+    def run(self, body: Callable[[], int]) -> int:
+        """``body`` (the script's protocol and report) with Ctrl-C answered: one line, the
+        points measured so far written to --json (marked interrupted), exit 130."""
+        try:
+            return body()
+        except KeyboardInterrupt:
+            self.results.exit_code = EXIT_INTERRUPTED
+            self.results.exit_reasons.append("interrupted (Ctrl-C)")
+            self.write_json({})
+            where = f"; {len(self.results.points)} point(s) written to {self.args.json_path}"
+            log("interrupted" + (where if self.args.json_path else ""))
+            return EXIT_INTERRUPTED
+
     def fail(self, why: str) -> int:
         """Stop the run: record why, write what there is, return exit code 1."""
         self.results.fail(why)
@@ -164,7 +196,7 @@ class Bench:
         """What the result JSON says about the run itself (every flag but the API key)."""
         return {
             "script": self.script,
-            "command_line": [sys.executable, *sys.argv],
+            "command_line": redacted_argv([sys.executable, *sys.argv]),  # no --api-key value
             "git_sha": git_sha(),
             "url": self.endpoint.base,
             "model": self.model,

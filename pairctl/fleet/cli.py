@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from pairctl import argtypes
 from pairctl.config import ConfigError
 from pairctl.contracts import BOOT_TIMEOUT_S, FLEET_EXITS, exit_text
 from pairctl.fleet import (
@@ -70,7 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("status", "each pair's health and the router's view of it")
     sp.add_argument("--json", action="store_true", help="machine-readable status on stdout")
     sp = add("prometheus", "print a Prometheus scrape config for the router and every pair")
-    sp.add_argument("--output", default=None, help="write it to this file instead of stdout")
+    sp.add_argument(
+        "--output",
+        type=argtypes.output_file,
+        default=None,
+        help="write it to this file instead of stdout (its directory must exist)",
+    )
     return p
 
 
@@ -103,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(st.to_json(fleet), indent=1))
             else:
                 sys.stdout.write(render.status_text(fleet, st))
-            return EXIT_OK
+            return st.exit_code
         with ops.fleet_lock(fleet.fleet_id):
             if args.cmd == "up":
                 res = ops.up(fleet, args.timeout, out)
-                sys.stdout.write(render.up_summary(fleet, res))
+                sys.stdout.write(render.up_summary(fleet, res))  # "" when up refused at once
                 return res.code
             dres = ops.down(fleet, args.router_only, out)
             sys.stdout.write(render.down_summary(fleet, dres))

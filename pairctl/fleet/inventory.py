@@ -201,7 +201,11 @@ def _load_pair(path: Path, i: int, raw: Any, repo_dir: str) -> PairEntry:
         raise _err(path, f"{where}: env_file is required (e.g. pairs/pair-a.env)")
     env_local, env_remote = resolve(entry["env_file"], repo_dir)
     rec_local, rec_remote = resolve(str(entry.get("recipe") or DEFAULT_RECIPE_REL), repo_dir)
-    pair = resolve_pair(load_env_file(env_local), load_recipe(rec_local))
+    hint = (
+        f"create it (cp pairs/pair-a.env.example {entry['env_file']}, then set that pair's "
+        f"addresses) or fix {where}.env_file in {path}"
+    )
+    pair = resolve_pair(load_env_file(env_local, hint), load_recipe(rec_local))
     return PairEntry(env_local, rec_local, env_remote, rec_remote, pair)
 
 

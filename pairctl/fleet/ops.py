@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from pairctl import contracts
-from pairctl.fleet import EXIT_ERROR, EXIT_OK, EXIT_PAIRS, EXIT_PREFLIGHT, EXIT_ROUTER
+from pairctl.fleet import (
+    EXIT_DEGRADED,
+    EXIT_DOWN,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_PAIRS,
+    EXIT_PREFLIGHT,
+    EXIT_ROUTER,
+)
 from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import Fleet, PairEntry
 from pairctl.fleet.pairs import PairView, env_file_matches, head, pair_argv, pair_status
@@ -342,10 +350,26 @@ class FleetStatus:
     router_error: str
     router: rt.RouterView
 
+    @property
+    def verdict(self) -> str:
+        """As a pair's ``status``: healthy, degraded (something serves) or down."""
+        healthy = [v for v in self.pairs.values() if v.healthy]
+        if self.router.ready and len(healthy) == len(self.pairs):
+            return "healthy"
+        if not self.router.ready and not healthy:
+            return "down"
+        return "degraded"
+
+    @property
+    def exit_code(self) -> int:
+        return {"healthy": EXIT_OK, "degraded": EXIT_DEGRADED, "down": EXIT_DOWN}[self.verdict]
+
     def to_json(self, fleet: Fleet) -> dict[str, Any]:
         by_url = {p.endpoint: p.pair_id for p in fleet.pairs}
         return {
             "fleet_id": fleet.fleet_id,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
             "endpoint": f"{fleet.router.url}/v1",
             "pairs": {k: v.to_json() for k, v in self.pairs.items()},
             "router": {

@@ -61,10 +61,12 @@ def up_summary(fleet: Fleet, res: UpResult) -> str:
         ]
         for o in res.pairs
     ]
+    ro = res.router
+    if not rows and not ro.error and ro.view is None:
+        return ""  # refused before anything ran: its lines above say why, nothing to sum up
     out = ["", f"fleet {fleet.fleet_id} summary:"]
     if rows:
         out.append(table(rows, ["pair", "before", "action", "result"]))
-    ro = res.router
     if ro.error:
         out.append(f"router: {ro.action + ': ' if ro.action else ''}{ro.error}")
     elif ro.view is not None:
@@ -110,7 +112,8 @@ def status_text(fleet: Fleet, st: FleetStatus) -> str:
         else f"not ready ({v.detail})"
     )
     out = [
-        f"fleet {fleet.fleet_id}: endpoint {fleet.router.url}/v1 ({fleet.router.policy})",
+        f"fleet {fleet.fleet_id}: {st.verdict.upper()}, endpoint {fleet.router.url}/v1 "
+        f"({fleet.router.policy})",
         f"router on {fleet.router.host}: {where}; {state}",
     ]
     rows = []

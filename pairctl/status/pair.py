@@ -3,12 +3,18 @@
 ``pair_status(pair)`` returns a ``PairStatus``: each rank's container (state, uptime), the
 endpoint's health and model, and live serving figures from ``/metrics``
 (``pairctl.status.metrics``), plus one verdict with its exit code: ``healthy`` (0) when both
-ranks run and the endpoint answers with a model, ``down`` (8) when the endpoint does not
-answer and no rank's container is known to run, ``degraded`` (7) for anything in between
-(a rank gone while the endpoint still answers, containers running but the endpoint not
-healthy yet, a node that cannot be asked, a node in the critical memory band:
-``pairctl.status.memory``). Fields are documented in docs/INTERFACES.md;
-``SCHEMA_VERSION`` changes when one changes meaning or goes away.
+ranks run and the endpoint answers with a model, ``down`` (8) when no endpoint of this pair
+answers and no rank's container is known to run, ``unauthorized`` (9) when the endpoint
+answers 401/403 to the env file's VLLM_API_KEY (a key problem, not an outage), ``degraded``
+(7) for anything in between (a rank gone while the endpoint still answers, containers
+running but the endpoint not healthy yet, a node that cannot be asked, a node in the
+critical memory band: ``pairctl.status.memory``).
+
+An endpoint's model and figures are shown only once it is proven this pair's: rank 0's
+container, selected by this pair's label, runs on SPARK1. Something else answering at
+SPARK1:PORT (another pair's head, because SPARK1 in this env file points at it) is named as
+"may be pair X's" and counts as no endpoint of ours. Fields are documented in
+docs/INTERFACES.md; ``SCHEMA_VERSION`` changes when one changes meaning or goes away.
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_OK
+from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_KEY, EXIT_OK
 from pairctl.contracts import DEFAULT_RECIPE
-from pairctl.docker import inspect, pair_containers
-from pairctl.lifecycle import probe_health, session
+from pairctl.docker import inspect, labelled_containers, pair_containers
+from pairctl.lifecycle import Health, probe_health, session
 from pairctl.nodes import Node, nodes
 from pairctl.plan import LABEL_PLAN, container_name
 from pairctl.pressure import NodeMemory
@@ -33,9 +39,11 @@ from pairctl.sentinel.pair import status_extras
 from pairctl.status import memory
 from pairctl.status.metrics import MetricsParseError, Scrape, ServingFigures, figures, parse
 
-SCHEMA_VERSION = 1
-HEALTHY, DEGRADED, DOWN = "healthy", "degraded", "down"
-EXIT_CODES = {HEALTHY: EXIT_OK, DEGRADED: EXIT_DEGRADED, DOWN: EXIT_DOWN}
+SCHEMA_VERSION = 2  # 2: unauthorized verdict; endpoint.answered/key_rejected/ours
+HEALTHY, DEGRADED, DOWN, UNAUTHORIZED = "healthy", "degraded", "down", "unauthorized"
+EXIT_CODES = {HEALTHY: EXIT_OK, DEGRADED: EXIT_DEGRADED, DOWN: EXIT_DOWN, UNAUTHORIZED: EXIT_KEY}
+# Is the server answering at SPARK1:PORT this pair's? (rank 0's labelled container runs)
+OURS, NOT_OURS, UNPROVEN, NO_ANSWER = "yes", "no", "unproven", "-"
 MISSING, UNKNOWN = "missing", "unknown"  # no container of this rank / node did not answer
 
 
@@ -65,10 +73,13 @@ class EndpointStatus:
     """The OpenAI endpoint on rank 0: GET /health, then /v1/models."""
 
     url: str  # base URL clients use, ending in /v1
-    healthy: bool  # /health 200 and /v1/models lists a model
-    detail: str  # "ok" or what failed
-    models: list[str]
+    healthy: bool  # /health 200 and /v1/models lists a model, and the server is ours
+    detail: str  # "ok" or what failed (or whose server answers instead)
+    models: list[str]  # empty unless the server is proven ours
     simulator: bool  # the spark twin answered, not vLLM
+    answered: bool = False  # some HTTP server answers at the URL
+    key_rejected: bool = False  # /v1 answered 401/403 to VLLM_API_KEY
+    ours: str = NO_ANSWER  # "yes" | "no" | "unproven" | "-" (nothing answered)
 
 
 @dataclass(frozen=True)
@@ -167,7 +178,7 @@ def scrape(base: str, timeout: float = 3.0, api_key: str = "") -> tuple[MetricsS
 
 
 def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]]:
-    """healthy / degraded / down, and why (see the module docstring)."""
+    """healthy / degraded / down / unauthorized, and why (see the module docstring)."""
     reasons = []
     for r in ranks:
         if not r.reachable:
@@ -178,9 +189,53 @@ def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]
         reasons.append(f"endpoint {ep.url}: {ep.detail}")
     if not reasons:
         return HEALTHY, []
-    if not ep.healthy and not any(r.running for r in ranks):
+    if ep.key_rejected and ep.ours != NOT_OURS:
+        return UNAUTHORIZED, reasons
+    if not (ep.healthy or ep.ours == UNPROVEN) and not any(r.running for r in ranks):
         return DOWN, reasons
     return DEGRADED, reasons
+
+
+def whose(node: Node, pair_id: str, h: Health) -> str:
+    """Who may own the server answering on this pair's SPARK1:PORT (not this pair)."""
+    found, res = labelled_containers(node)
+    others = sorted({c.pair or "" for c in found if c.running and c.pair != pair_id})
+    names = [c.name for c in found if c.running and c.pair != pair_id]
+    if h.pair_header and h.pair_header != pair_id and h.pair_header not in others:
+        others.insert(0, h.pair_header)
+    if others:
+        running = f" ({', '.join(names)} running there)" if names else ""
+        return f"it may be pair {' or '.join(others)}'s{running}"
+    if res.rc != 0:
+        return "whose it is is unknown (docker ps of all pairs failed there)"
+    return "no pair's container runs there: some other server holds the port"
+
+
+def endpoint_status(
+    base: str, h: Health, rank0: RankStatus, node0: Node, pair_id: str
+) -> EndpointStatus:
+    """The endpoint as this pair's: its model and health count only when rank 0's labelled
+    container runs on SPARK1; another server answering there is named, not shown as ours."""
+    url = f"{base}/v1"
+    if not h.answered:
+        return EndpointStatus(url, False, h.detail, [], False)
+    if rank0.running:
+        return EndpointStatus(
+            url, h.healthy, h.detail, h.models, h.simulator, True, h.key_rejected, OURS
+        )
+    if not rank0.reachable:
+        why = (
+            f"answers ({h.detail}), but it cannot be proven this pair's: docker on SPARK1 "
+            f"{rank0.addr} could not be asked; its figures are not shown"
+        )
+        return EndpointStatus(url, False, why, [], False, True, h.key_rejected, UNPROVEN)
+    why = (
+        f"a server answers there, but no container of pair {pair_id} (label dsv4.pair="
+        f"{pair_id}) runs on SPARK1 {rank0.addr}: it is not this pair's endpoint; "
+        f"{whose(node0, pair_id, h)}. Its figures are not shown; check SPARK1 and PORT in "
+        "the env file"
+    )
+    return EndpointStatus(url, False, why, [], False, True, h.key_rejected, NOT_OURS)
 
 
 def collect(
@@ -196,20 +251,20 @@ def collect(
     base = pair.endpoint
     key = pair.api_key
     h = probe_health(base, api_key=key)
-    ep = EndpointStatus(f"{base}/v1", h.healthy, h.detail, h.models, h.simulator)
-    first, err = (None, "")
-    if h.healthy and previous is None and interval_s > 0:
-        first, err = scrape(base, api_key=key)
     now = datetime.now(UTC)
+    node_list = nodes(pair.cfg)
     with ThreadPoolExecutor(max_workers=3) as pool:  # rank 1's ssh runs alongside rank 0
         mem = pool.submit(memory.sample, pair.cfg)
-        ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), nodes(pair.cfg)))
+        ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), node_list))
         readings = mem.result()
-    serving, last, prev = None, None, None
-    if h.healthy:
-        prev = previous or first
-        if prev is not None and previous is None:
-            time.sleep(max(0.0, interval_s - (time.monotonic() - prev.t)))
+    ep = endpoint_status(base, h, ranks[0], node_list[0], pair.pair_id)
+    serving, last, prev, err = None, None, None, ""
+    if ep.healthy:  # proven ours: only now are its figures this pair's figures
+        prev = previous
+        if prev is None and interval_s > 0:
+            prev, err = scrape(base, api_key=key)
+            if prev is not None:
+                time.sleep(interval_s)
         last, err = scrape(base, api_key=key)
         if last is not None:
             dt = last.t - prev.t if prev is not None else None

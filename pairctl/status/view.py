@@ -21,7 +21,12 @@ from pairctl.sentinel import render as sentinel_render
 from pairctl.status.metrics import ServingFigures
 from pairctl.status.pair import HEALTHY, MetricsSample, PairStatus, RankStatus
 
-VERDICT_COLOUR = {"healthy": "bold green", "degraded": "bold yellow", "down": "bold red"}
+VERDICT_COLOUR = {
+    "healthy": "bold green",
+    "degraded": "bold yellow",
+    "down": "bold red",
+    "unauthorized": "bold magenta",
+}
 MEMORY_STYLE = {"warning": "yellow", "critical": "bold red"}
 
 

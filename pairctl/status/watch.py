@@ -7,12 +7,14 @@ so each probe asks for a 1-token completion, which needs both ranks to run a ste
 restart is ``down`` then ``up`` in this process (pairctl.updown) (same lock, same preflight, same
 teardown on a failed boot); a failed ``up`` is retried after a backoff that doubles up to
 a cap. While another ``up``/``down`` of the pair holds its lock, probes are not counted:
-an operator's maintenance is not an outage. Each cycle also reads both nodes' memory
-(``pairctl.status.memwatch``: a band change is one line, never a restart); when a restart
-is due and rank 1 does not answer ssh (a wedged or rebooting host), the watchdog waits for
-ssh, then restarts (its ``down`` removes this pair's containers by label on both nodes).
-Every event is one line with a UTC timestamp on stdout (journald keeps it under systemd;
-see launch/dsv4-watch@.service).
+an operator's maintenance is not an outage. A 401/403 is a configuration error, never an
+outage: the key in the env file is wrong (or missing), a restart cannot fix it, so the
+watchdog says so and stops with exit 9 (``EXIT_KEY``) without touching the pair. Each cycle
+also reads both nodes' memory (``pairctl.status.memwatch``: a band change is one line, never
+a restart); when a restart is due and rank 1 does not answer ssh (a wedged or rebooting
+host), the watchdog waits for ssh, then restarts (its ``down`` removes this pair's
+containers by label on both nodes). Every event is one line with a UTC timestamp on stdout
+(journald keeps it under systemd; see launch/dsv4-watch@.service).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pairctl.contracts import EXIT_OK, meaning
-from pairctl.lifecycle import session
+from pairctl.contracts import EXIT_KEY, EXIT_OK, meaning
+from pairctl.lifecycle import KEY_STATUSES, key_problem, session
 
 # While waiting for a wedged rank 1's ssh, one "still waiting" line this often.
 LOST_HEARTBEAT_S = 600.0
@@ -47,15 +49,22 @@ def stamp() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
+class KeyRejected(Exception):
+    """The endpoint answered 401/403: the pair's key is wrong or missing (not an outage)."""
+
+
 def probe_token(base: str, timeout: float, api_key: str = "") -> str | None:
     """Generate one token (greedy 1-token completion). None when it worked, else why not.
 
-    Asked without any proxy and with the pair's API key (``lifecycle.session``)."""
+    Asked without any proxy and with the pair's API key (``lifecycle.session``). Raises
+    ``KeyRejected`` on 401/403: no number of restarts makes a wrong key right."""
     import requests
 
     s = session(api_key)
     try:
         r = s.get(f"{base}/v1/models", timeout=timeout)
+        if r.status_code in KEY_STATUSES:
+            raise KeyRejected(f"GET {base}/v1/models: {key_problem(r.status_code, bool(api_key))}")
         if r.status_code != 200:
             return f"GET {base}/v1/models: HTTP {r.status_code}"
         data = r.json().get("data") or []
@@ -67,6 +76,10 @@ def probe_token(base: str, timeout: float, api_key: str = "") -> str | None:
             json={"model": model, "prompt": "1 2 3", "max_tokens": 1, "temperature": 0},
             timeout=timeout,
         )
+        if r.status_code in KEY_STATUSES:
+            raise KeyRejected(
+                f"POST {base}/v1/completions: {key_problem(r.status_code, bool(api_key))}"
+            )
         if r.status_code != 200:
             return f"POST {base}/v1/completions: HTTP {r.status_code}: {r.text[:200]}"
         body = r.json()
@@ -232,7 +245,7 @@ class Stop(Exception):
 
 
 def serve(dog: Watchdog, what: str) -> int:
-    """Run until SIGTERM/SIGINT; exit 0 then."""
+    """Run until SIGTERM/SIGINT (exit 0), or until the endpoint rejects the key (exit 9)."""
 
     def stop(signum: int, _frame: Any) -> None:
         raise Stop(signal.Signals(signum).name)
@@ -244,6 +257,13 @@ def serve(dog: Watchdog, what: str) -> int:
         dog.run()
     except (Stop, KeyboardInterrupt) as exc:  # an up's boot inside re-raises Ctrl-C
         dog.log(f"{exc or 'SIGINT'}: watchdog stopped")
+    except KeyRejected as exc:
+        dog.log(
+            f"STOP: {exc}. A key problem is configuration, not an outage: the pair was not "
+            f"restarted. Fix VLLM_API_KEY in the env file, then start watch again (exit "
+            f"{EXIT_KEY})"
+        )
+        return EXIT_KEY
     return EXIT_OK
 
 

@@ -132,9 +132,12 @@ def env_values(
     head: Host | None = None,
     worker: Host | None = None,
     engine: str = "sim",
+    api_key: str = "",
 ) -> dict[str, str]:
     """The pair's `.env` (variables as documented in .env.example); by default hosts 1 and
-    2 are its nodes (a fleet rehearsal names other hosts for its second pair)."""
+    2 are its nodes (a fleet rehearsal names other hosts for its second pair). ``api_key``
+    (e.g. ``FAKE_API_KEY``) makes the pair's /v1 require it, as VLLM_API_KEY does on a real
+    pair; empty by default, so the other rehearsals' plain clients keep working."""
     head, worker = head or pair.h1, worker or pair.h2
     return {
         "PAIR_ID": pair_id,
@@ -165,10 +168,12 @@ def env_values(
         "NCCL_IB_HCA": "",
         # A fake secret, so tests can prove the launcher never prints it.
         "HF_TOKEN": FAKE_HF_TOKEN,
+        "VLLM_API_KEY": api_key,
     }
 
 
 FAKE_HF_TOKEN = "hf_rehearsalNotARealToken0000"
+FAKE_API_KEY = "sk-rehearsalNotARealKey0000"  # tests/test_secrets_e2e.py greps for it
 
 
 def write_env(path: Path, values: dict[str, str]) -> Path:
@@ -194,13 +199,17 @@ def prepare_node(host: Host, lay: Layout, engine: str = "sim", model: Path | Non
 
 
 def prepare(
-    pair: Pair, pair_id: str = "rehearsal", engine: str = "sim", model: Path | None = None
+    pair: Pair,
+    pair_id: str = "rehearsal",
+    engine: str = "sim",
+    model: Path | None = None,
+    api_key: str = "",
 ) -> Path:
     """Both nodes prepared (``prepare_node``), and the env file; returns its path."""
     lay = layout(pair, engine)
     for host in pair.hosts:
         prepare_node(host, lay, engine, model)
-    values = env_values(pair, lay, pair_id, engine=engine)
+    values = env_values(pair, lay, pair_id, engine=engine, api_key=api_key)
     return write_env(pair.base / "client" / f"{pair_id}.env", values)
 
 

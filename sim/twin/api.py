@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -38,8 +39,15 @@ class TwinServer(ThreadingHTTPServer):
         model_names: list[str],
         truth: dict[str, Any],
         pair_id: str | None = None,
+        api_keys: list[str] | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
-        super().__init__(addr, Handler)
+        super().__init__(addr, Handler, bind_and_activate=sock is None)
+        if sock is not None:  # bound before the boot (sim/twin/serve.py bind_port): listen now
+            self.socket.close()
+            self.socket = sock
+            self.server_address = sock.getsockname()
+            self.server_activate()
         self.pair_id = pair_id
         self.engine, self.builder, self.metrics = engine, builder, metrics
         self.model_names, self.truth = model_names, truth
@@ -48,7 +56,7 @@ class TwinServer(ThreadingHTTPServer):
         # --per-request-spec-decode-metrics (vllm/config/observability.py): none|summary|detailed
         self.spec_metrics = str(serve_args.get("per_request_spec_decode_metrics") or "none")
         self.injector = Injector(self.fire_foreign)
-        self.tokens = auth.tokens()
+        self.tokens = auth.tokens(api_keys)
 
     def fire_foreign(self, spec: ForeignSpec) -> list[str]:
         """Submit spec.requests phantom requests to the engine now; their ids."""

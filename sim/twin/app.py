@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -89,13 +90,13 @@ def truth(
             "kv_capacity_tokens": cfg.kv_capacity_tokens,
         }
     )
-    serve = {k: v for k, v in args.as_dict().items()}
+    serve = args.shown()  # the key as *** (vLLM's redact_sensitive_args)
     return {
         "simulator": LABEL,
         "profile": {k: v for k, v in prof.raw.items()},
         "derived": derived,
         "serve_args": serve,
-        "unknown_flags": args.unknown,
+        "unknown_flags": args.unknown_flags,
     }
 
 
@@ -105,6 +106,7 @@ def start_server(
     faults: faultmod.Faults,
     warm: bool,
     encoder: PromptEncoder | None = None,
+    sock: socket.socket | None = None,
 ) -> int:
     seed = args.twin_seed if args.twin_seed is not None else args.seed
     cfg = engine_config(args, prof, faults, warm)
@@ -146,10 +148,12 @@ def start_server(
             names,
             truth(args, prof, cfg, seed, warm, encoder.cached),
             pair_id=args.twin_pair_id,
+            api_keys=args.api_key,
+            sock=sock,
         )
     except OSError as exc:
-        # vLLM binds the port in setup_server (vllm/entrypoints/launchers/launcher.py);
-        # the traceback ends in the OSError itself.
+        # Without a pre-bound socket (unit use): vLLM binds the port in setup_server
+        # (vllm/entrypoints/launchers/launcher.py); the traceback ends in the OSError.
         print(f"OSError: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr, flush=True)
         return 1
     engine.start()

@@ -3,8 +3,8 @@
 vLLM requires ``Authorization: Bearer <key>`` when ``--api-key`` or ``VLLM_API_KEY`` is set
 (vllm/entrypoints/serve/middleware/register.py), only on paths under the guarded prefixes
 and never for OPTIONS (vllm/entrypoints/serve/middleware/authenticate.py); a miss is
-401 ``{"error": "Unauthorized"}``. The launcher passes the key as VLLM_API_KEY, so the twin
-reads that variable.
+401 ``{"error": "Unauthorized"}``. As in vLLM, ``--api-key`` (one or more keys) takes
+precedence over VLLM_API_KEY, which is what the launcher passes.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
 UNAUTHORIZED = {"error": "Unauthorized"}
 
 
-def tokens() -> list[bytes]:
-    key = os.environ.get("VLLM_API_KEY") or ""
-    return [hashlib.sha256(key.encode()).digest()] if key else []
+def tokens(api_keys: list[str] | None = None) -> list[bytes]:
+    """The accepted keys, hashed: ``--api-key``'s, else VLLM_API_KEY (register.py's rule)."""
+    keys = [k for k in (api_keys or [os.environ.get("VLLM_API_KEY") or ""]) if k]
+    return [hashlib.sha256(k.encode()).digest() for k in keys]
 
 
 def allowed(method: str, path: str, authorization: str | None, want: list[bytes]) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tqdm import tqdm
@@ -49,9 +50,19 @@ def init_method(args: ServeArgs) -> str:
     return f"file:///tmp/vllm_dist_{os.getpid():x}"
 
 
-def head_preamble(args: ServeArgs, prof: profmod.Profile, non_default: dict[str, Any]) -> None:
-    """Rank 0 before its worker joins torch.distributed: API server, engine core, executor."""
+def head_preamble(
+    args: ServeArgs,
+    prof: profmod.Profile,
+    non_default: dict[str, Any],
+    bind: Callable[[], None] = lambda: None,
+) -> None:
+    """Rank 0 before its worker joins torch.distributed: API server, engine core, executor.
+
+    ``bind`` takes the API port right after the non-default args line and before the engine
+    is built, where vLLM's ``setup_server`` binds it (vllm/entrypoints/launchers/launcher.py:
+    "bind the port before the engine is set up"); a taken port ends the boot there."""
     emit("APIServer", "non_default_args", non_default)
+    bind()
     max_len = args.max_model_len or int(prof.section("scheduler").get("max_model_len", 0))
     emit(
         "EngineCore",

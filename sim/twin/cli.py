@@ -1,8 +1,11 @@
 """`vllm serve`-compatible command line for the twin (plus `--twin-*` flags).
 
 The launcher starts the twin exactly where it would start vLLM, so every flag our recipe
-passes must parse. Flags we do not know are logged and ignored, never fatal (vLLM would
-reject them; the twin is meant to be permissive, and says so in the log).
+passes must parse. Flags we do not know are logged by name and ignored, never fatal (vLLM
+would reject them; the twin is meant to be permissive, and says so in the log); their values
+are never logged, since one may be a secret. ``--api-key`` is enforced as vLLM enforces it
+(sim/twin/auth.py) and, like vLLM's ``redact_sensitive_args``
+(vllm/entrypoints/common/startup.py), shown only as ``***``.
 Precedence as in vLLM: command line > ``--config FILE.yaml`` > defaults.
 """
 
@@ -15,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from pairctl.argtypes import port, speculative_config
+from pairctl.argtypes import int_at_least, port, speculative_config
 
 
 class UsageError(ValueError):
@@ -36,16 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     a("--host", default="0.0.0.0")
     a("--port", type=port, default=8000)
     a("--served-model-name", nargs="+", default=None)
-    a("--tensor-parallel-size", "-tp", type=int, default=1)
-    a("--pipeline-parallel-size", "-pp", type=int, default=1)
+    # vLLM's configs bound these (ge=1: vllm/config/scheduler.py, vllm/config/parallel.py);
+    # the twin divides by them, so a bad one is refused here, before anything boots.
+    pos = int_at_least(1)
+    a("--api-key", nargs="+", default=None, help="require one of these keys on /v1 (as vLLM)")
+    a("--tensor-parallel-size", "-tp", type=pos, default=1)
+    a("--pipeline-parallel-size", "-pp", type=pos, default=1)
     a("--distributed-executor-backend", default=None)
-    a("--nnodes", type=int, default=1)
+    a("--nnodes", type=pos, default=1)
     a("--node-rank", type=int, default=0)
     a("--master-addr", default="127.0.0.1")
     a("--master-port", type=port, default=29501)
     a("--headless", action="store_true")
-    a("--max-num-seqs", type=int, default=None)
-    a("--max-num-batched-tokens", type=int, default=None)
+    a("--max-num-seqs", type=pos, default=None)
+    a("--max-num-batched-tokens", type=pos, default=None)
     a("--long-prefill-token-threshold", type=int, default=0)
     a("--max-model-len", type=int, default=None)
     a("--gpu-memory-utilization", type=float, default=0.92)  # vllm/config/cache.py
@@ -60,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     a("--trust-remote-code", action="store_true")
     a("--seed", type=int, default=0)
-    a("--data-parallel-size", "-dp", type=int, default=1)
+    a("--data-parallel-size", "-dp", type=pos, default=1)
     a("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"), default="none")
     a(
         "--twin-profile",
@@ -81,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Never logged or served in clear (vLLM's _SENSITIVE_ARG_FIELDS, vllm/entrypoints/common/
+# startup.py): the key, and a token should one ever be passed as a flag.
+SENSITIVE = frozenset({"api_key", "hf_token"})
+
 # Flags that take no value (so a config-file `true` becomes just the flag).
 _NEGATABLE = {"enable_prefix_caching", "enable_chunked_prefill"}
 
@@ -98,6 +109,15 @@ class ServeArgs:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self.ns).items()}
+
+    def shown(self) -> dict[str, Any]:
+        """``as_dict`` for a log or /twin/truth: secrets as ``***`` (set) or None."""
+        return {k: ("***" if k in SENSITIVE and v else v) for k, v in vars(self.ns).items()}
+
+    @property
+    def unknown_flags(self) -> list[str]:
+        """The unknown flags' names only: a value after one may be a secret."""
+        return [t.split("=", 1)[0] for t in self.unknown if t.startswith("-")]
 
 
 def _config_defaults(parser: argparse.ArgumentParser, path: str) -> tuple[dict[str, Any], list]:

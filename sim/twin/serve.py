@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +52,7 @@ def run(argv: list[str]) -> int:
         log.error("%s", exc)
         return 2
     ROLE.headless = bool(args.headless or rank == 1)
-    for flag in args.unknown:
+    for flag in args.unknown_flags:  # names only: a value may be a secret
         log.warning("ignoring unknown flag %s (the twin accepts it; vLLM might not)", flag)
     for key in args.config_unknown:
         log.warning("ignoring unknown key %r in --config %s", key, args.config)
@@ -66,10 +67,11 @@ def run(argv: list[str]) -> int:
     if faults.spec:
         log.warning("fault switch active: %s", faults.spec)
     encoder = None
+    sock: list[socket.socket] = []
     if ROLE.headless:
         boot.headless_preamble(args)
     else:
-        boot.head_preamble(args, prof, _non_default(args))
+        boot.head_preamble(args, prof, _non_default(args), lambda: sock.append(bind_port(args)))
         # Loading the real tokenizer takes ~1 s of CPU: overlap it with the boot phases.
         encoder = ThreadPoolExecutor(1, thread_name_prefix="tok-load").submit(PromptEncoder)
     t0 = time.monotonic()
@@ -85,7 +87,24 @@ def run(argv: list[str]) -> int:
         (prof.section("boot").get("warm" if warm else "cold") or {}).get("compiling_s", 0.0)
     )
     boot.engine_ready(time.monotonic() - t0, compile_s * faults.slow_boot)
-    return start_server(args, prof, faults, warm, encoder.result() if encoder else None)
+    return start_server(args, prof, faults, warm, encoder.result() if encoder else None, sock[0])
+
+
+def bind_port(args: ServeArgs) -> socket.socket:
+    """The API port, bound (not yet listening) before the engine boots, as vLLM's
+    ``create_server_socket`` does (SO_REUSEADDR, then bind). A taken port ends the process
+    with exit 1 and the line vLLM's traceback ends in (``OSError: [Errno 98] Address
+    already in use``), before any model-loading time is spent."""
+    family = socket.AF_INET6 if ":" in (args.host or "") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host or "", args.port))
+    except OSError as exc:
+        sock.close()
+        print(f"OSError: [Errno {exc.errno}] {exc.strerror}", file=sys.stderr, flush=True)
+        die(None)
+    return sock
 
 
 def warm_boot() -> bool:
@@ -99,8 +118,8 @@ def _non_default(args: ServeArgs) -> dict[str, Any]:
     skip = {"twin_profile", "twin_seed", "twin_fault", "model_flag", "num_speculative_tokens"}
     return {
         ("model_tag" if k == "model" else k): v
-        for k, v in args.as_dict().items()
-        if k not in skip and v != defaults.get(k)
+        for k, v in args.shown().items()
+        if k not in skip and args.as_dict()[k] != defaults.get(k)
     }
 
 

@@ -41,16 +41,11 @@ def _have_netns() -> bool:
     return _is_root() and shutil.which("ip") is not None and sshd is not None
 
 
-def _have_engine() -> bool:
-    return (REPO / ".venv-engine" / "bin" / "vllm").exists()
-
-
 _REQUIREMENTS = {
     "needs_vllm": (_have_vllm, "real vLLM 0.33 is not importable (make test installs it)"),
     "needs_engine": (_have_engine, "the real CPU engine is not installed (make engine)"),
     "needs_root": (_is_root, "not running as root"),
     "needs_netns": (_have_netns, "needs root, iproute2 and openssh-server"),
-    "needs_engine": (_have_engine, "the real CPU engine is not installed (make engine)"),
 }
 
 

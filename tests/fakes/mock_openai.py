@@ -206,6 +206,22 @@ class Handler(BaseHTTPRequestHandler):
                 self._stream(body, received)
             else:
                 self._complete(body)
+        elif self.path == "/v1/completions":  # watch's and status's 1-token probe
+            if st.cfg.mode == "http500":
+                self._send(500, b'{"error": {"message": "boom"}}')
+                return
+            n_out = int(body.get("max_tokens") or 16)
+            doc = {
+                "id": "cmpl-2",
+                "object": "text_completion",
+                "choices": [{"index": 0, "text": " 4" * n_out, "finish_reason": "length"}],
+                "usage": {
+                    "prompt_tokens": 3,
+                    "completion_tokens": n_out,
+                    "total_tokens": 3 + n_out,
+                },
+            }
+            self._send(200, json.dumps(doc).encode())
         else:
             self._send(404, b'{"error": "not found"}')
 

@@ -25,7 +25,7 @@ WRONG_KEY = "sk-wrongKeyNeverPrinted0000"
 SECRETS = (pairenv.FAKE_HF_TOKEN, pairenv.FAKE_API_KEY, WRONG_KEY)
 EXIT_KEY = 9
 
-pair = pair_fixture("dsv4k", with_env=False)
+pair = pair_fixture("dsv4s", with_env=False)
 
 
 @pytest.fixture(scope="module")

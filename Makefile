@@ -49,8 +49,11 @@ lint: venv
 	shellcheck -x $$(git ls-files '*.sh') .ci/run sim/rehearsal/bin/docker sim/rehearsal/bin/vllm \
 	  sim/rehearsal/bin/vllm-router
 
+# Three workers: most tests wait (on a simulated boot, a socket, a subprocess) more than they
+# compute; the real-engine modules share one worker (xdist_group "engine").
+PYTEST_WORKERS ?= 3
 pytest: venv engine
-	$(VPY) -m pytest -q
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: system-deps lint pytest
 

@@ -67,3 +67,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `pytest -n N --dist loadgroup` (make test), keep each module on one worker, so a
+    module's session fixture (a rehearsal pair, a twin) is built once, not once per worker;
+    a module marked `xdist_group(NAME)` joins NAME's worker instead."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

@@ -31,7 +31,9 @@ from bench.benchlib.stats import request_metrics
 from sim.rehearsal import hosts, pairenv
 from tests.support.rehearsal import pair_fixture, run_launcher
 
-pytestmark = [pytest.mark.needs_netns, pytest.mark.needs_engine]
+# xdist_group: the real-engine modules run one after another on one worker (each boots
+# vLLM processes that want both cores), next to the rest of the suite (Makefile `pytest`).
+pytestmark = [pytest.mark.needs_netns, pytest.mark.needs_engine, pytest.mark.xdist_group("engine")]
 
 REPO = Path(__file__).resolve().parents[1]
 # On an idle 2-core box a real pair boots in <= 60 s (docs/rehearsal.md has the measured

@@ -316,6 +316,67 @@ def test_vllm_bench_serve_agrees_with_our_bench_on_the_real_engine(served, tmp_p
     assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.25)
 
 
+def _connections(host: hosts.Host) -> list[tuple[str, str]]:
+    """(local, peer) of the host's established TCP connections."""
+    res = host.run(["ss", "-Htn", "state", "established"])
+    assert res.returncode == 0, res.stderr
+    return [(ln.split()[-2], ln.split()[-1]) for ln in res.stdout.splitlines() if ln.strip()]
+
+
+def test_the_real_ranks_talk_over_the_fabric_only(served):
+    """Two kinds of address with the real engine: every connection between the two hosts
+    (torch.distributed's store on the master port, gloo, vLLM's message queues) runs
+    between FABRIC1 and FABRIC2; the ssh network carries only ssh and the clients."""
+    h1, h2 = served.pair.h1, served.pair.h2
+    between = [
+        (lo, pe) for lo, pe in _connections(h1) if pe.rsplit(":", 1)[0] in (h2.ip, h2.fabric_ip)
+    ]
+    engine = [c for c in between if not c[1].endswith(":22")]
+    assert engine, between
+    assert all(
+        lo.startswith(f"{h1.fabric_ip}:") and pe.startswith(f"{h2.fabric_ip}:") for lo, pe in engine
+    ), engine
+    assert any(lo == f"{h1.fabric_ip}:29501" for lo, _ in engine), engine  # the master port
+
+
+def test_the_acceptance_sentinel_on_real_ngram_drafts_does_not_fire_on_a_mix_change(served):
+    """The sentinel's statistic on the real engine's counters: a band recorded from two
+    kinds of traffic (a counting loop, prose), then a window mixing them. The mix moves the
+    mean acceptance length, not the shape the sentinel judges, so nothing fires. (The
+    collapse it must catch, later positions falling while output stays right, cannot be
+    produced with ngram drafts; tests/test_sentinel_twin.py injects it in the simulator.)"""
+    from pairctl.sentinel.acceptance import counters_of, judge, shape
+    from pairctl.sentinel.baseline import band_from, observation
+    from pairctl.status.metrics import parse
+
+    loop = [f"{i} " + "one two three four " * 30 for i in range(4)]
+    prose = [f"Tell me, in plain words, about harbour number {i} at dawn." for i in range(4)]
+
+    def window(prompts: list[str]):
+        before = counters_of(parse(served.metrics()))
+        t0 = time.monotonic()
+        for text in prompts:
+            served.complete(text, 96)
+        after = counters_of(parse(served.metrics()))
+        assert before is not None and after is not None, "no spec-decode counters"
+        return before, after, time.monotonic() - t0
+
+    observations = []
+    for prompts in (loop, prose):
+        before, after, secs = window(prompts)
+        sh = shape(after.minus(before))
+        assert sh.drafts > 0 and len(sh.per_pos) == 5, sh
+        observations.append(observation("live", sh, secs))
+    band = band_from(observations, positions=5, min_drafts=50, min_trials=20)
+    before, after, _ = window([x for pair in zip(loop, prose, strict=True) for x in pair])
+    reading = judge(before, after, band, "mixed window")
+    print(
+        f"\nsentinel on real ngram drafts: band R >= {band.depth_ratio_floor}, mixed R "
+        f"{reading.depth_ratio}, mean length {reading.mean_length}: {reading.state}"
+    )
+    assert reading.state == "ok" and not reading.event, reading.detail
+
+
 def test_down_leaves_no_process_no_container_and_no_shm_segment(served):
     """Last: `down` (docker rm -f of both ranks, i.e. SIGKILL of the engines). The ranks'
     private /dev/shm goes with them: no new segment appears in the machine's /dev/shm."""

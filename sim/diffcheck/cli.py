@@ -1,0 +1,115 @@
+"""The diffcheck command line: record a server's answers, compare simulator and real."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sim.diffcheck import compare, logs, probe
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m sim.diffcheck",
+        description="Send one request corpus (OpenAI SDK shapes, `vllm bench serve` openai "
+        "and openai-chat payloads, bad requests) to the simulator and to a real vLLM server "
+        "and compare what clients depend on: status codes, response keys and types, error "
+        "bodies, SSE chunk shapes, /v1/models, /health, vllm: metric names and labels, and "
+        "the classes of boot/shutdown/peer-loss log lines.",
+    )
+    sub = p.add_subparsers(dest="cmd", required=True)
+    rec = sub.add_parser("record", help="run the corpus against one server; write a snapshot")
+    rec.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    rec.add_argument("--api-key", default=None, help="bearer token, if the server wants one")
+    rec.add_argument(
+        "--log",
+        type=Path,
+        action="append",
+        default=[],
+        help="the server's log (split into boot and shutdown line classes); repeatable",
+    )
+    rec.add_argument(
+        "--event-log",
+        action="append",
+        default=[],
+        metavar="KIND=FILE",
+        help="a log of one event (e.g. peer_loss_idle=rank0.log); repeatable",
+    )
+    rec.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="provenance kept in the snapshot (machine, date, command)",
+    )
+    rec.add_argument("--out", type=Path, required=True, help="snapshot JSON to write")
+    cmp_ = sub.add_parser("compare", help="compare simulator and real (snapshots or URLs)")
+    cmp_.add_argument("sim", help="simulator snapshot JSON or URL")
+    cmp_.add_argument("real", help="real-engine snapshot JSON or URL")
+    cmp_.add_argument("--sim-log", type=Path, action="append", default=[])
+    cmp_.add_argument("--real-log", type=Path, action="append", default=[])
+    cmp_.add_argument("--json", type=Path, default=None, help="write the findings here")
+    cmp_.add_argument("--all", action="store_true", help="also print matching cases")
+    cmp_.add_argument("--api-key", default=None)
+    return p
+
+
+def _progress(name: str) -> None:
+    print(f"  {name}", file=sys.stderr, flush=True)
+
+
+def _snapshot(where: str, api_key: str | None, log_paths: list[Path]) -> dict[str, Any]:
+    if where.startswith(("http://", "https://")):
+        print(f"running the corpus against {where}", file=sys.stderr)
+        snap = probe.record(where, api_key, _progress)
+    else:
+        snap = json.loads(Path(where).read_text())
+    if log_paths:
+        snap.setdefault("logs", {}).update(logs.read(log_paths, []))
+    return snap
+
+
+def table(findings: list[compare.Finding], show_same: bool) -> str:
+    rows = [f for f in findings if show_same or f.verdict != "same"]
+    head = ("verdict", "area", "case", "what", "sim", "real")
+    cells = [head] + [(f.verdict, f.area, f.case, f.what, f.sim, f.real) for f in rows]
+    cells = [tuple(c if len(c) <= 60 else c[:57] + "..." for c in row) for row in cells]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    counts = compare.summary(findings)
+    lines.append(", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "record":
+            snap = probe.record(args.url, args.api_key, _progress)
+            snap["logs"] = logs.read(args.log, args.event_log)
+            snap["provenance"] = dict(n.partition("=")[::2] for n in args.note)
+            snap["provenance"].setdefault("recorded", time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
+            print(f"snapshot of {args.url}: {len(snap['cases'])} cases -> {args.out}")
+            return 0
+        sim = _snapshot(args.sim, args.api_key, args.sim_log)
+        real = _snapshot(args.real, args.api_key, args.real_log)
+        findings = compare.compare(sim, real)
+        print(table(findings, args.all))
+        if args.json:
+            args.json.write_text(json.dumps(compare.as_json(findings), indent=1) + "\n")
+        return 1 if any(f.verdict == "DIFF" for f in findings) else 0
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, KeyError) as exc:
+        print(
+            f"diffcheck: {exc} (is the server up and the snapshot a diffcheck JSON?)",
+            file=sys.stderr,
+        )
+        return 2

@@ -24,6 +24,14 @@ def _have_vllm() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+ENGINE_PY = REPO / ".venv-engine" / "bin" / "python"
+
+
+def _have_engine() -> bool:
+    """The real CPU engine's venv (make engine) in this checkout."""
+    return ENGINE_PY.exists() and (ENGINE_PY.parent / "vllm").exists()
+
+
 def _is_root() -> bool:
     return os.geteuid() == 0
 
@@ -35,6 +43,7 @@ def _have_netns() -> bool:
 
 _REQUIREMENTS = {
     "needs_vllm": (_have_vllm, "real vLLM 0.33 is not importable (make test installs it)"),
+    "needs_engine": (_have_engine, "the real CPU engine is not installed (make engine)"),
     "needs_root": (_is_root, "not running as root"),
     "needs_netns": (_have_netns, "needs root, iproute2 and openssh-server"),
 }

@@ -47,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
         help="provenance kept in the snapshot (machine, date, command)",
     )
     rec.add_argument("--out", type=Path, required=True, help="snapshot JSON to write")
+    add = sub.add_parser(
+        "add-logs",
+        help="attach log line classes to a snapshot (a shutdown log exists only after the "
+        "server stopped, so record first, stop the server, then add its log)",
+    )
+    add.add_argument("snapshot", type=Path)
+    add.add_argument("--log", type=Path, action="append", default=[])
+    add.add_argument("--event-log", action="append", default=[], metavar="KIND=FILE")
     cmp_ = sub.add_parser("compare", help="compare simulator and real (snapshots or URLs)")
     cmp_.add_argument("sim", help="simulator snapshot JSON or URL")
     cmp_.add_argument("real", help="real-engine snapshot JSON or URL")
@@ -96,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
             print(f"snapshot of {args.url}: {len(snap['cases'])} cases -> {args.out}")
+            return 0
+        if args.cmd == "add-logs":
+            snap = json.loads(args.snapshot.read_text())
+            snap.setdefault("logs", {}).update(logs.read(args.log, args.event_log))
+            args.snapshot.write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
+            print(f"{args.snapshot}: log events {', '.join(sorted(snap['logs']))}")
             return 0
         sim = _snapshot(args.sim, args.api_key, args.sim_log)
         real = _snapshot(args.real, args.api_key, args.real_log)

@@ -28,6 +28,9 @@ DELIBERATE: dict[tuple[str, str, str], str] = {
     ("log", "*", "sim-only GPU*"): "a line of vLLM's GPU path (CUDA graphs, torch.compile, "
     "KV on GPU) that the CPU engine with --enforce-eager never prints; checked against the "
     "vLLM source by tests/test_twin_log.py",
+    ("log", "*", "same line, other source file"): "vLLM 0.33 moved the logger call (e.g. "
+    "non-default args: api_utils.py in 0.32, entrypoints/common/startup.py in 0.33); the twin "
+    "cites 0.33",
     ("log", "*", "real-only*"): "a real line the twin does not print (not read by pairctl)",
 }
 
@@ -135,17 +138,39 @@ def compare_metrics(sim: dict[str, Any], real: dict[str, Any]) -> list[Finding]:
     return out
 
 
-def compare_logs(kind: str, sim: list[str], real: list[str], gpu_only: set[str]) -> list[Finding]:
+# vLLM files whose lines only the GPU worker prints (the CPU engine runs cpu_worker.py and
+# cpu_model_runner.py, and --enforce-eager skips torch.compile and CUDA graphs)
+GPU_FILES = {"model_runner.py", "monitor.py", "backends.py", "gpu_worker.py"}
+
+
+def _gpu_path(cls: str) -> bool:
+    proc, _level, fname, msg = cls.split("|", 3)
+    return fname in GPU_FILES or any(w in msg for w in ("GPU", "CUDA", "backend=nccl"))
+
+
+def _unfiled(cls: str) -> str:
+    proc, level, _fname, msg = cls.split("|", 3)
+    return f"{proc}|{level}|{msg}"
+
+
+def compare_logs(kind: str, sim: list[str], real: list[str]) -> list[Finding]:
     """Sim log classes against the real log's, for one event (boot, shutdown, peer loss)."""
     out = []
     real_set, sim_set = set(real), set(sim)
+    real_moved = {_unfiled(c): c for c in real}
     for cls in sim:
         if cls in real_set:
             continue
         proc = cls.split("|", 1)[0]
+        if _unfiled(cls) in real_moved:
+            what = "same line, other source file"
+            out.append(Finding("log", kind, what, cls, real_moved[_unfiled(cls)]))
+            real_set.add(real_moved[_unfiled(cls)])
+            sim_set.add(real_moved[_unfiled(cls)])
+            continue
         if proc == "SparkTwin":
             what = "sim-only SparkTwin line"
-        elif cls in gpu_only:
+        elif _gpu_path(cls):
             what = "sim-only GPU-path line"
         else:
             what = "sim-only line"
@@ -165,11 +190,10 @@ def compare(sim: dict[str, Any], real: dict[str, Any]) -> list[Finding]:
             Finding("case", name, "status, keys, types, error, chunks", "=", "=", "same")
         ]
     out += compare_metrics(sim.get("metrics", {}), real.get("metrics", {}))
-    gpu_only = set(sim.get("gpu_only_log_classes", []))
     for kind, real_lines in (real.get("logs") or {}).items():
         sim_lines = (sim.get("logs") or {}).get(kind)
         if sim_lines is not None:
-            out += compare_logs(kind, sim_lines, real_lines, gpu_only)
+            out += compare_logs(kind, sim_lines, real_lines)
     return [_deliberate(f) for f in out]
 
 

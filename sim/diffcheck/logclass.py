@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 
 VLLM_LINE = re.compile(
-    r"^\((?P<proc>[A-Za-z_0-9]+) pid=\d+\) (?P<level>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d "
+    r"^\((?P<proc>[A-Za-z_0-9\-]+) pid=\d+\) (?P<level>[A-Z]+) \d\d-\d\d \d\d:\d\d:\d\d "
     r"\[(?P<file>[^\]:]+)(?::\d+)?\] ?(?P<msg>.*)$"
 )
 UVICORN_LINE = re.compile(r"^(?P<level>INFO|WARNING|ERROR|CRITICAL|DEBUG):\s+(?P<msg>.*)$")
@@ -23,8 +23,8 @@ _MASKS = [
     (re.compile(r"'[^']*'|\"[^\"]*\""), "Q"),
     (re.compile(r"\{.*\}"), "{...}"),
     (re.compile(r"\[.*\]"), "[...]"),
+    (re.compile(r"\b(?:tcp|http|file)://\S+"), "URL"),
     (re.compile(r"(?:/[\w.\-]+)+/?"), "PATH"),
-    (re.compile(r"\b(?:tcp|http)://\S+"), "URL"),
     (re.compile(r"\d+(?:[.,:]\d+)*"), "N"),
 ]
 WORDS = 6

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sim.twin import vllm_log
@@ -25,6 +26,8 @@ class Role:
 
     headless = False  # rank 1 (--headless): vllm/entrypoints/cli/serve.py run_headless
     serving = False  # rank 0 after uvicorn's "Application startup complete."
+    # rank 0 serving: what to call when the TP peer's socket closes (the engine's lose_peer)
+    on_peer_lost: Callable[[str], None] | None = None
 
 
 ROLE = Role()

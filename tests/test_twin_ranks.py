@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -125,6 +126,80 @@ def test_rank1_killed_idle_head_stays_healthy_until_the_next_request(tmp_path, p
     ]
     assert [log.index(x) for x in order] == sorted(log.index(x) for x in order), log
     assert "rank 1 is gone" not in log  # no line of the twin's own: vLLM prints none
+
+
+def test_rank1_killed_mid_stream_ends_the_stream_with_the_error(tmp_path, procs):
+    """vLLM 0.32, measured: a stream in flight when rank 1 dies ends with an SSE error event
+    (EngineDeadError's message, code 500) and [DONE] within ~2 s (status stays 200: the
+    headers went out long before); rank 0 exits 0 about 6 s after that event."""
+    r0, r1, base = serving_pair(tmp_path, procs)
+    body = {
+        "model": "dsv4",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    events = []
+    with requests.post(base + "/v1/chat/completions", json=body, stream=True, timeout=30) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line:
+                continue
+            events.append(line[6:].decode())
+            if len(events) == 5:
+                r1.kill()
+                t_kill = time.monotonic()
+    t_end = time.monotonic()
+    assert t_end - t_kill < 5
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2]) == {
+        "error": {
+            "message": "EngineCore encountered an issue. See stack trace (above) for the root "
+            "cause.",
+            "type": "InternalServerError",
+            "param": None,
+            "code": 500,
+        }
+    }
+    assert r0.wait_exit(20) == 0
+    assert 3 < time.monotonic() - t_end < 15
+
+
+def test_sigterm_to_joined_rank1_escalates_its_worker_then_the_head_fails_its_next_request(
+    tmp_path, procs
+):
+    """vLLM 0.32, measured: SIGTERM to a serving pair's rank 1 ends it 14.3 s later (exit 0:
+    grace VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, then the executor SIGTERMs and SIGKILLs its
+    worker); rank 0 stays healthy throughout and after; its next request gets 500 and it
+    exits 0. With a 1 s grace here: ~10 s."""
+    mport, hport = free_port(), free_port()
+    r0 = Twin(pair_args(mport, 0, hport), tmp_path, "r0")
+    r1 = Twin(
+        pair_args(mport, 1), tmp_path, "r1", env={"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}
+    )
+    procs += [r0, r1]
+    base = f"http://127.0.0.1:{hport}"
+    wait_http(base + "/health", timeout=20)
+    t0 = time.monotonic()
+    r1.kill(signal.SIGTERM)
+    time.sleep(3)
+    assert r1.proc.poll() is None
+    assert requests.get(base + "/health", timeout=5).status_code == 200
+    assert r1.wait_exit(25) == 0
+    assert 8 < time.monotonic() - t0 < 25
+    log = r1.log()
+    order = [
+        "(Worker_TP1 pid=",
+        "Parent process exited, terminating worker queues",
+        "[shutdown] Executor: waiting for worker exit count=1",
+        "workers still running after grace period; sending SIGTERM count=1",
+        "workers still running after SIGTERM; sending SIGKILL count=1",
+    ]
+    assert [log.index(x) for x in order] == sorted(log.index(x) for x in order), log
+    assert requests.get(base + "/health", timeout=5).status_code == 200
+    assert chat(base).status_code == 500
+    assert r0.wait_exit(10) == 0
 
 
 def test_fault_crash_in_rank1_phase_takes_pair_down(tmp_path, procs):

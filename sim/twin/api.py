@@ -14,7 +14,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, shapes
+from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, peerloss, shapes
 from sim.twin.engine import Engine
 from sim.twin.generation import Generation, merge_logprobs
 from sim.twin.injector import ForeignSpec, Injector
@@ -50,6 +50,7 @@ class TwinServer(ThreadingHTTPServer):
         # --per-request-spec-decode-metrics (vllm/config/observability.py): none|summary|detailed
         self.spec_metrics = str(serve_args.get("per_request_spec_decode_metrics") or "none")
         self.injector = Injector(self.fire_foreign)
+        self.open_streams = 0  # SSE responses being written (peer-loss shutdown timing)
         self.prompt_details = bool(serve_args.get("enable_prompt_tokens_details"))
         tp = int(serve_args.get("tensor_parallel_size") or 1)
         digest = hashlib.sha256(json.dumps(serve_args, sort_keys=True, default=str).encode())
@@ -374,6 +375,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("X-Request-Id", gen.rid)
         self._identity()
         self.end_headers()
+        self.server.open_streams += 1
         try:
             if shape.chat:
                 for i in range(len(gen.reqs)):
@@ -393,6 +395,8 @@ class Handler(BaseHTTPRequestHandler):
                     last = open_ == 0 and not gen.p.include_usage
                     self._sse(gen.with_usage(shape.chunk(delta, ev[1], i, lp, last=last)))
                 else:
+                    if self.server.engine.peer_lost is not None:
+                        peerloss.stream_failed(shape.chat)
                     self._sse(_error(ev[1], 500, "InternalServerError"))
                     break
             if gen.p.include_usage:
@@ -403,6 +407,8 @@ class Handler(BaseHTTPRequestHandler):
             for r in gen.reqs:
                 self.server.engine.cancel(r)
             self.close_connection = True
+        finally:
+            self.server.open_streams -= 1
 
 
 # Starlette's answer for a route nobody serves

@@ -120,7 +120,7 @@ def start_server(
     died_at: list[float] = []
 
     def on_death(why: str) -> None:
-        died_at.append(time.monotonic())
+        died_at.append(time.monotonic() + peerloss.exit_delay(server.open_streams))
         if engine.peer_lost is not None:
             # a lost TP peer: vLLM's API server shuts itself down cleanly (peerloss.py)
             threading.Thread(target=_stop_serving, args=(server,), daemon=True).start()
@@ -172,7 +172,7 @@ def start_server(
     finally:
         engine.stop()
     if died_at:  # the engine died of a lost peer: the engine client's cleanup, exit 0
-        time.sleep(max(died_at[0] + peerloss.SHUTDOWN_S - time.monotonic(), 0.0))
+        time.sleep(max(died_at[0] - time.monotonic(), 0.0))
         peerloss.engine_client_down()
     return 0
 

@@ -142,6 +142,7 @@ class Engine:
         self._admitted_at = 0.0
         self.dead: str | None = None
         self.peer_lost: str | None = None  # the TP peer's address once its socket closed
+        self.peer_lost_busy = False  # a step was running when it closed
         self._ids = itertools.count(1)
         self._sleep = sleep or self._stop.wait
         self._thread = threading.Thread(target=self._loop, name="engine-core", daemon=True)
@@ -176,6 +177,7 @@ class Engine:
         (sim/twin/peerloss.py): an idle engine stays healthy, as vLLM's does."""
         with self._cond:
             self.peer_lost = peer
+            self.peer_lost_busy = bool(self.running)
             self._cond.notify_all()
 
     def cancel(self, req: Request) -> None:
@@ -269,7 +271,7 @@ class Engine:
             decodes, chunks = self._schedule()
             self._publish_gauges()
         if self.peer_lost is not None and (decodes or chunks):
-            peerloss.step_failed(self.peer_lost)
+            peerloss.step_failed(self.peer_lost, self.peer_lost_busy)
             self._fail(vllm_log.ENGINE_DEAD)
             return False
         if not decodes and not chunks:

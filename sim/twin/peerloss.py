@@ -20,21 +20,45 @@ from sim.twin.vllm_log import emit, emit_text, uvicorn
 
 TRACEBACK = "Traceback (most recent call last):"
 SHUTDOWN_S = 1.5  # failed request -> process exit, measured (1.53 s)
+# with a stream open when the engine died, the exit came 6 s after the stream's error
+# event (measured once: 1.8 s kill -> error event, 7.7 s kill -> exit)
+STREAM_SHUTDOWN_S = 6.0
 
 
-def gloo_message(peer: str) -> str:
-    """gloo's exception text; ``peer`` is the closed socket's ``addr:port``."""
-    closed, crashing = vllm_log.GLOO_PEER_CLOSED
+def exit_delay(open_streams: int) -> float:
+    return STREAM_SHUTDOWN_S if open_streams else SHUTDOWN_S
+
+
+def gloo_message(peer: str, busy: bool) -> str:
+    """gloo's exception text; ``peer`` is the socket's ``addr:port``. Idle when the peer
+    died, the next collective finds the socket closed (pair.cc:553); with a step running,
+    the read under way fails (pair.cc:537)."""
+    addr, port = peer.rsplit(":", 1)
+    if busy:
+        what, why = vllm_log.GLOO_READ_ERROR
+        head = f"pair.cc:537] {what}[{addr}]:{port}: Connection reset by peer. {why}"
+    else:
+        what, why = vllm_log.GLOO_PEER_CLOSED
+        head = f"pair.cc:553] {what}[{addr}]:{port}. {why}"
     return (
-        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
-        f"{closed}[{peer.rsplit(':', 1)[0]}]:{peer.rsplit(':', 1)[-1]}. {crashing}"
+        f"[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/{head}"
         "Check the logs of the remote worker before reporting an error. GLHF! \U0001f3d6"
     )
 
 
-def step_failed(peer: str) -> None:
+def stream_failed(chat: bool) -> None:
+    """The API server's line for each stream that the dead engine ended."""
+    key = "chat_stream_error" if chat else "completion_stream_error"
+    emit("APIServer", key)
+    emit_text("APIServer", key, TRACEBACK)
+    emit_text(
+        "APIServer", key, f"vllm.v1.engine.exceptions.EngineDeadError: {vllm_log.ENGINE_DEAD}"
+    )
+
+
+def step_failed(peer: str, busy: bool) -> None:
     """The lines of the failed step, in the order the three processes print them."""
-    err = gloo_message(peer)
+    err = gloo_message(peer, busy)
     emit("Worker_TP0", "worker_exception")
     emit_text("Worker_TP0", "worker_exception", TRACEBACK)
     emit_text("Worker_TP0", "worker_exception", f"RuntimeError: {err}")

@@ -129,6 +129,7 @@ def _rendezvous(
         die(str(exc))
         raise  # unreachable; keeps type checkers happy
     boot.rank_assigned(args, rank)
+    ROLE.joined = True
     host, port = sock.getpeername()[:2]
     peer = f"{host}:{port}"
     link = Link(

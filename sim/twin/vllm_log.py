@@ -204,6 +204,18 @@ LINES: dict[str, Line] = {
         "INFO",
         "[shutdown] Executor: all workers exited gracefully",
     ),
+    "executor_sigterm_workers": Line(
+        "vllm/v1/executor/multiproc_executor.py",
+        592,
+        "WARNING",
+        "[shutdown] Executor: workers still running after grace period; sending SIGTERM count=%d",
+    ),
+    "executor_sigkill_workers": Line(
+        "vllm/v1/executor/multiproc_executor.py",
+        602,
+        "WARNING",
+        "[shutdown] Executor: workers still running after SIGTERM; sending SIGKILL count=%d",
+    ),
     "engine_fatal": Line(
         "vllm/v1/engine/core.py", 1586, "ERROR", "EngineCore encountered a fatal error."
     ),
@@ -214,6 +226,18 @@ LINES: dict[str, Line] = {
     ),
     "output_handler_failed": Line(
         "vllm/v1/engine/async_llm.py", 943, "ERROR", "AsyncLLM output_handler failed."
+    ),
+    "chat_stream_error": Line(
+        "vllm/entrypoints/openai/chat_completion/serving.py",
+        952,
+        "ERROR",
+        "Error in chat completion stream generator.",
+    ),
+    "completion_stream_error": Line(
+        "vllm/entrypoints/openai/completion/serving.py",
+        555,
+        "ERROR",
+        "Error in completion stream generator.",
     ),
     "parent_exited": Line(
         "vllm/v1/executor/multiproc_executor.py",
@@ -294,6 +318,11 @@ TORCH_STORE = {
 GLOO_PEER_CLOSED = (
     "Connection closed by peer ",
     "This is typically caused by a remote worker crashing. ",
+)
+# ... and when it resets under a collective already running (a step in flight)
+GLOO_READ_ERROR = (
+    "Read error ",
+    "This is typically caused by a remote worker hanging or bugs in the application. ",
 )
 # vllm/v1/engine/exceptions.py EngineDeadError's message: what a request gets (HTTP 500)
 ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from sim.diffcheck import compare, logs, probe
+from sim.diffcheck import compare, logs, peerloss, probe
+from sim.diffcheck.pair import Pair, PairConfig
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +57,21 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("snapshot", type=Path)
     add.add_argument("--log", type=Path, action="append", default=[])
     add.add_argument("--event-log", action="append", default=[], metavar="KIND=FILE")
+    pl = sub.add_parser(
+        "peer-loss",
+        help="boot a real loopback TP=2 pair per scenario and record what it does when a "
+        "node goes (rank 1 killed idle / mid-stream, rank 0 killed, SIGTERM to rank 1)",
+    )
+    pl.add_argument("--engine-venv", type=Path, default=Path(".venv-engine"))
+    pl.add_argument("--model", type=Path, default=None, help="default: the tiny model")
+    pl.add_argument("--port", type=int, default=18110)
+    pl.add_argument("--master-port", type=int, default=29555)
+    pl.add_argument("--plugin-path", default="", help="PYTHONPATH for the nodes (our plugin)")
+    pl.add_argument("--scenario", action="append", choices=sorted(peerloss.SCENARIOS))
+    pl.add_argument("--boot-timeout", type=float, default=400.0)
+    pl.add_argument("--logs", type=Path, default=Path("out/peer-loss"))
+    pl.add_argument("--note", action="append", default=[], metavar="KEY=VALUE")
+    pl.add_argument("--out", type=Path, required=True)
     cmp_ = sub.add_parser("compare", help="compare simulator and real (snapshots or URLs)")
     cmp_.add_argument("sim", help="simulator snapshot JSON or URL")
     cmp_.add_argument("real", help="real-engine snapshot JSON or URL")
@@ -93,6 +110,51 @@ def table(findings: list[compare.Finding], show_same: bool) -> str:
     return "\n".join(lines)
 
 
+def _tiny_model(venv: Path) -> Path:
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "sim.engine.tiny_model"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def _peer_loss(args: argparse.Namespace) -> int:
+    vllm = args.engine_venv / "bin" / "vllm"
+    if not vllm.exists():
+        print(f"diffcheck: {vllm} is missing; run `make engine`", file=sys.stderr)
+        return 2
+    args.logs.mkdir(parents=True, exist_ok=True)
+    cfg = PairConfig(
+        vllm.resolve(),
+        args.model or _tiny_model(args.engine_venv),
+        args.port,
+        args.master_port,
+        args.logs,
+        args.plugin_path,
+    )
+    result: dict[str, Any] = {
+        "provenance": dict(n.partition("=")[::2] for n in args.note),
+        "command": " ".join(["python -m sim.diffcheck", *sys.argv[1:]]),
+        "node_argv": {"rank0": cfg.argv(0), "rank1": cfg.argv(1)},
+        "scenarios": {},
+    }
+    result["provenance"].setdefault("recorded", time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    for name in args.scenario or list(peerloss.SCENARIOS):
+        print(f"{name}: booting a pair (~1-3 min on 2 cores)", file=sys.stderr, flush=True)
+        result["scenarios"][name] = peerloss.run(
+            name, Pair(cfg, name), str(cfg.model), args.boot_timeout
+        )
+        text = json.dumps(result, indent=1, ensure_ascii=False) + "\n"
+        # this machine's paths are nobody else's: the venv and checkout by their roles
+        text = text.replace(str(args.engine_venv.resolve()), ".venv-engine")
+        text = text.replace(str(Path.cwd()), ".")
+        args.out.write_text(text)
+        print(f"{name}: recorded -> {args.out}", file=sys.stderr, flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -105,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
             print(f"snapshot of {args.url}: {len(snap['cases'])} cases -> {args.out}")
             return 0
+        if args.cmd == "peer-loss":
+            return _peer_loss(args)
         if args.cmd == "add-logs":
             snap = json.loads(args.snapshot.read_text())
             snap.setdefault("logs", {}).update(logs.read(args.log, args.event_log))

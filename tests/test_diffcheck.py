@@ -22,7 +22,7 @@ from tests.support.twin import REPO, Twin, free_port, wait_http
 SNAPSHOT = REPO / "tests" / "data" / "real_engine" / "single-node.json"
 # served under a path, as the real engine serves the model directory (error messages
 # then name it `<path>` on both sides)
-MODEL = "/root/models/tiny-dsv4-llama"
+MODEL = "/opt/models/tiny-dsv4-llama"
 
 
 def twin_args(port: int) -> list[str]:

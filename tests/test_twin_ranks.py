@@ -10,7 +10,19 @@ import time
 import pytest
 import requests
 
-from tests.support.twin import Twin, free_port, wait_http
+from sim.diffcheck import compare, logclass
+from tests.support.twin import REPO, Twin, free_port, wait_http
+
+# what real vLLM 0.32 did in each scenario (python -m sim.diffcheck peer-loss; provenance inside)
+PEER_LOSS = REPO / "tests" / "data" / "real_engine" / "peer_loss.json"
+
+
+def sim_lines_unlike_the_real(scenario: str, rank: int, log_after: str) -> list[str]:
+    """The twin's log lines (after an event) whose class the real engine never printed in
+    the same scenario; the twin's own SparkTwin lines excepted."""
+    real = json.loads(PEER_LOSS.read_text())["scenarios"][scenario][f"rank{rank}_log_classes"]
+    found = compare.compare_logs(scenario, logclass.classes(log_after.splitlines()), real)
+    return [f.sim for f in found if f.what in ("sim-only line", "sim-only GPU-path line")]
 
 
 def pair_args(master_port: int, rank: int, http_port: int | None = None) -> list[str]:
@@ -58,7 +70,7 @@ def serving_pair(tmp_path, procs) -> tuple[Twin, Twin, str]:
     r1 = Twin(pair_args(mport, 1), tmp_path, "r1")
     procs += [r0, r1]
     base = f"http://127.0.0.1:{hport}"
-    wait_http(base + "/health", timeout=20)
+    wait_http(base + "/health", timeout=45)  # generous: a loaded 2-core box
     return r0, r1, base
 
 
@@ -126,12 +138,14 @@ def test_rank1_killed_idle_head_stays_healthy_until_the_next_request(tmp_path, p
     ]
     assert [log.index(x) for x in order] == sorted(log.index(x) for x in order), log
     assert "rank 1 is gone" not in log  # no line of the twin's own: vLLM prints none
+    after = log[log.index("Application startup complete.") :].split("\n", 1)[1]
+    assert sim_lines_unlike_the_real("rank1_killed_idle", 0, after) == []
 
 
 def test_rank1_killed_mid_stream_ends_the_stream_with_the_error(tmp_path, procs):
     """vLLM 0.32, measured: a stream in flight when rank 1 dies ends with an SSE error event
     (EngineDeadError's message, code 500) and [DONE] within ~2 s (status stays 200: the
-    headers went out long before); rank 0 exits 0 about 6 s after that event."""
+    headers went out long before); rank 0 exits 0 some 4-6 s after that event."""
     r0, r1, base = serving_pair(tmp_path, procs)
     body = {
         "model": "dsv4",
@@ -164,6 +178,11 @@ def test_rank1_killed_mid_stream_ends_the_stream_with_the_error(tmp_path, procs)
     }
     assert r0.wait_exit(20) == 0
     assert 3 < time.monotonic() - t_end < 15
+    log = r0.log()
+    assert "Read error [127.0.0.1]:" in log and "Connection reset by peer." in log
+    assert "Error in chat completion stream generator." in log
+    after = log[log.index("Application startup complete.") :].split("\n", 1)[1]
+    assert sim_lines_unlike_the_real("rank1_killed_mid_stream", 0, after) == []
 
 
 def test_sigterm_to_joined_rank1_escalates_its_worker_then_the_head_fails_its_next_request(

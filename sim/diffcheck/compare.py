@@ -190,6 +190,10 @@ def compare(sim: dict[str, Any], real: dict[str, Any]) -> list[Finding]:
             Finding("case", name, "status, keys, types, error, chunks", "=", "=", "same")
         ]
     out += compare_metrics(sim.get("metrics", {}), real.get("metrics", {}))
+    for name, got in (real.get("sdk") or {}).items():
+        mine = (sim.get("sdk") or {}).get(name)
+        if mine is not None and mine != got:
+            out.append(Finding("sdk", name, "openai SDK result", str(mine), str(got)))
     for kind, real_lines in (real.get("logs") or {}).items():
         sim_lines = (sim.get("logs") or {}).get(kind)
         if sim_lines is not None:

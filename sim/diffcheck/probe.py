@@ -17,7 +17,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from sim.diffcheck import corpus
+from sim.diffcheck import corpus, sdk
 from sim.diffcheck.shape import shape_of
 
 TIMEOUT_S = 120.0
@@ -140,10 +140,15 @@ def record(base: str, api_key: str | None = None, progress: Any = None) -> dict[
         except requests.RequestException as exc:
             cases[case.name] = {"status": None, "transport_error": type(exc).__name__}
     text = requests.get(base + "/metrics", timeout=10).text
-    return {
+    out = {
         "url": base,
         "model": model,
         "max_model_len": max_len,
         "cases": cases,
         "metrics": metric_families(text),
     }
+    if sdk.available():
+        if progress:
+            progress("the same cases through the openai SDK")
+        out["sdk"] = sdk.run(base, model, max_len, api_key)
+    return out

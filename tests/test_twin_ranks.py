@@ -199,7 +199,8 @@ def test_sigterm_to_joined_rank1_escalates_its_worker_then_the_head_fails_its_ne
     )
     procs += [r0, r1]
     base = f"http://127.0.0.1:{hport}"
-    wait_http(base + "/health", timeout=20)
+    wait_http(base + "/health", timeout=45)
+    mark = len(r1.log())
     t0 = time.monotonic()
     r1.kill(signal.SIGTERM)
     time.sleep(3)
@@ -216,6 +217,7 @@ def test_sigterm_to_joined_rank1_escalates_its_worker_then_the_head_fails_its_ne
         "workers still running after SIGTERM; sending SIGKILL count=1",
     ]
     assert [log.index(x) for x in order] == sorted(log.index(x) for x in order), log
+    assert sim_lines_unlike_the_real("sigterm_rank1", 1, log[mark:]) == []
     assert requests.get(base + "/health", timeout=5).status_code == 200
     assert chat(base).status_code == 500
     assert r0.wait_exit(10) == 0

@@ -96,11 +96,12 @@ def _on_sigterm(*_: object) -> None:
 
 
 # Measured on vLLM 0.32 (a loopback TP=2 pair, docs/simulator.md "Peer loss and shutdown"):
-# SIGTERM to a joined headless rank 1 ends it 14.3 s later, exit 0. Its worker ignores the
-# parent's exit, so the executor escalates (vllm/v1/executor/multiproc_executor.py
-# `_ensure_worker_termination`): VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5) of grace, SIGTERM,
-# 4 s, SIGKILL. The first line came ~4.3 s after the signal, the exit ~0.8 s after the last.
-HEADLESS_NOTICE_S = 4.3
+# SIGTERM to a joined headless rank 1 ends it 12-14 s later (two runs: 14.3, <= 12.0 s),
+# exit 0. Its worker ignores the parent's exit, so the executor escalates (vllm/v1/executor/
+# multiproc_executor.py `_ensure_worker_termination`): VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS
+# (5) of grace, SIGTERM, 4 s, SIGKILL. The first line came 2-4 s after the signal, the exit
+# ~0.8 s after the last.
+HEADLESS_NOTICE_S = 3.0
 HEADLESS_SIGTERM_WAIT_S = 4.0
 HEADLESS_EXIT_S = 0.8
 

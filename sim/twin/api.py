@@ -9,13 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, peerloss, shapes
 from sim.twin.engine import Engine
+from sim.twin.errors import NOT_FOUND, error, json_invalid, permission, sanitized
 from sim.twin.generation import Generation, merge_logprobs
 from sim.twin.injector import ForeignSpec, Injector
 from sim.twin.metrics import Metrics
@@ -67,56 +67,6 @@ class TwinServer(ThreadingHTTPServer):
         return ids
 
 
-def _error(message: str, code: int, kind: str, param: str | None = None) -> dict[str, Any]:
-    """vLLM's ErrorResponse (vllm/entrypoints/serve/engine/protocol.py)."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-# vLLM hides file paths in error messages (vllm/entrypoints/serve/exception_handling/utils.py)
-_PATHS = (
-    re.compile(r"/(?:home|usr|opt|var|tmp|root|lib|mnt|srv)(?:/[\w.\-]+)+"),
-    re.compile(r"(?:/[\w\-]+)+/[\w\-]+\.\w+"),
-)
-
-
-def _sanitized(message: str) -> str:
-    for pat in _PATHS:
-        message = pat.sub("<path>", message)
-    return message
-
-
-def _json_invalid(exc: json.JSONDecodeError) -> BadRequest:
-    """A body that is not JSON, as FastAPI's validation answers it (pydantic's json_invalid,
-    reported by vLLM's RequestValidationError handler as type "Bad Request")."""
-    loc = f"body.{exc.pos}"
-    detail = {
-        "type": "json_invalid",
-        "loc": loc,
-        "msg": "JSON decode error",
-        "input": "<dict of 0 items>",
-        "ctx": {"error": exc.msg},
-    }
-    return BadRequest(f"1 validation error:\n  {detail}", loc, kind="Bad Request")
-
-
-# /v1/models permission entry (vllm/entrypoints/openai/models/protocol.py ModelPermission)
-def _permission(created: int) -> dict[str, Any]:
-    return {
-        "id": f"modelperm-{created:016x}",
-        "object": "model_permission",
-        "created": created,
-        "allow_create_engine": False,
-        "allow_sampling": True,
-        "allow_logprobs": True,
-        "allow_search_indices": False,
-        "allow_view": True,
-        "allow_fine_tuning": False,
-        "organization": "*",
-        "group": None,
-        "is_blocking": False,
-    }
-
-
 class Handler(BaseHTTPRequestHandler):
     """Routes one HTTP request; HTTP/1.1 keep-alive, chunked SSE."""
 
@@ -160,7 +110,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = json.loads(raw or b"{}")
         except json.JSONDecodeError as exc:
-            raise _json_invalid(exc) from exc
+            raise json_invalid(exc) from exc
         except ValueError as exc:
             raise BadRequest(f"body is not valid JSON: {exc}") from exc
         if not isinstance(body, dict):
@@ -207,7 +157,7 @@ class Handler(BaseHTTPRequestHandler):
                             "root": srv.model_names[0],
                             "parent": None,
                             "max_model_len": srv.builder.max_model_len,
-                            "permission": [_permission(srv.created)],
+                            "permission": [permission(srv.created)],
                         }
                         for name in srv.model_names
                     ],
@@ -243,14 +193,14 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._json(404, NOT_FOUND)
         except BadRequest as exc:
-            self._json(400, _error(str(exc), 400, exc.kind, exc.param))
+            self._json(400, error(str(exc), 400, exc.kind, exc.param))
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:  # noqa: BLE001 - answer 500 rather than drop the connection
             log.exception("error serving %s", path)
             self.close_connection = True
             try:
-                self._json(500, _error(f"{type(exc).__name__}: {exc}", 500, "InternalServerError"))
+                self._json(500, error(f"{type(exc).__name__}: {exc}", 500, "InternalServerError"))
             except OSError:
                 pass
 
@@ -317,11 +267,11 @@ class Handler(BaseHTTPRequestHandler):
             # vllm/entrypoints/serve/engine/serving.py _check_model (0.32 and 0.33)
             aliases = ", ".join(self.server.model_names)
             msg = f"The model `{exc}` does not exist. Valid aliases: {aliases}."
-            self._json(404, _error(_sanitized(msg), 404, "NotFoundError", "model"))
+            self._json(404, error(sanitized(msg), 404, "NotFoundError", "model"))
             return
         if srv.engine.dead:
             self._json(
-                500, _error(f"EngineDeadError: {srv.engine.dead}", 500, "InternalServerError")
+                500, error(f"EngineDeadError: {srv.engine.dead}", 500, "InternalServerError")
             )
             return
         p = params.parse(body, chat)
@@ -358,7 +308,7 @@ class Handler(BaseHTTPRequestHandler):
             elif ev[0] == "finish":
                 reasons[i] = ev[1]
             else:
-                self._json(500, _error(ev[1], 500, "InternalServerError"))
+                self._json(500, error(ev[1], 500, "InternalServerError"))
                 return
         choices = [
             ("".join(text[i]), reasons[i], merge_logprobs(lps[i], gen.shape.chat)) for i in range(n)
@@ -397,7 +347,7 @@ class Handler(BaseHTTPRequestHandler):
                 else:
                     if self.server.engine.peer_lost is not None:
                         peerloss.stream_failed(shape.chat)
-                    self._sse(_error(ev[1], 500, "InternalServerError"))
+                    self._sse(error(ev[1], 500, "InternalServerError"))
                     break
             if gen.p.include_usage:
                 self._sse(shape.usage_chunk(gen.usage(), gen.metrics()))
@@ -409,10 +359,6 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             self.server.open_streams -= 1
-
-
-# Starlette's answer for a route nobody serves
-NOT_FOUND = {"detail": "Not Found"}
 
 
 class _NotFound(Exception):

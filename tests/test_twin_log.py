@@ -70,6 +70,9 @@ def test_torch_store_messages_are_torchs() -> None:
     with open(lib, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         for name, text in vllm_log.TORCH_STORE.items():
             assert mm.find(text.encode()) >= 0, name
+        # gloo's words for a TP peer lost under a collective (sim/twin/peerloss.py)
+        for text in (*vllm_log.GLOO_PEER_CLOSED, *vllm_log.GLOO_READ_ERROR):
+            assert mm.find(text.encode()) >= 0, text
 
 
 def _pattern(template: str) -> str:
@@ -123,4 +126,12 @@ def test_every_line_of_a_boot_and_stop_is_vllms_or_marked(tmp_path: Path) -> Non
             continue
         lines = by_file.get(m["file"], [])
         assert any(re.fullmatch(_pattern(x.template), m["msg"]) for x in lines), raw
-    assert {"APIServer", "EngineCore", "Worker", "Worker_TP0", "SparkTwin"} <= seen_procs
+    assert {"APIServer", "EngineCore", "Worker", "SparkTwin"} <= seen_procs
+    assert "Worker_TP0" not in seen_procs  # TP = 1: vLLM adds _TP<rank> only when TP > 1
+
+
+@pytest.mark.needs_vllm
+def test_engine_dead_message_is_vllms() -> None:
+    """What a request gets after a lost peer: EngineDeadError's own message."""
+    path = site_packages() / "vllm/v1/engine/exceptions.py"
+    assert vllm_log.ENGINE_DEAD in string_constants(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -9,7 +10,19 @@ import time
 import pytest
 import requests
 
-from tests.support.twin import Twin, free_port, wait_http
+from sim.diffcheck import compare, logclass
+from tests.support.twin import REPO, Twin, free_port, wait_http
+
+# what real vLLM 0.32 did in each scenario (python -m sim.diffcheck peer-loss; provenance inside)
+PEER_LOSS = REPO / "tests" / "data" / "real_engine" / "peer_loss.json"
+
+
+def sim_lines_unlike_the_real(scenario: str, rank: int, log_after: str) -> list[str]:
+    """The twin's log lines (after an event) whose class the real engine never printed in
+    the same scenario; the twin's own SparkTwin lines excepted."""
+    real = json.loads(PEER_LOSS.read_text())["scenarios"][scenario][f"rank{rank}_log_classes"]
+    found = compare.compare_logs(scenario, logclass.classes(log_after.splitlines()), real)
+    return [f.sim for f in found if f.what in ("sim-only line", "sim-only GPU-path line")]
 
 
 def pair_args(master_port: int, rank: int, http_port: int | None = None) -> list[str]:
@@ -51,7 +64,22 @@ def procs():
         t.stop()
 
 
-def test_rank0_waits_for_rank1_then_dies_with_it(tmp_path, procs):
+def serving_pair(tmp_path, procs) -> tuple[Twin, Twin, str]:
+    mport, hport = free_port(), free_port()
+    r0 = Twin(pair_args(mport, 0, hport), tmp_path, "r0")
+    r1 = Twin(pair_args(mport, 1), tmp_path, "r1")
+    procs += [r0, r1]
+    base = f"http://127.0.0.1:{hport}"
+    wait_http(base + "/health", timeout=45)  # generous: a loaded 2-core box
+    return r0, r1, base
+
+
+def chat(base: str, **extra) -> requests.Response:
+    body = {"model": "dsv4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    return requests.post(base + "/v1/chat/completions", json={**body, **extra}, timeout=30)
+
+
+def test_rank0_waits_for_rank1_before_serving(tmp_path, procs):
     mport, hport = free_port(), free_port()
     r0 = Twin(pair_args(mport, 0, hport), tmp_path, "r0")
     procs.append(r0)
@@ -65,27 +93,134 @@ def test_rank0_waits_for_rank1_then_dies_with_it(tmp_path, procs):
     assert "rank 0 in world size 2 is assigned as" in r0.log()
     assert "rank 1 in world size 2 is assigned as" in r1.log()
     assert "(Worker_TP1 pid=" in r1.log() and "Graph capturing finished" in r1.log()
+
+
+def test_rank1_killed_idle_head_stays_healthy_until_the_next_request(tmp_path, procs):
+    """vLLM 0.32, measured: /health stays 200 after rank 1 dies; the next request gets 500
+    EngineDeadError (the worker's gloo all-reduce: "Connection closed by peer"); /health
+    503, the socket closes, and rank 0 exits 0 about 1.5 s after that request."""
+    r0, r1, base = serving_pair(tmp_path, procs)
+    assert chat(base).status_code == 200
     r1.kill()
+    r1.wait_exit(5)
+    for _ in range(6):
+        time.sleep(0.5)
+        assert requests.get(base + "/health", timeout=5).status_code == 200
+    assert r0.proc.poll() is None
     t0 = time.monotonic()
-    assert r0.wait_exit(6) != 0
-    assert time.monotonic() - t0 < 5
-    assert "rank 1 is gone" in r0.log()
+    r = chat(base)
+    assert r.status_code == 500
+    assert r.json() == {
+        "error": {
+            "message": "EngineCore encountered an issue. See stack trace (above) for the root "
+            "cause.",
+            "type": "InternalServerError",
+            "param": None,
+            "code": 500,
+        }
+    }
+    assert requests.get(base + "/health", timeout=5).status_code == 503
+    assert r0.wait_exit(10) == 0
+    assert 0.8 < time.monotonic() - t0 < 8
+    log = r0.log()
+    order = [
+        "WorkerProc hit an exception.",
+        "Connection closed by peer [127.0.0.1]:",
+        "EngineCore encountered a fatal error.",
+        "RuntimeError: Worker failed with error '",
+        "AsyncLLM output_handler failed.",
+        "EngineDeadError: EngineCore encountered an issue.",
+        "[shutdown] Executor: waiting for worker exit count=1",
+        "Parent process exited, terminating worker queues",
+        "INFO:     Shutting down",
+        "INFO:     Finished server process",
+        "[shutdown] MPClient: complete",
+    ]
+    assert [log.index(x) for x in order] == sorted(log.index(x) for x in order), log
+    assert "rank 1 is gone" not in log  # no line of the twin's own: vLLM prints none
+    after = log[log.index("Application startup complete.") :].split("\n", 1)[1]
+    assert sim_lines_unlike_the_real("rank1_killed_idle", 0, after) == []
 
 
-def test_rank1_retries_until_rank0_then_dies_with_it(tmp_path, procs):
+def test_rank1_killed_mid_stream_ends_the_stream_with_the_error(tmp_path, procs):
+    """vLLM 0.32, measured: a stream in flight when rank 1 dies ends with an SSE error event
+    (EngineDeadError's message, code 500) and [DONE] within ~2 s (status stays 200: the
+    headers went out long before); rank 0 exits 0 some 4-6 s after that event."""
+    r0, r1, base = serving_pair(tmp_path, procs)
+    body = {
+        "model": "dsv4",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    events = []
+    with requests.post(base + "/v1/chat/completions", json=body, stream=True, timeout=30) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line:
+                continue
+            events.append(line[6:].decode())
+            if len(events) == 5:
+                r1.kill()
+                t_kill = time.monotonic()
+    t_end = time.monotonic()
+    assert t_end - t_kill < 5
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2]) == {
+        "error": {
+            "message": "EngineCore encountered an issue. See stack trace (above) for the root "
+            "cause.",
+            "type": "InternalServerError",
+            "param": None,
+            "code": 500,
+        }
+    }
+    assert r0.wait_exit(20) == 0
+    assert 3 < time.monotonic() - t_end < 15
+    log = r0.log()
+    assert "Read error [127.0.0.1]:" in log and "Connection reset by peer." in log
+    assert "Error in chat completion stream generator." in log
+    after = log[log.index("Application startup complete.") :].split("\n", 1)[1]
+    assert sim_lines_unlike_the_real("rank1_killed_mid_stream", 0, after) == []
+
+
+def test_sigterm_to_joined_rank1_escalates_its_worker_then_the_head_fails_its_next_request(
+    tmp_path, procs
+):
+    """vLLM 0.32, measured: SIGTERM to a serving pair's rank 1 ends it 14.3 s later (exit 0:
+    grace VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, then the executor SIGTERMs and SIGKILLs its
+    worker); rank 0 stays healthy throughout and after; its next request gets 500 and it
+    exits 0. With a 1 s grace here: ~10 s."""
     mport, hport = free_port(), free_port()
-    r1 = Twin(pair_args(mport, 1), tmp_path, "r1")
-    procs.append(r1)
-    time.sleep(1.5)
-    assert r1.proc.poll() is None  # still retrying, not failed
     r0 = Twin(pair_args(mport, 0, hport), tmp_path, "r0")
-    procs.append(r0)
-    r1.wait_log("Graph capturing finished", timeout=15)
-    r0.kill()
+    r1 = Twin(
+        pair_args(mport, 1), tmp_path, "r1", env={"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "1"}
+    )
+    procs += [r0, r1]
+    base = f"http://127.0.0.1:{hport}"
+    wait_http(base + "/health", timeout=45)
+    mark = len(r1.log())
     t0 = time.monotonic()
-    assert r1.wait_exit(6) != 0
-    assert time.monotonic() - t0 < 5
-    assert "rank 0 is gone" in r1.log()
+    r1.kill(signal.SIGTERM)
+    time.sleep(3)
+    assert r1.proc.poll() is None
+    assert requests.get(base + "/health", timeout=5).status_code == 200
+    assert r1.wait_exit(25) == 0
+    assert 8 < time.monotonic() - t0 < 25
+    log = r1.log()
+    order = [
+        "(Worker_TP1 pid=",
+        "Parent process exited, terminating worker queues",
+        "[shutdown] Executor: waiting for worker exit count=1",
+        "workers still running after grace period; sending SIGTERM count=1",
+        "workers still running after SIGTERM; sending SIGKILL count=1",
+    ]
+    assert [log.index(x) for x in order] == sorted(log.index(x) for x in order), log
+    assert sim_lines_unlike_the_real("sigterm_rank1", 1, log[mark:]) == []
+    assert requests.get(base + "/health", timeout=5).status_code == 200
+    assert chat(base).status_code == 500
+    assert r0.wait_exit(10) == 0
 
 
 def test_fault_crash_in_rank1_phase_takes_pair_down(tmp_path, procs):

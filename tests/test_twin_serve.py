@@ -91,7 +91,6 @@ def test_stream_chat_and_metrics_within_10s_of_start(twin):
         log.index(line)
         for line in (
             "(Worker pid=",
-            "(Worker_TP0 pid=",
             "Loading model from scratch...",
             "torch.compile took",
             "Capturing CUDA graphs",

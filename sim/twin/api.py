@@ -6,6 +6,7 @@ its request's event queue, which the engine thread fills after every step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -13,8 +14,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, shapes
+from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, peerloss, shapes
 from sim.twin.engine import Engine
+from sim.twin.errors import NOT_FOUND, error, json_invalid, permission, sanitized
 from sim.twin.generation import Generation, merge_logprobs
 from sim.twin.injector import ForeignSpec, Injector
 from sim.twin.metrics import Metrics
@@ -56,6 +58,11 @@ class TwinServer(ThreadingHTTPServer):
         # --per-request-spec-decode-metrics (vllm/config/observability.py): none|summary|detailed
         self.spec_metrics = str(serve_args.get("per_request_spec_decode_metrics") or "none")
         self.injector = Injector(self.fire_foreign)
+        self.open_streams = 0  # SSE responses being written (peer-loss shutdown timing)
+        self.prompt_details = bool(serve_args.get("enable_prompt_tokens_details"))
+        tp = int(serve_args.get("tensor_parallel_size") or 1)
+        digest = hashlib.sha256(json.dumps(serve_args, sort_keys=True, default=str).encode())
+        self.fingerprint = shapes.fingerprint(tp, digest.hexdigest())
         self.tokens = auth.tokens(api_keys)
 
     def fire_foreign(self, spec: ForeignSpec) -> list[str]:
@@ -66,11 +73,6 @@ class TwinServer(ThreadingHTTPServer):
             self.engine.submit(req)
             ids.append(req.id)
         return ids
-
-
-def _error(message: str, code: int, kind: str, param: str | None = None) -> dict[str, Any]:
-    """vLLM's ErrorResponse (vllm/entrypoints/serve/engine/protocol.py)."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -94,11 +96,12 @@ class Handler(BaseHTTPRequestHandler):
         self,
         code: int,
         body: bytes,
-        ctype: str = "application/json",
+        ctype: str | None = "application/json",
         headers: dict[str, str] | None = None,
     ) -> None:
         self.send_response(code)
-        self.send_header("Content-Type", ctype)
+        if ctype:
+            self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self._identity()
         for k, v in (headers or {}).items():
@@ -114,6 +117,8 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         try:
             body = json.loads(raw or b"{}")
+        except json.JSONDecodeError as exc:
+            raise json_invalid(exc) from exc
         except ValueError as exc:
             raise BadRequest(f"body is not valid JSON: {exc}") from exc
         if not isinstance(body, dict):
@@ -143,10 +148,9 @@ class Handler(BaseHTTPRequestHandler):
         if not self._authorized("GET", path):
             return
         if path in ("/health", "/ping"):
-            if srv.engine.dead:
-                self._send(503, b"", "text/plain")
-            else:
-                self._send(200, b"", "text/plain")
+            # vLLM's /health is an empty Response (no content type), 503 once the engine
+            # is dead (vllm/entrypoints/serve/instrumentator/health.py)
+            self._send(503 if srv.engine.dead else 200, b"", None)
         elif path == "/v1/models":
             self._json(
                 200,
@@ -161,6 +165,7 @@ class Handler(BaseHTTPRequestHandler):
                             "root": srv.model_names[0],
                             "parent": None,
                             "max_model_len": srv.builder.max_model_len,
+                            "permission": [permission(srv.created)],
                         }
                         for name in srv.model_names
                     ],
@@ -176,7 +181,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/version":
             self._json(200, {"version": "0.33.0+spark-twin-simulator"})
         else:
-            self._json(404, _error(f"no route {path}", 404, "NotFoundError"))
+            self._json(404, NOT_FOUND)
 
     def do_POST(self) -> None:  # noqa: N802 - http.server naming
         received_ns = time.monotonic_ns()
@@ -194,16 +199,16 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/twin/foreign":
                 self._foreign(body)
             else:
-                self._json(404, _error(f"no route {path}", 404, "NotFoundError"))
+                self._json(404, NOT_FOUND)
         except BadRequest as exc:
-            self._json(400, _error(str(exc), 400, exc.kind, exc.param))
+            self._json(400, error(str(exc), 400, exc.kind, exc.param))
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception as exc:  # noqa: BLE001 - answer 500 rather than drop the connection
             log.exception("error serving %s", path)
             self.close_connection = True
             try:
-                self._json(500, _error(f"{type(exc).__name__}: {exc}", 500, "InternalServerError"))
+                self._json(500, error(f"{type(exc).__name__}: {exc}", 500, "InternalServerError"))
             except OSError:
                 pass
 
@@ -267,11 +272,14 @@ class Handler(BaseHTTPRequestHandler):
         try:
             model = self._check_model(body)
         except _NotFound as exc:
-            self._json(404, _error(f"The model `{exc}` does not exist.", 404, "NotFoundError"))
+            # vllm/entrypoints/serve/engine/serving.py _check_model (0.32 and 0.33)
+            aliases = ", ".join(self.server.model_names)
+            msg = f"The model `{exc}` does not exist. Valid aliases: {aliases}."
+            self._json(404, error(sanitized(msg), 404, "NotFoundError", "model"))
             return
         if srv.engine.dead:
             self._json(
-                500, _error(f"EngineDeadError: {srv.engine.dead}", 500, "InternalServerError")
+                500, error(f"EngineDeadError: {srv.engine.dead}", 500, "InternalServerError")
             )
             return
         p = params.parse(body, chat)
@@ -284,8 +292,10 @@ class Handler(BaseHTTPRequestHandler):
         # n > 1: one engine request per choice (vLLM's ParentRequest children, ids "i_rid").
         ids = [rid] if p.n == 1 else [f"{i}_{rid}" for i in range(p.n)]
         reqs = [srv.builder.build(prompt, p, received_ns, cid, i) for i, cid in enumerate(ids)]
-        shape = shapes.Shape(rid, model, chat, int(time.time()))
-        gen = Generation(reqs, p, shape, srv.engine, srv.injector, srv.spec_metrics)
+        shape = shapes.Shape(rid, model, chat, int(time.time()), srv.fingerprint)
+        gen = Generation(
+            reqs, p, shape, srv.engine, srv.injector, srv.spec_metrics, srv.prompt_details
+        )
         for r in reqs:
             srv.engine.submit(r)
         if p.stream:
@@ -306,12 +316,12 @@ class Handler(BaseHTTPRequestHandler):
             elif ev[0] == "finish":
                 reasons[i] = ev[1]
             else:
-                self._json(500, _error(ev[1], 500, "InternalServerError"))
+                self._json(500, error(ev[1], 500, "InternalServerError"))
                 return
         choices = [
             ("".join(text[i]), reasons[i], merge_logprobs(lps[i], gen.shape.chat)) for i in range(n)
         ]
-        body = gen.shape.full(choices, gen.usage(), gen.metrics())
+        body = gen.shape.full(choices, gen.usage(full=True), gen.metrics())
         self._json(200, body, headers={"X-Request-Id": gen.rid})
 
     def _stream(self, gen: Generation) -> None:
@@ -323,12 +333,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("X-Request-Id", gen.rid)
         self._identity()
         self.end_headers()
+        self.server.open_streams += 1
         try:
             if shape.chat:
                 for i in range(len(gen.reqs)):
-                    self._sse(
-                        gen.with_usage(shape.chunk({"role": "assistant", "content": ""}, None, i))
-                    )
+                    self._sse(gen.with_usage(shape.first_chat_chunk(i)))
+            open_ = len(gen.reqs)
             for i, ev in gen.events():
                 if ev[0] == "tokens":
                     if ev[1] or not shape.chat:
@@ -337,10 +347,15 @@ class Handler(BaseHTTPRequestHandler):
                     else:
                         gen.logprobs(i, ev)  # keep the token count of choice i right
                 elif ev[0] == "finish":
+                    open_ -= 1
                     delta = "" if not shape.chat else {"content": ""}
-                    self._sse(gen.with_usage(shape.chunk(delta, ev[1], i)))
+                    lp = gen.no_logprobs() if gen.p.logprobs is not None else None
+                    last = open_ == 0 and not gen.p.include_usage
+                    self._sse(gen.with_usage(shape.chunk(delta, ev[1], i, lp, last=last)))
                 else:
-                    self._sse(_error(ev[1], 500, "InternalServerError"))
+                    if self.server.engine.peer_lost is not None:
+                        peerloss.stream_failed(shape.chat)
+                    self._sse(error(ev[1], 500, "InternalServerError"))
                     break
             if gen.p.include_usage:
                 self._sse(shape.usage_chunk(gen.usage(), gen.metrics()))
@@ -350,6 +365,8 @@ class Handler(BaseHTTPRequestHandler):
             for r in gen.reqs:
                 self.server.engine.cancel(r)
             self.close_connection = True
+        finally:
+            self.server.open_streams -= 1
 
 
 class _NotFound(Exception):

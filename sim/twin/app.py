@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from sim.twin import LABEL
+from sim.twin import LABEL, peerloss
 from sim.twin import faults as faultmod
 from sim.twin import profile as profmod
 from sim.twin.api import TwinServer
@@ -119,7 +119,14 @@ def start_server(
     )
     metrics = Metrics(names[0], cfg.gamma)
 
+    died_at: list[float] = []
+
     def on_death(why: str) -> None:
+        died_at.append(time.monotonic() + peerloss.exit_delay(server.open_streams))
+        if engine.peer_lost is not None:
+            # a lost TP peer: vLLM's API server shuts itself down cleanly (peerloss.py)
+            threading.Thread(target=_stop_serving, args=(server,), daemon=True).start()
+            return
         # Like vLLM's API server: in-flight requests get their error, /health turns 503,
         # then the process exits non-zero (and the peer rank follows via the heartbeat).
         threading.Timer(1.0, die, args=(f"EngineDeadError: {why}; shutting down",)).start()
@@ -163,12 +170,25 @@ def start_server(
         threading.Timer(at, _inject, args=(engine, builder, n, dur)).start()
     fault_at(faults, "serving")
     api_server_ready()
+    ROLE.on_peer_lost = engine.lose_peer
     ROLE.serving = True
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
         engine.stop()
+    if died_at:  # the engine died of a lost peer: the engine client's cleanup, exit 0
+        time.sleep(max(died_at[0] - time.monotonic(), 0.0))
+        peerloss.engine_client_down()
     return 0
+
+
+def _stop_serving(server: TwinServer) -> None:
+    """uvicorn exits a moment after the engine died: the failed requests have their 500
+    and a /health probe sees 503 first, then the socket closes."""
+    time.sleep(0.3)
+    peerloss.http_down()
+    server.shutdown()
+    server.server_close()
 
 
 def _inject(engine: Engine, builder: Builder, n: int, secs: float) -> None:

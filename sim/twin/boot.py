@@ -115,7 +115,7 @@ def worker_phases(
     def secs(field: str) -> float:
         return float(phases.get(field, 0.0)) * faults.slow_boot
 
-    w = worker_name(rank)
+    w = worker_name(rank, args.tensor_parallel_size)
     t0 = time.monotonic()
     fault_at(faults, "loading")
     emit(w, "load_start")

@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--trust-remote-code", action="store_true")
     a("--seed", type=int, default=0)
     a("--data-parallel-size", "-dp", type=pos, default=1)
+    a("--enable-prompt-tokens-details", action="store_true")
     a("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"), default="none")
     a(
         "--twin-profile",

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.twin import vllm_log
+from sim.twin import peerloss, vllm_log
 from sim.twin.metrics import Metrics
 from sim.twin.prefix_cache import PrefixCache
 from sim.twin.profile import Profile
@@ -141,6 +141,8 @@ class Engine:
         self._prev_end = -1.0
         self._admitted_at = 0.0
         self.dead: str | None = None
+        self.peer_lost: str | None = None  # the TP peer's address once its socket closed
+        self.peer_lost_busy = False  # a step was running when it closed
         self._ids = itertools.count(1)
         self._sleep = sleep or self._stop.wait
         self._thread = threading.Thread(target=self._loop, name="engine-core", daemon=True)
@@ -168,6 +170,14 @@ class Engine:
             req.submitted_at = self._clock()
             self._arrivals.append(req)
             self.m.waiting.set(len(self.waiting) + len(self._arrivals))
+            self._cond.notify_all()
+
+    def lose_peer(self, peer: str) -> None:
+        """The TP peer is gone. Nothing shows until the next step, whose collective fails
+        (sim/twin/peerloss.py): an idle engine stays healthy, as vLLM's does."""
+        with self._cond:
+            self.peer_lost = peer
+            self.peer_lost_busy = bool(self.running)
             self._cond.notify_all()
 
     def cancel(self, req: Request) -> None:
@@ -260,6 +270,10 @@ class Engine:
                 return True
             decodes, chunks = self._schedule()
             self._publish_gauges()
+        if self.peer_lost is not None and (decodes or chunks):
+            peerloss.step_failed(self.peer_lost, self.peer_lost_busy)
+            self._fail(vllm_log.ENGINE_DEAD)
+            return False
         if not decodes and not chunks:
             self._sleep(0.01)
             return True
@@ -404,10 +418,14 @@ class Engine:
         """The engine core's death as vLLM logs it (vllm/v1/engine/core.py: the fatal-error
         line, then the traceback, whose last line is ``exc_line``); ``why`` is what the
         requests in flight are told."""
-        self.dead = why
         vllm_log.emit("EngineCore", "engine_fatal")
         print(exc_line, file=sys.stderr, flush=True)
+        self._fail(f"engine dead: {why}", why)
+
+    def _fail(self, message: str, why: str | None = None) -> None:
+        """Dead: every request in flight is told ``message`` (its HTTP 500 body)."""
+        self.dead = why or message
         with self._cond:
             for r in list(self.running) + list(self.waiting) + list(self._arrivals):
-                r.events.put(("error", f"engine dead: {why}"))
-        self.on_death(why)
+                r.events.put(("error", message))
+        self.on_death(self.dead)

@@ -38,8 +38,10 @@ class Generation:
         engine: Engine,
         injector: Injector,
         spec_metrics: str,
+        prompt_details: bool = False,
     ) -> None:
         self.reqs, self.p, self.shape = reqs, p, shape
+        self.prompt_details = prompt_details
         self.engine, self.injector, self.spec_metrics = engine, injector, spec_metrics
         self.rid = shape.rid
         self.merged: queue.Queue = queue.Queue()
@@ -81,8 +83,15 @@ class Generation:
             return shapes.chat_logprobs(req, idx, pieces, top)
         return shapes.completion_logprobs(req, idx, pieces, top, offset)
 
-    def usage(self) -> dict[str, Any]:
-        return shapes.request_usage(self.reqs)
+    def usage(self, full: bool = False) -> dict[str, Any]:
+        return shapes.request_usage(self.reqs, self.prompt_details, full)
+
+    def no_logprobs(self) -> dict[str, Any]:
+        """The logprobs block of a chunk that carries no token (vLLM's finish chunk carries
+        the last token, so its logprobs are an object, never null, when asked for)."""
+        if self.shape.chat:
+            return {"content": []}
+        return {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
 
     def with_usage(self, chunk: dict[str, Any]) -> dict[str, Any]:
         """stream_options.continuous_usage_stats: every chunk carries the usage so far."""

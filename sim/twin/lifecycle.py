@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sim.twin import vllm_log
@@ -25,6 +26,10 @@ class Role:
 
     headless = False  # rank 1 (--headless): vllm/entrypoints/cli/serve.py run_headless
     serving = False  # rank 0 after uvicorn's "Application startup complete."
+    # rank 0 serving: what to call when the TP peer's socket closes (the engine's lose_peer)
+    on_peer_lost: Callable[[str], None] | None = None
+    joined = False  # the ranks found each other (the workers exist)
+    stopping = False  # a SIGTERM is being handled
 
 
 ROLE = Role()
@@ -56,7 +61,8 @@ def _on_sigterm(*_: object) -> None:
 
     - headless rank 1: run_headless's handler raises SystemExit (vllm/entrypoints/cli/
       serve.py); the MultiprocExecutor then stops its worker (multiproc_executor.py
-      `_ensure_worker_termination`) and the process exits 0.
+      `_ensure_worker_termination`) and the process exits 0. Once joined, the worker
+      ignores it and is escalated (SIGTERM, SIGKILL): ~14 s, measured (below).
     - rank 0 serving: serve_http's handler (vllm/entrypoints/launchers/launcher.py) stops
       the engine client (shutdown_timeout 0 = abort), then uvicorn shuts down; exit 0.
     - rank 0 booting: run_server's `_interrupt_init` (vllm/entrypoints/launchers/
@@ -64,6 +70,11 @@ def _on_sigterm(*_: object) -> None:
       Python prints the traceback, whose last line is below, and ends by SIGINT (docker
       reports exit code 130).
     """
+    if ROLE.stopping:
+        return
+    ROLE.stopping = True
+    if ROLE.headless and ROLE.joined:
+        _headless_worker_escalation()
     if ROLE.headless:
         vllm_log.emit("MainProcess", "executor_wait_exit", 1)
         vllm_log.emit("MainProcess", "executor_exited")
@@ -82,6 +93,34 @@ def _on_sigterm(*_: object) -> None:
     vllm_log.flush()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
+
+
+# Measured on vLLM 0.32 (a loopback TP=2 pair, docs/simulator.md "Peer loss and shutdown"):
+# SIGTERM to a joined headless rank 1 ends it 12-14 s later (two runs: 14.3, <= 12.0 s),
+# exit 0. Its worker ignores the parent's exit, so the executor escalates (vllm/v1/executor/
+# multiproc_executor.py `_ensure_worker_termination`): VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS
+# (5) of grace, SIGTERM, 4 s, SIGKILL. The first line came 2-4 s after the signal, the exit
+# ~0.8 s after the last.
+HEADLESS_NOTICE_S = 3.0
+HEADLESS_SIGTERM_WAIT_S = 4.0
+HEADLESS_EXIT_S = 0.8
+
+
+def _headless_worker_escalation() -> None:
+    """Rank 1's SIGTERM once its worker exists: the executor's escalation, then exit 0."""
+    try:
+        grace = float(os.environ.get("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "5"))
+    except ValueError:
+        grace = 5.0
+    time.sleep(HEADLESS_NOTICE_S)
+    vllm_log.emit("Worker_TP1", "parent_exited")
+    vllm_log.emit("MainProcess", "executor_wait_exit", 1)
+    time.sleep(grace)
+    vllm_log.emit("MainProcess", "executor_sigterm_workers", 1)
+    time.sleep(HEADLESS_SIGTERM_WAIT_S)
+    vllm_log.emit("MainProcess", "executor_sigkill_workers", 1)
+    time.sleep(HEADLESS_EXIT_S)
+    _exit(0)
 
 
 def exit_on_sigterm() -> None:

@@ -6,8 +6,7 @@ joins. Like the real store, both sides are silent while they wait; when the wait
 the error carries torch's own wording (TORCH_STORE in vllm_log: the head's DistStoreError,
 the worker's DistNetworkError). After the handshake both sides send a heartbeat line every
 interval; a closed socket, a reset, or silence longer than heartbeat_timeout_s means the
-peer is gone, and the survivor exits non-zero (the twin's simplification: it dies with its
-peer at once).
+peer is gone, and the survivor reacts as a vLLM rank does (serve.py ``_peer_gone``).
 """
 
 from __future__ import annotations

@@ -135,6 +135,15 @@ class Builder:
     ) -> Request:
         """One engine request: choice `index` of a request with sampling parameters `p`."""
         n = len(prompt.ids)
+        if p.max_tokens is not None and p.max_tokens > self.max_model_len:
+            # vllm/renderers/params.py TokenizeParams (0.32 and 0.33): a limit larger than
+            # the whole context is refused before the prompt is looked at.
+            raise BadRequest(
+                f"max_tokens={p.max_tokens} cannot be greater than "
+                f"max_model_len={self.max_model_len}. Please request fewer output tokens.",
+                "max_tokens",
+                p.max_tokens,
+            )
         # vllm/entrypoints/serve/utils/api_utils.py get_max_tokens: what does not fit is cut to
         # the room left, silently; then SamplingParams wants at least 1.
         room = self.max_model_len - n

@@ -148,15 +148,35 @@ def _rendezvous(
         die(str(exc))
         raise  # unreachable; keeps type checkers happy
     boot.rank_assigned(args, rank)
+    ROLE.joined = True
+    host, port = sock.getpeername()[:2]
+    peer = f"{host}:{port}"
     link = Link(
         sock,
         1 - rank,
         float(dist.get("heartbeat_interval_s", 0.5)),
         float(dist.get("heartbeat_timeout_s", 10.0)),
-        lambda why: die(f"TP peer lost: {why}; shutting down this rank"),
+        lambda why: _peer_gone(why, peer),
     )
     link.start()
     return link
+
+
+def _peer_gone(why: str, peer: str) -> None:
+    """The other rank's socket closed (or went silent), as vLLM 0.32 reacts (measured; see
+    docs/simulator.md "Peer loss and shutdown"):
+    - headless rank 1: nothing. Its worker waits on the head's message queue forever; the
+      process never exits (vllm/v1/executor/multiproc_executor.py, the headless worker
+      loop has no peer check).
+    - rank 0 serving: nothing yet; the next engine step fails (sim/twin/peerloss.py).
+    - rank 0 still booting: the boot's next collective fails; the twin exits 1 at once.
+    """
+    if ROLE.headless:
+        return
+    if ROLE.on_peer_lost is not None:
+        ROLE.on_peer_lost(peer)
+        return
+    die(f"TP peer lost: {why}; shutting down this rank")
 
 
 def _headless(link: Link | None) -> int:

@@ -12,22 +12,33 @@ from typing import Any
 
 from sim.twin.engine import Request
 from sim.twin.sampling import VOCAB, key_of
+from sim.twin.vllm_log import VLLM_VERSION
 
 
-def usage(prompt_len: int, completion: int, cached: int | None = None) -> dict[str, Any]:
+def usage(
+    prompt_len: int, completion: int, cached: int | None = None, full: bool = False
+) -> dict[str, Any]:
+    """UsageInfo. ``cached`` is given only with --enable-prompt-tokens-details (vLLM fills
+    prompt_tokens_details only then, serving.py ``enable_prompt_tokens_details``); a full
+    response serializes every field, nulls included, a streamed usage chunk only those set
+    (vLLM dumps chunks with ``exclude_unset``)."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt_len,
         "total_tokens": prompt_len + completion,
         "completion_tokens": completion,
     }
+    if full:
+        out["prompt_tokens_details"] = None
+        out["completion_tokens_details"] = None
     if cached is not None:
         out["prompt_tokens_details"] = {"cached_tokens": cached}
     return out
 
 
-def request_usage(reqs: list[Request]) -> dict[str, Any]:
+def request_usage(reqs: list[Request], details: bool, full: bool = False) -> dict[str, Any]:
     """One response's usage: the prompt once, the completions of every choice summed."""
-    return usage(reqs[0].prompt_len, sum(r.generated for r in reqs), reqs[0].cached_tokens)
+    cached = reqs[0].cached_tokens if details else None
+    return usage(reqs[0].prompt_len, sum(r.generated for r in reqs), cached, full)
 
 
 def spec_metrics(req: Request, gamma: int, detailed: bool) -> dict[str, Any]:
@@ -96,35 +107,76 @@ def completion_logprobs(
     }
 
 
-class Shape:
-    """The chunks and full responses of one request, chat or text completion."""
+def fingerprint(tp: int, config_hash: str) -> str:
+    """``system_fingerprint`` (vllm/entrypoints/serve/utils/fingerprint.py, mode "full")."""
+    parts = [f"vllm-{VLLM_VERSION}"] + ([f"tp{tp}"] if tp > 1 else [])
+    return "-".join([*parts, config_hash[:8]])
 
-    def __init__(self, rid: str, model: str, chat: bool, created: int) -> None:
+
+class Shape:
+    """The chunks and full responses of one request, chat or text completion.
+
+    Field sets are vLLM's as served (recorded from the real engine by `sim.diffcheck`): a
+    full response is ``model_dump_json()`` of the response model, so every field is there,
+    unset ones null; a stream chunk is dumped with ``exclude_unset`` (vllm/entrypoints/
+    openai/chat_completion/serving.py), so it has only what the server set: the first chat
+    chunk ``prompt_token_ids``/``prompt_text``, content chunks ``token_ids``, the last
+    chunk of the stream ``system_fingerprint``.
+    """
+
+    def __init__(
+        self, rid: str, model: str, chat: bool, created: int, fingerprint: str = ""
+    ) -> None:
         self.rid, self.model, self.chat, self.created = rid, model, chat, created
+        self.fingerprint = fingerprint or f"vllm-{VLLM_VERSION}"
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
 
+    def first_chat_chunk(self, index: int) -> dict[str, Any]:
+        """The role chunk: the only one that carries the prompt's echo fields."""
+        out = self.chunk({"role": "assistant", "content": ""}, None, index)
+        del out["choices"][0]["token_ids"]
+        out["prompt_token_ids"] = None
+        out["prompt_text"] = None
+        return out
+
     def chunk(
-        self, delta: Any, finish: str | None, index: int = 0, logprobs: Any = None
+        self,
+        delta: Any,
+        finish: str | None,
+        index: int = 0,
+        logprobs: Any = None,
+        last: bool = False,
     ) -> dict[str, Any]:
+        """A content chunk; ``finish`` set: the choice's last one; ``last``: the stream's."""
         if self.chat:
             if isinstance(delta, str):
                 delta = {"content": delta}
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-            return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {
-            "index": index,
-            "text": delta,
-            "logprobs": logprobs,
-            "finish_reason": finish,
-            "stop_reason": None,
-        }
-        return {**self._head("text_completion"), "choices": [choice]}
+            if finish is not None:
+                choice["stop_reason"] = None
+            choice["token_ids"] = None
+            out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {
+                "index": index,
+                "text": delta,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": None,
+            }
+            out = {**self._head("text_completion"), "choices": [choice]}
+        if last:
+            out["system_fingerprint"] = self.fingerprint
+        return out
 
     def usage_chunk(self, use: dict[str, Any], metrics: dict[str, Any] | None) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         out = {**self._head(obj), "choices": [], "usage": use}
+        out["system_fingerprint"] = self.fingerprint
         if metrics:
             out["metrics"] = metrics
         return out
@@ -135,36 +187,46 @@ class Shape:
         use: dict[str, Any],
         metrics: dict[str, Any] | None,
     ) -> dict[str, Any]:
-        """The non-streamed response: one (text, finish_reason, logprobs) per choice."""
+        """The non-streamed response: one (text, finish_reason, logprobs) per choice.
+
+        ``weight_versions`` is vLLM 0.33's (null unless ``return_weight_versions``);
+        0.32, the CPU engine, has no such field."""
         out_choices = []
         for i, (text, finish, lps) in enumerate(choices):
             if self.chat:
-                out_choices.append(
-                    {
-                        "index": i,
-                        "message": {
-                            "role": "assistant",
-                            "content": text,
-                            "reasoning_content": None,
-                            "tool_calls": [],
-                        },
-                        "logprobs": lps,
-                        "finish_reason": finish,
-                        "stop_reason": None,
-                    }
-                )
+                message = {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "reasoning": None,
+                }
+                choice = {"index": i, "message": message, "logprobs": lps}
             else:
-                out_choices.append(
-                    {
-                        "index": i,
-                        "text": text,
-                        "logprobs": lps,
-                        "finish_reason": finish,
-                        "stop_reason": None,
-                    }
-                )
+                choice = {"index": i, "text": text, "logprobs": lps}
+            choice.update(
+                {
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "token_ids": None,
+                    "routed_experts": None,
+                    "weight_versions": None,
+                }
+            )
+            if not self.chat:
+                choice.update({"prompt_logprobs": None, "prompt_token_ids": None})
+            out_choices.append(choice)
         obj = "chat.completion" if self.chat else "text_completion"
-        out = {**self._head(obj), "choices": out_choices, "usage": use}
-        if metrics:
-            out["metrics"] = metrics
+        out = {
+            **self._head(obj),
+            "choices": out_choices,
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
+            "usage": use,
+        }
+        if self.chat:
+            out.update({"prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None})
+        out.update({"kv_transfer_params": None, "ec_transfer_params": None, "metrics": metrics})
         return out

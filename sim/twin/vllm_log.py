@@ -204,8 +204,85 @@ LINES: dict[str, Line] = {
         "INFO",
         "[shutdown] Executor: all workers exited gracefully",
     ),
+    "executor_sigterm_workers": Line(
+        "vllm/v1/executor/multiproc_executor.py",
+        592,
+        "WARNING",
+        "[shutdown] Executor: workers still running after grace period; sending SIGTERM count=%d",
+    ),
+    "executor_sigkill_workers": Line(
+        "vllm/v1/executor/multiproc_executor.py",
+        602,
+        "WARNING",
+        "[shutdown] Executor: workers still running after SIGTERM; sending SIGKILL count=%d",
+    ),
     "engine_fatal": Line(
         "vllm/v1/engine/core.py", 1586, "ERROR", "EngineCore encountered a fatal error."
+    ),
+    # A TP peer lost while serving (measured on vLLM 0.32 CPU; file/line from 0.33):
+    # the worker's collective fails, the engine core dies, the API server shuts down.
+    "worker_exception": Line(
+        "vllm/v1/executor/multiproc_executor.py", 1189, "ERROR", "WorkerProc hit an exception."
+    ),
+    "output_handler_failed": Line(
+        "vllm/v1/engine/async_llm.py", 943, "ERROR", "AsyncLLM output_handler failed."
+    ),
+    "chat_stream_error": Line(
+        "vllm/entrypoints/openai/chat_completion/serving.py",
+        952,
+        "ERROR",
+        "Error in chat completion stream generator.",
+    ),
+    "completion_stream_error": Line(
+        "vllm/entrypoints/openai/completion/serving.py",
+        555,
+        "ERROR",
+        "Error in completion stream generator.",
+    ),
+    "parent_exited": Line(
+        "vllm/v1/executor/multiproc_executor.py",
+        944,
+        "INFO",
+        "Parent process exited, terminating worker queues",
+    ),
+    "mpclient_start": Line(
+        "vllm/v1/engine/core_client.py", 792, "INFO", "[shutdown] MPClient: start timeout=%s"
+    ),
+    "mpclient_stopping": Line(
+        "vllm/v1/engine/core_client.py", 794, "INFO", "[shutdown] MPClient: stopping engine manager"
+    ),
+    "mpclient_stopped": Line(
+        "vllm/v1/engine/core_client.py", 796, "INFO", "[shutdown] MPClient: engine manager stopped"
+    ),
+    "mpclient_cleanup": Line(
+        "vllm/v1/engine/core_client.py",
+        797,
+        "INFO",
+        "[shutdown] MPClient: cleaning up background resources",
+    ),
+    "mpclient_complete": Line(
+        "vllm/v1/engine/core_client.py", 799, "INFO", "[shutdown] MPClient: complete"
+    ),
+    "procman_sigterm": Line(
+        "vllm/v1/utils.py", 628, "INFO", "[shutdown] Process manager: send sigterm to process %s"
+    ),
+    "procman_force_count": Line(
+        "vllm/v1/utils.py",
+        648,
+        "WARNING",
+        "[shutdown] Process manager: force killing remaining processes count=%d",
+    ),
+    "procman_force_one": Line(
+        "vllm/v1/utils.py",
+        653,
+        "WARNING",
+        "[shutdown] Process manager: force killing remaining process %s pid %d",
+    ),
+    "force_kill_child": Line(
+        "vllm/utils/system_utils.py",
+        248,
+        "WARNING",
+        "[shutdown] force killing sub process %s pid %d",
     ),
     "worker_failed_start": Line(
         "vllm/v1/executor/multiproc_executor.py", 1057, "ERROR", "WorkerProc failed to start."
@@ -222,6 +299,7 @@ UVICORN: dict[str, Line] = {
         "uvicorn/lifespan/on.py", 67, "INFO", "Waiting for application shutdown."
     ),
     "shutdown_done": Line("uvicorn/lifespan/on.py", 76, "INFO", "Application shutdown complete."),
+    "finished": Line("uvicorn/server.py", 113, "INFO", "Finished server process [%d]"),
 }
 
 # Messages of torch's c10d TCPStore (C++, torch/csrc/distributed/c10d/TCPStore.cpp); they
@@ -234,6 +312,20 @@ TORCH_STORE = {
     "server_listen": "The server socket has failed to listen on any local network address. "
     "port: {}, useIpv6: {}, code: {}, name: {}, message: {}",
 }
+
+# gloo's words when the TP peer's socket closes under a collective (third_party/gloo
+# transport/tcp/pair.cc, compiled into libtorch_cpu.so; tests/test_twin_log.py finds them).
+GLOO_PEER_CLOSED = (
+    "Connection closed by peer ",
+    "This is typically caused by a remote worker crashing. ",
+)
+# ... and when it resets under a collective already running (a step in flight)
+GLOO_READ_ERROR = (
+    "Read error ",
+    "This is typically caused by a remote worker hanging or bugs in the application. ",
+)
+# vllm/v1/engine/exceptions.py EngineDeadError's message: what a request gets (HTTP 500)
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 _log = logging.getLogger("twin")
 _uvicorn = logging.getLogger("twin.uvicorn")
@@ -287,15 +379,28 @@ def emit(process: str, key: str, *args: object) -> None:
     )
 
 
+def emit_text(process: str, key: str, text: str) -> None:
+    """One more line of line ``key``'s record (a traceback line under logger.exception)."""
+    line = LINES[key]
+    _log.log(
+        logging.getLevelName(line.level),
+        "%s",
+        text,
+        extra={"vproc": process, "vfile": line.fileinfo},
+    )
+
+
 def uvicorn(key: str, *args: object) -> None:
     """Print uvicorn's line ``key``."""
     line = UVICORN[key]
     _uvicorn.log(logging.getLevelName(line.level), line.template, *args)
 
 
-def worker_name(tp_rank: int | None) -> str:
-    """``Worker`` before the parallel groups exist, ``Worker_TP<rank>`` after (TP=2)."""
-    return "Worker" if tp_rank is None else f"Worker_TP{tp_rank}"
+def worker_name(tp_rank: int | None, tp_size: int = 2) -> str:
+    """``Worker`` before the parallel groups exist, ``Worker_TP<rank>`` after, and only with
+    TP > 1 (multiproc_executor.py ``setup_proc_title_and_log_prefix`` adds ``_TP<rank>``
+    only when the TP group has more than one rank)."""
+    return "Worker" if tp_rank is None or tp_size <= 1 else f"Worker_TP{tp_rank}"
 
 
 def flush() -> None:

@@ -1,0 +1,88 @@
+"""One real single-node vLLM server (the CPU engine, tiny model) for the live tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+from tests.support.twin import REPO
+
+ENGINE_PY = REPO / ".venv-engine" / "bin" / "python"
+SPEC = '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4}'
+# the flags the real snapshot was recorded with (tests/data/real_engine/README.md)
+SERVE_FLAGS = ["--tokenizer-mode", "deepseek_v4", "--enforce-eager", "--speculative-config", SPEC]
+
+
+def tiny_model() -> Path:
+    out = subprocess.run(
+        [str(ENGINE_PY), "-m", "sim.engine.tiny_model"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+class RealServer:
+    """`vllm serve` in its own process group, so stop() ends its engine and workers too."""
+
+    def __init__(self, port: int, log_path: Path) -> None:
+        self.port, self.log_path = port, log_path
+        env = dict(os.environ)
+        env.update(
+            TORCH_COMPILE_DISABLE="1",
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_HOST_IP="127.0.0.1",
+            HF_HUB_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            PYTHONPATH=str(REPO / "mods" / "dsv4-flash-overlays"),
+        )
+        argv = [str(ENGINE_PY.parent / "vllm"), "serve", str(tiny_model()), *SERVE_FLAGS]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        self._fh = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv, stdout=self._fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vllm exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if requests.get(self.base + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"vllm not up in {timeout} s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self, timeout: float = 60.0) -> int | None:
+        """SIGTERM to the server (docker stop's signal); its exit code, None if still up."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+        self._fh.close()

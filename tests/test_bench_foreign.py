@@ -55,8 +55,8 @@ def arm_after_prepare(monkeypatch, twin: Twin, after: str, offset_ms: float, nth
     """Arm the injection once the run protocol (test request, warmups) is over."""
     prepare = Bench.prepare
 
-    def prepared(self: Bench) -> None:
-        prepare(self)
+    def prepared(self: Bench, *args, **kw) -> None:
+        prepare(self, *args, **kw)
         twin.arm(after, offset_ms, nth)
 
     monkeypatch.setattr(Bench, "prepare", prepared)
@@ -235,8 +235,8 @@ def test_chat_turn_polluted_just_before_it_is_retried(twin, tmp_path, monkeypatc
 def test_a_point_polluted_on_every_attempt_is_refused(twin, tmp_path, monkeypatch, capsys):
     prepare = Bench.prepare
 
-    def prepared(self: Bench) -> None:
-        prepare(self)
+    def prepared(self: Bench, *args, **kw) -> None:
+        prepare(self, *args, **kw)
         for nth in (2, 3):  # both attempts of the depth point (finish #1: the baseline)
             twin.arm("finish", 50, nth)
 

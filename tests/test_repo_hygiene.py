@@ -31,7 +31,12 @@ UNREACHABLE = [
     (r"\bthe\s+lead\b", "a person on the development team: say what was decided and why"),
 ]
 # Markdown files of other projects that we cite by name, with the project that holds them.
-UPSTREAM_DOCS = {"NETWORKING.md": "eugr/spark-vllm-docker"}
+UPSTREAM_DOCS = {
+    "NETWORKING.md": "eugr/spark-vllm-docker",
+    "BUILD-dspark-runtime.md": "rafaelcaricio/vllm",
+    "SETUP.md": "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark",
+    "docker.md": "vllm-project/vllm (docs/deployment/docker.md)",
+}
 MARKDOWN_NAME = r"(?<![\w.-])([\w-]+\.md)\b"
 PARENT_PATH = r"(?<![\w.])\.\./[\w./-]*"
 SYS_PATH_EDIT = r"\bsys\.path\.(insert|append|extend)\b|\bsys\.path\s*\+?="

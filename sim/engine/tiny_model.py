@@ -43,7 +43,8 @@ SPEC: dict[str, Any] = {
     "num_key_value_heads": 2,
     "vocab_size": 129280,
     "max_position_embeddings": 262144,
-    "tie_word_embeddings": True,
+    # Untied, so the output layer can differ from the input embedding: see output_layer().
+    "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
     "bos_token_id": 0,
     "eos_token_id": 1,
@@ -62,9 +63,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 1,
         "num_attention_heads": 2,
         "num_key_value_heads": 2,
+        "tie_word_embeddings": True,  # as recorded in bench/results (a completion bench)
     },
 }
 SEED = 20261201
+# How output_layer() makes an untied model's head (part of the cache key: change it with it).
+OUTPUT_LAYER = "input embedding, special-token rows zeroed"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 NAME = "tiny-dsv4-llama"
 
@@ -77,7 +81,10 @@ def spec_of(variant: str = "default") -> dict[str, Any]:
 def spec_id(variant: str = "default") -> str:
     """Short hash of what the weights depend on: the spec, the seed, the tokenizer files."""
     spec = spec_of(variant)
-    h = hashlib.sha256(json.dumps({"spec": spec, "seed": SEED}, sort_keys=True).encode())
+    what: dict[str, Any] = {"spec": spec, "seed": SEED}
+    if not spec.get("tie_word_embeddings", True):
+        what["output_layer"] = OUTPUT_LAYER
+    h = hashlib.sha256(json.dumps(what, sort_keys=True).encode())
     for name in TOKENIZER_FILES:
         h.update((tokenizer_dir() / name).read_bytes())
     return h.hexdigest()[:12]
@@ -100,6 +107,30 @@ def is_built(path: Path) -> bool:
     return (path / ".complete").is_file()
 
 
+def special_token_ids() -> list[int]:
+    """The tokenizer's added (special) tokens: BOS/EOS, the chat template's markers."""
+    doc = json.loads((tokenizer_dir() / "tokenizer.json").read_text())
+    return sorted(int(t["id"]) for t in doc.get("added_tokens", []))
+
+
+def output_layer(model: Any) -> None:
+    """The output layer: the input embedding with every special token's row zeroed.
+
+    Why: a random shallow model's hidden state stays close to the embedding of the token it
+    was just given, so with the embedding as its output layer (tied) its logits peak at that
+    same token and it repeats it; that loop is what gives ngram speculation real accepted
+    drafts. But a chat prompt ends with the template's special marker, and a reply made of
+    repeated special tokens streams no text at all. With those rows zeroed the first reply
+    token is an ordinary one, and the loop then repeats visible text.
+    """
+    import torch
+
+    with torch.no_grad():
+        head = model.get_input_embeddings().weight.detach().clone()
+        head[special_token_ids()] = 0
+        model.lm_head.weight.copy_(head)
+
+
 def build(out: Path, variant: str = "default") -> Path:
     """Write the model to ``out`` (atomically: a temp dir renamed into place); returns it."""
     if is_built(out):
@@ -114,6 +145,8 @@ def build(out: Path, variant: str = "default") -> Path:
         spec = spec_of(variant)
         cfg = LlamaConfig(**{k: v for k, v in spec.items() if k != "architectures"})
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        if not spec.get("tie_word_embeddings", True):
+            output_layer(model)
         model.save_pretrained(tmp, safe_serialization=True)
         for name in TOKENIZER_FILES:
             shutil.copyfile(tokenizer_dir() / name, tmp / name)

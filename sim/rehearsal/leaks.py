@@ -9,8 +9,10 @@ after every `up`, the running pair's resident memory. ``verdicts`` turns the ser
 pass/fail lines with the margins stated in ``MARGINS``; tests/test_restart_leaks.py asserts
 them, and ``python -m sim.rehearsal.leaks`` prints the table and writes the JSON by hand.
 
-The rehearsal runs the simulator, not vLLM: the same harness is meant to run against the
-real-engine pair (a different ``run_launcher`` and ``Snapshot`` source) once that lands.
+`--engine cpu` runs the same cycles on the real engine (vLLM's CPU build as a TP=2 pair,
+sim/engine/), whose processes really allocate, map /dev/shm and exit; the suite's test uses
+the simulator (ten real boots take ~10 min), and the recorded real run is in
+bench/results/rehearsal/.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sim.engine import local
 from sim.rehearsal import hosts, pairenv, provision
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,7 +158,7 @@ def cycles(pair: hosts.Pair, n: int, say=print) -> tuple[Snapshot, list[Snapshot
     base = settled(pair, "baseline")
     ups, downs = [], []
     for i in range(1, n + 1):
-        rc, out = launcher(pair, "up", "--timeout", "120")
+        rc, out = launcher(pair, "up", "--timeout", "300")
         if rc != 0:
             raise AssertionError(f"cycle {i}: up exited {rc}:\n{out[-3000:]}")
         ups.append(snapshot(pair, f"up {i}"))
@@ -251,13 +254,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m sim.rehearsal.leaks",
         description="Build a rehearsal pair (netns hosts, needs root), run N down/up cycles "
-        "of the launcher against the simulator, print a table per cycle and the leaks found "
-        "(orphan containers, processes, ports, /dev/shm files, a held lock, memory not back "
-        "to its baseline). Exit 0 when none, 1 when some, 130 on Ctrl-C.",
+        "of the launcher against the simulator or the real CPU engine (--engine), print a "
+        "table per cycle and the leaks found (orphan containers, processes, ports, /dev/shm "
+        "files, a held lock, memory not back to its baseline). Exit 0 when none, 1 when "
+        "some, 130 on Ctrl-C.",
     )
     ap.add_argument("--cycles", type=int, default=10, help="down/up cycles (default 10)")
     ap.add_argument("--json", metavar="FILE", help="write every snapshot and verdict here")
     ap.add_argument("--prefix", default="dsv4k", help="netns name prefix (default dsv4k)")
+    ap.add_argument(
+        "--engine",
+        choices=pairenv.ENGINES,
+        default="sim",
+        help="sim: the simulator (default); cpu: real vLLM, CPU build (make engine)",
+    )
     a = ap.parse_args(argv)
     if not 1 <= a.cycles <= 1000:
         ap.error(f"--cycles must be 1..1000, got {a.cycles}")
@@ -268,14 +278,18 @@ def main(argv: list[str] | None = None) -> int:
     pair = None
     try:
         print(f"building rehearsal pair {a.prefix} ...", file=sys.stderr, flush=True)
+        model = local.built_model() if a.engine == "cpu" else None
         pair = provision.build_free_pair(a.prefix)
-        pair.env_file = pairenv.prepare(pair)
+        pair.env_file = pairenv.prepare(pair, engine=a.engine, model=model)
         pairenv.copy_overlays(pair, REPO)
         print(HEADER, flush=True)
         base, ups, downs = cycles(pair, a.cycles, say=lambda s: print(s, flush=True))
     except KeyboardInterrupt:
         print("interrupted: the rehearsal pair is removed", file=sys.stderr)
         return 130
+    except local.EngineMissing as exc:
+        print(f"leaks: {exc}", file=sys.stderr)
+        return 2
     finally:
         if pair is not None:
             provision.teardown(pair)

@@ -103,7 +103,7 @@ def first_request(url: str, model: str, timeout: float) -> dict[str, Any]:
 
 def status_of(pair: hosts.Pair) -> dict[str, Any]:
     res = pair.h1.run(
-        [str(LAUNCHER), "status", "--json", "--interval", "0", "--env-file", str(pair.env_file)],
+        [str(LAUNCHER), "status", "--json", "--env-file", str(pair.env_file)],
         timeout=120,
         cwd=str(REPO / "launch"),
     )
@@ -227,7 +227,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = [
         "scenario",
         "first request",
-        "status @3s",
+        "status after",
         "rank exit s",
         "watch detect s",
         "restored s",

@@ -52,7 +52,7 @@ def test_verdicts_see_each_kind_of_leak() -> None:
         "lock_held": True,
         "lock_files": ["a.lock", "b.lock"],
         "netns_rss_kib": 100_000,
-        "mem_available_kib": 9_000_000,
+        "mem_available_kib": 8_500_000,  # 1.5 GB gone after one cycle
     }
     for key, value in bad.items():
         down = leaks.Snapshot("down 1", **{**clean, key: value})
@@ -61,6 +61,33 @@ def test_verdicts_see_each_kind_of_leak() -> None:
         leaks.Snapshot(f"up {i}", **{**clean, "netns_rss_kib": 200_000 * i}) for i in range(6)
     ]
     assert any("grows" in v for v in leaks.verdicts(base, growing, [ok_down] * 6))
+
+
+def test_memory_is_judged_against_the_first_down_and_the_first_boot_is_bounded() -> None:
+    """The real engine's shape (bench/results/rehearsal/leaks_real.json): the first boot
+    leaves ~0.5 GiB of kernel caches behind once, then MemAvailable stays flat: no leak. A
+    loop that loses memory on every cycle is one, though each cycle loses little."""
+    clean = dict(
+        containers={},
+        processes={},
+        ports={},
+        shm=[],
+        lock_held=False,
+        lock_files=[],
+        netns_rss_kib=0,
+        mem_total_kib=24_000_000,
+    )
+    base = leaks.Snapshot("baseline", mem_available_kib=23_000_000, **clean)
+    flat = [
+        leaks.Snapshot(f"down {i}", mem_available_kib=22_450_000 - 30_000 * (i % 3), **clean)
+        for i in range(10)
+    ]
+    assert leaks.verdicts(base, [], flat) == []
+    leaking = [
+        leaks.Snapshot(f"down {i}", mem_available_kib=22_450_000 - 120_000 * i, **clean)
+        for i in range(10)
+    ]
+    assert any("after the last down" in v for v in leaks.verdicts(base, [], leaking))
 
 
 @pytest.mark.needs_netns

@@ -46,8 +46,8 @@ class PhaseLimit:
 # A first boot is one whose JIT caches are empty on a node (pairctl.bootwatch.FIRST_BOOT_DIRS).
 # The seed's cold boot is ~10 min in all: weights ~150 s, compile ~210 s, graph capture
 # ~240 s (sim/profiles/spark-pair.yaml); MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259
-# ~9 min. Each limit is a generous multiple of its phase's share (a stall, not a slow disk, should end the boot);
-# the warm limits are lower where the caches remove the work.
+# ~9 min. Each limit is a generous multiple of its phase's share (a stall, not a slow
+# disk, should end the boot); the warm limits are lower where the caches remove the work.
 BOOT_PHASES: tuple[PhaseLimit, ...] = (
     PhaseLimit("starting", 300, 300, "container start, imports, argument parsing"),
     PhaseLimit("starting (headless)", 300, 300, "rank 1's main process before its worker"),

@@ -154,7 +154,10 @@ def test_metric_deltas_match_what_was_served(twin):
     assert d("vllm:prompt_tokens_total") == sum(u["prompt_tokens"] for u in served)
     drafts = d("vllm:spec_decode_num_drafts_total")
     acc = d("vllm:spec_decode_num_accepted_tokens_total")
-    assert gen == len(served) + drafts + acc  # first token from prefill, then 1 + accepted
+    # first token from prefill, then 1 + accepted per verify step; vLLM counts a step's
+    # drafts as sampled, and a request's last step may be cut at max_tokens after that
+    # (up to gamma = 5 tokens; bench/benchlib/conserve.py cites vllm/v1/core/sched/scheduler.py)
+    assert gen <= len(served) + drafts + acc <= gen + 5 * len(served)
     assert d("vllm:spec_decode_num_draft_tokens_total") == 5 * drafts
     per_pos = [
         d("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(k)) for k in range(5)

@@ -139,9 +139,10 @@ def test_probe_generates_one_token_from_the_simulator(tmp_path: Path) -> None:
 def test_probe_reports_an_endpoint_that_cannot_complete() -> None:
     from tests.fakes.mock_openai import MockConfig, MockServer
 
-    with MockServer(MockConfig()) as srv:  # answers /v1/models but has no /v1/completions
+    # answers /v1/models, but its completions fail as a dead engine's do (HTTP 500)
+    with MockServer(MockConfig(mode="http500")) as srv:
         why = watch.probe_token(f"http://127.0.0.1:{srv.port}", timeout=5)
-    assert why is not None and "/v1/completions" in why
+    assert why is not None and "/v1/completions: HTTP 500" in why
 
 
 @pytest.mark.parametrize("bad", [["--failures", "0"], ["--interval", "0"], ["--timeout", "x"]])

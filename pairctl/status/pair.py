@@ -253,7 +253,7 @@ def endpoint_status(
 def engine_generates(
     base: str, api_key: str, prev: MetricsSample | None, last: MetricsSample | None
 ) -> str:
-    """"" when the engine generates tokens, else why not.
+    """Empty when the engine generates tokens, else why not.
 
     vLLM's /health answers from the API server: with rank 1 killed while idle, or the two
     ranks partitioned, it stays 200 while no request can be served (the real engine in the

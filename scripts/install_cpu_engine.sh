@@ -83,6 +83,7 @@ main() {
   repo="$(cd "$(dirname "$0")/.." && pwd)"
   venv="${1:-${repo}/.venv-engine}"
   ensure_venv "${venv}"
+  venv="$(cd "${venv}" && pwd)"  # absolute: later steps run from /
   py="${venv}/bin/python"
   install_engine "${py}"
   drop_cuda_media_wheels "${py}"

@@ -190,7 +190,10 @@ def test_single_stream_decode_rate_matches_truth(twin):
     rec = recs[headers["X-Request-Id"]]
     assert rec["received_ns"] < rec["first_token_ns"] < rec["finish_ns"] <= time.monotonic_ns()
     assert rec["completion_tokens"] == 150 and rec["tokenize_ms"] > 0
-    assert rec["completion_tokens"] == 1 + rec["verify_steps"] + rec["accepted_tokens"]
+    # 1 prefill token + (1 + accepted) per verify step, the last step possibly cut at
+    # max_tokens after its drafts were counted (as vLLM counts them; up to gamma = 5)
+    emitted = 1 + rec["verify_steps"] + rec["accepted_tokens"]
+    assert rec["completion_tokens"] <= emitted <= rec["completion_tokens"] + 5
     assert (rec["verify_steps"], rec["accepted_tokens"]) == (drafts, acc)
     # server side: the modelled timeline, exact up to host lag it could not absorb
     server_span = (rec["finish_ns"] - rec["first_token_ns"]) / 1e9

@@ -192,6 +192,10 @@ def test_teardown_and_leftover_cleanup_remove_everything() -> None:
     try:
         assert not first.base.exists(), "leftover temp dir survived"
         assert not mnt.exists(), "leftover mount point survived"
+        # build_pair's own ssh check leaves a per-connection sshd exiting for a moment
+        deadline = time.monotonic() + 5
+        while second.h2.pids() != [second.h2.sshd_pid()] and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert second.h2.pids() == [second.h2.sshd_pid()]
         with pytest.raises(hosts.HarnessError, match="another rehearsal with prefix"):
             provision.build_pair(prefix)

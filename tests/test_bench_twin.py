@@ -22,7 +22,14 @@ from bench.benchlib.cli import base_parser
 from bench.benchlib.guard import GuardConfig, InFlightTracker, run_guarded
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import request_metrics
-from tests.support.bench_twin import FAST, Twin, server_ttft_ms
+from tests.support.bench_twin import (
+    FAST,
+    HEADROOM,
+    LOADED_LAG_MS,
+    Twin,
+    assert_client_ttft_holds_the_servers,
+    server_ttft_ms,
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,22 +47,14 @@ def _keep_switch_interval():
 
 
 def assert_ttft_matches(points: list[dict], recs: dict[str, dict]) -> None:
-    """Client TTFT vs the server's own record of each request, within 2% (+2 ms) at the median.
-
-    The record's first_token_ns is the modelled step end; the twin's Python thread writes the
-    token later — 0.5 ms idle, up to ~10 ms on this loaded 2-core box (measured, outbound) — so
-    2 ms of slack and the median over requests. The client's own error is tested against kernel
-    truth in test_bench_overhead.py. No request may look earlier than the server made its token.
-    """
-    rel = []
+    """Client TTFT against the server's own record of each request, by order and with 3x
+    headroom (tests/support/bench_twin.py): two processes' clocks. The client's own error is
+    tested against kernel truth, in one process, in test_bench_overhead.py."""
     for p in points:
         m = p["metrics"]
         rec = recs[m["request_id"]]
         assert m["prompt_tokens"] == rec["prompt_tokens"]
-        diff = m["ttft_ms"] - server_ttft_ms(rec)
-        assert diff > -0.1
-        rel.append(max(diff - 2.0, 0.0) / server_ttft_ms(rec))
-    assert statistics.median(rel) <= 0.02, rel
+        assert_client_ttft_holds_the_servers(m["ttft_ms"], rec)
 
 
 # ---- bench_ctx: decode, TTFT, prefill, acceptance ------------------------------------------
@@ -101,9 +100,10 @@ def test_bench_ctx_recovers_the_truth(twin, tmp_path):
             assert got == pytest.approx(want, abs=0.03)
     measured = [p for p in doc["points"] if p.get("role") == "measure"]
     assert_ttft_matches(measured, recs)
-    # Prefill: against the rate the server's own records give for the same requests (its TTFT
+    # Prefill: against the time the server's own records give for the same requests (its TTFT
     # holds tokenization, JSON parsing and block hashing on top of the model's chunk steps; the
-    # model alone is checked loosely, since those CPU costs vary with the box's load).
+    # model alone is checked loosely, since those CPU costs vary with the box's load). Two
+    # processes' clocks, two TTFTs each: by 3x the loaded lag of both, not a load-sized rate.
     chunk = truth["max_num_batched_tokens"]
     errs, model_errs = [], []
     for p in measured:
@@ -112,14 +112,14 @@ def test_bench_ctx_recovers_the_truth(twin, tmp_path):
         base = next(b for b in doc["points"] if b["label"] == f"baseline run{p['run']}")
         t0 = statistics.median(server_ttft_ms(recs[i]) for i in base["metrics"]["request_ids"])
         P, P0 = m["prompt_tokens"], base["metrics"]["prompt_tokens"]
-        errs.append(m["prefill_tok_s"] / ((P - P0) / ((server_ttft_ms(rec) - t0) / 1000)) - 1)
+        errs.append((P - P0) * 1000 / m["prefill_tok_s"] - (server_ttft_ms(rec) - t0))
         engine_ms = (math.ceil(P / chunk) - 1) * truth["prefill_step_base_ms"] + (
             (P - P0) * 1000 / truth["prefill_tok_s"]
         )
         model_errs.append(
             m["prefill_tok_s"] / ((P - P0) / ((engine_ms + rec["tokenize_ms"]) / 1000)) - 1
         )
-    assert statistics.median(abs(e) for e in errs) <= 0.02, errs
+    assert statistics.median(abs(e) for e in errs) <= HEADROOM * 2 * LOADED_LAG_MS, errs
     assert statistics.median(abs(e) for e in model_errs) <= 0.10, model_errs
 
 

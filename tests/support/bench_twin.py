@@ -144,6 +144,23 @@ def server_ttft_ms(rec: dict) -> float:
     return (rec["first_token_ns"] - rec["received_ns"]) / 1e6
 
 
+# The twin's record stamps the modelled step end; its Python thread writes the token later, and
+# the client's thread reads it later still: 0.5 ms idle, up to ~10 ms measured on a loaded 2-core
+# box. Two processes' clocks are therefore compared by order (the client's interval holds the
+# server's) and with 3x headroom over that lag, never within a load-sized tolerance.
+LOADED_LAG_MS = 10.0
+HEADROOM = 3.0
+
+
+def assert_client_ttft_holds_the_servers(client_ms: float, rec: dict) -> None:
+    """The client's TTFT of a request contains the server's (it sent before the server received,
+    and read after the server wrote), and exceeds it by no more than 3x the loaded-box lag: a
+    TTFT taken from another request or another attempt is off by a whole step or wave."""
+    server = server_ttft_ms(rec)
+    assert client_ms > server - 0.1, (client_ms, server)
+    assert client_ms - server <= HEADROOM * LOADED_LAG_MS, (client_ms, server)
+
+
 def record_accept_len(recs: list[dict]) -> float:
     """Mean acceptance length of these requests as the server drew it (1 + accepted / steps)."""
     return 1 + sum(r["accepted_tokens"] for r in recs) / sum(r["verify_steps"] for r in recs)

@@ -56,6 +56,8 @@ class PhaseTracker:
     first_boot: bool
     phase: dict[int, str] = field(default_factory=dict)
     since: dict[int, float] = field(default_factory=dict)
+    # per rank, each phase it has left and the seconds it spent there, in order
+    done: dict[int, list[tuple[str, float]]] = field(default_factory=dict)
 
     def observe(self, rank: int, phase: str, now: float) -> str:
         """Record a rank's phase as its log shows it now; returns the phase kept (a phase
@@ -65,8 +67,23 @@ class PhaseTracker:
         if held is None:
             self.phase[rank], self.since[rank] = phase, now
         elif phase in PHASES and PHASES.index(phase) > PHASES.index(held):
+            self.done.setdefault(rank, []).append((held, now - self.since[rank]))
             self.phase[rank], self.since[rank] = phase, now
         return self.phase[rank]
+
+    def slowest(self, now: float) -> str:
+        """Where a boot's time went, for a backstop that ran out with no phase stalled: per
+        rank, the phase it is in (and for how long) and its longest phase so far."""
+        parts = []
+        for rank in sorted(self.phase):
+            held = now - self.since[rank]
+            spent = [*self.done.get(rank, []), (self.phase[rank], held)]
+            name, longest = max(spent, key=lambda p: p[1])
+            parts.append(
+                f"rank {rank} in '{self.phase[rank]}' for {held:.0f} s, "
+                f"slowest phase '{name}' {longest:.0f} s"
+            )
+        return "; ".join(parts) or "no rank's log showed a phase"
 
     def stalled(self, now: float) -> Stall | None:
         """The first rank (by rank) whose phase has outlived its limit, or None."""

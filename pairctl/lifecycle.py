@@ -318,8 +318,8 @@ def wait_healthy(
                 print(file=sys.stderr)
             log(
                 f"TIMEOUT: not healthy after {elapsed} (--timeout {timeout_s:.0f}s, the "
-                f"backstop; no phase had stalled); last: {h.detail}. Raise --timeout if "
-                "the boot was still advancing."
+                f"backstop; no phase had stalled): {tracker.slowest(now)}; last: "
+                f"{h.detail}. Raise --timeout if the boot was still advancing."
             )
             for node in ranks:
                 _print_dead(node, container_name(pair.pair_id, node.rank), "timed out")

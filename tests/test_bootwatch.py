@@ -252,3 +252,17 @@ def test_the_twins_boot_log_over_loopback_advances_through_every_phase(tmp_path)
         # rank 1 (headless) draws no graph progress bar and runs no API server
         assert seen[-1] == ("API server up" if rank == 0 else "graphs captured"), seen
         assert tracker.stalled(len(lines)) is None
+
+
+def test_a_backstop_timeout_says_which_phase_was_slow() -> None:
+    """The whole-wait backstop ran out with no phase past its own limit: the message names
+    each rank's current phase and its slowest one, so a slow box is told from a stuck one."""
+    t = PhaseTracker(first_boot=True)
+    t.observe(0, "starting", 0.0)
+    t.observe(0, "loading weights", 20.0)
+    t.observe(0, "compiling", 140.0)
+    t.observe(1, "starting (headless)", 0.0)
+    msg = t.slowest(170.0)
+    assert "rank 0 in 'compiling' for 30 s, slowest phase 'loading weights' 120 s" in msg
+    assert "rank 1 in 'starting (headless)' for 170 s, slowest phase 'starting (headless)'" in msg
+    assert PhaseTracker(first_boot=True).slowest(5.0) == "no rank's log showed a phase"

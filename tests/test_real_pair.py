@@ -29,6 +29,7 @@ from bench.benchlib.guard import GuardConfig, InFlightTracker, run_guarded
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import request_metrics
 from sim.rehearsal import hosts, pairenv
+from tests.support.real_engine import PAIR_BOOT_LIMIT_S
 from tests.support.rehearsal import pair_fixture, run_launcher
 
 # xdist_group: the real-engine modules run one after another on one worker (each boots
@@ -36,9 +37,6 @@ from tests.support.rehearsal import pair_fixture, run_launcher
 pytestmark = [pytest.mark.needs_netns, pytest.mark.needs_engine, pytest.mark.xdist_group("engine")]
 
 REPO = Path(__file__).resolve().parents[1]
-# On an idle 2-core box a real pair boots in <= 60 s (docs/rehearsal.md has the measured
-# figures); CI's box runs other tests' processes alongside, so the test allows more.
-BOOT_LIMIT_S = 180
 SPEC = ("--per-request-spec-decode-metrics", "summary")
 
 pair = pair_fixture("dsv4c", engine="cpu")
@@ -72,8 +70,9 @@ def served(pair: hosts.Pair) -> Served:
     pairenv.copy_overlays(pair, REPO)
     shm_before = set(os.listdir("/dev/shm"))
     t0 = time.monotonic()
+    limit = PAIR_BOOT_LIMIT_S  # 5x the idle boot; `up` names the slow phase if it is reached
     res = run_launcher(
-        pair, REPO, "up", "--timeout", str(BOOT_LIMIT_S), timeout=BOOT_LIMIT_S + 120, vllm_args=SPEC
+        pair, REPO, "up", "--timeout", str(limit), timeout=limit + 120, vllm_args=SPEC
     )
     boot_s = time.monotonic() - t0
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
@@ -246,13 +245,16 @@ def test_the_guard_conserves_tokens_on_real_counters_and_catches_a_foreign_reque
 
 def test_vllm_bench_serve_agrees_with_our_bench_on_the_real_engine(served, tmp_path):
     """vLLM 0.33's own client and ours, same prompts, one at a time, greedy: the same
-    acceptance length exactly (same tokens, same drafts) and median TPOT within 35%. Each
+    acceptance length exactly (same tokens, same drafts) and the same token counts. Each
     client sends its own `cache_salt` (vLLM's per-request prefix-cache namespace), so the
-    second gets no prefix-cache hits on the first one's prompts. TTFT: on an idle box the
-    medians agreed within 25% (2026-12-01 18:34); on a loaded CI box vLLM's client measured
-    72 ms where ours measured 40 ms, the same requests: its clock starts before aiohttp
-    builds and sends the request, ours when the request is written on a connection opened
-    beforehand (bench/benchlib/stream.py). So ours must not be the larger one."""
+    second gets no prefix-cache hits on the first one's prompts. Timings are two processes'
+    clocks, so they are held to order and to 3x headroom, not to each other: each client's
+    mean TTFT holds the server's own (vllm:time_to_first_token_seconds over that client's
+    requests: the server stamps arrival after the client sent and the first token before the
+    client read it), and the two median TPOTs are within 3x. (On an idle box the TTFT medians
+    agreed within 25%; on a loaded CI box vLLM's client read 72 ms where ours read 40 ms, and
+    an idle run saw ours 52 ms against its 40 ms: a load-sized tolerance between two
+    processes fails one way or the other.)"""
     from tests.test_bench_vllm_client import same_prompts
 
     n, out = 8, 24
@@ -292,10 +294,12 @@ def test_vllm_bench_serve_agrees_with_our_bench_on_the_real_engine(served, tmp_p
         '{"cache_salt": "vllm-bench-serve"}',
     ]
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", *argv]
+    before = samples(served.metrics())
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    between = samples(served.metrics())
     theirs = json.loads((tmp_path / "r.json").read_text())
-    assert theirs["completed"] == n
+    assert theirs["completed"] == n and theirs["total_output_tokens"] == n * out
     b = _bench(served)
     texts = same_prompts(argv)
 
@@ -307,8 +311,11 @@ def test_vllm_bench_serve_agrees_with_our_bench_on_the_real_engine(served, tmp_p
 
     gp = run_guarded(b.endpoint, wave, GuardConfig(retries=1, interval_s=0.5, grace_s=0.3))
     assert gp.status == "ok", gp.reason
+    after = samples(served.metrics())
     ms = [request_metrics(r) for r in gp.result]
+    assert sum(r.completion_tokens for r in gp.result) == n * out
     mine = {
+        "mean_ttft_ms": statistics.mean(m["ttft_ms"] for m in ms),
         "median_ttft_ms": statistics.median(m["ttft_ms"] for m in ms),
         "median_tpot_ms": statistics.median(m["tpot_ms"] for m in ms),
     }
@@ -321,8 +328,20 @@ def test_vllm_bench_serve_agrees_with_our_bench_on_the_real_engine(served, tmp_p
     assert gp.deltas["mean_accept_len"] == pytest.approx(
         theirs["spec_decode_acceptance_length"], rel=1e-6
     )
-    assert mine["median_ttft_ms"] <= theirs["median_ttft_ms"] * 1.1
-    assert mine["median_tpot_ms"] == pytest.approx(theirs["median_tpot_ms"], rel=0.35)
+    for client_mean_ms, a, b_ in (
+        (theirs["mean_ttft_ms"], before, between),
+        (mine["mean_ttft_ms"], between, after),
+    ):
+        count = total(b_, "vllm:time_to_first_token_seconds_count") - total(
+            a, "vllm:time_to_first_token_seconds_count"
+        )
+        server_s = total(b_, "vllm:time_to_first_token_seconds_sum") - total(
+            a, "vllm:time_to_first_token_seconds_sum"
+        )
+        assert count == n
+        assert client_mean_ms >= 1000 * server_s / count
+    ratio = mine["median_tpot_ms"] / theirs["median_tpot_ms"]
+    assert 1 / 3 <= ratio <= 3, ratio
 
 
 def _connections(host: hosts.Host) -> list[tuple[str, str]]:

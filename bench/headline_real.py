@@ -81,6 +81,19 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, rest
 
 
+def path_prefixes(engine_venv: Path) -> dict[str, str]:
+    """This machine's paths in a recorded result, each with the portable name it is written as:
+    the engine venv as `make engine` names it, temporary files (the logs) under `$TMPDIR/`, the
+    model cache under `~/`. The clone's own paths become repo-relative in chat_ttft_ab, and a
+    longer prefix is replaced first, so a clone under the home or temp directory stays
+    relative."""
+    out = {str(engine_venv): ".venv-engine"}
+    for path, short in ((tempfile.gettempdir(), "$TMPDIR"), (str(Path.home()), "~")):
+        if path.rstrip("/"):
+            out[path.rstrip("/") + "/"] = short + "/"
+    return out
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -116,7 +129,7 @@ def run(args: argparse.Namespace, rest: list[str], servers: list[Server]) -> int
 
     def extra() -> dict[str, Any]:
         return {
-            "_path_prefixes": {str(args.engine_venv): ".venv-engine"},
+            "_path_prefixes": path_prefixes(args.engine_venv),
             "model_dir": str(model),
             "model_spec": None if args.model_dir else args.model_spec,
             "servers": {

@@ -33,7 +33,7 @@ def _compiled_records() -> list[tuple[C.W8A16Config | C.W8A8Config, int, int, st
     """(config, M, shared bytes Triton compiled, where) from the recorded runs."""
     out = []
     for probe_path in (
-        RESULTS / "fp8_smem_probe_triton38.json",
+        DATA / "fp8_smem_probe_triton38.json",
         DATA / "fp8_smem_probe_once_triton38.json",
     ):
         probe = json.loads(probe_path.read_text())
@@ -43,10 +43,10 @@ def _compiled_records() -> list[tuple[C.W8A16Config | C.W8A8Config, int, int, st
                 out.append((cfg, r["m"], r["shared"], f"sm_{r['sm']} offline"))
     for path in (
         RESULTS / "fp8_head_run15_bench.json",
-        RESULTS / "fp8_head_run21_bench.json",
-        RESULTS / "fp8_head_run23_bench.json",
-        RESULTS / "fp8_head_run24_bench.json",
-        RESULTS / "fp8_head_run25_bench.json",
+        DATA / "fp8_head_run21_bench.json",
+        DATA / "fp8_head_run23_bench.json",
+        DATA / "fp8_head_run24_bench.json",
+        DATA / "fp8_head_run25_bench.json",
         DATA / "fp8_head_run26_bench.json",
         DATA / "fp8_head_run27_explore.json",
         DATA / "fp8_head_run28_explore.json",

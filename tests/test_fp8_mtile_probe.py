@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN17 = ROOT / "bench/results/fp8_head/fp8_head_run17_mtile.json"
+RUN18 = ROOT / "tests/data/fp8_head/fp8_head_run18_allm.json"  # no document cites it
 
 _SCRIPT = textwrap.dedent(
     """
@@ -68,7 +69,7 @@ def test_run18_launch_errors_are_all_configs_the_smem_filter_rejects():
     memory on the H200 is one the filter would never choose."""
     from dsv4_flash_overlays.fp8_head.configs import W8A16Config, fits
 
-    run = json.loads((RUN17.parent / "fp8_head_run18_allm.json").read_text())
+    run = json.loads(RUN18.read_text())
     limit = 232448  # the H200's shared_memory_per_block_optin
     failed = 0
     for row in run["rows"]:

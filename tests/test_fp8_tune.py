@@ -43,7 +43,7 @@ def test_w8a8_is_eligible_only_within_a_tenth_of_a_point_of_w8a16():
 @pytest.mark.parametrize(
     "path",
     [
-        RESULTS / "fp8_head_run24_bench.json",
+        DATA / "fp8_head_run24_bench.json",
         DATA / "fp8_head_run26_bench.json",
         DATA / "fp8_head_run28_explore.json",
         RESULTS / "fp8_head_run30_bench.json",
@@ -188,11 +188,11 @@ def test_recorded_dispatch_never_picked_a_path_slower_than_bf16():
     """The final H200 runs: every M from 1 to 160 timed through the overlay's head (24 tuned
     the shipped table and timed it in the same run)."""
     for path in (
-        RESULTS / "fp8_head_run21_bench.json",
-        RESULTS / "fp8_head_run22_dispatch.json",
-        RESULTS / "fp8_head_run23_bench.json",
-        RESULTS / "fp8_head_run24_bench.json",
-        RESULTS / "fp8_head_run25_bench.json",
+        DATA / "fp8_head_run21_bench.json",
+        DATA / "fp8_head_run22_dispatch.json",
+        DATA / "fp8_head_run23_bench.json",
+        DATA / "fp8_head_run24_bench.json",
+        DATA / "fp8_head_run25_bench.json",
         DATA / "fp8_head_run26_bench.json",
         RESULTS / "fp8_head_run30_bench.json",
         RESULTS / "fp8_head_run33_dispatch.json",

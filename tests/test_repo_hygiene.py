@@ -63,6 +63,16 @@ BUILD_MACHINE_PATHS = [
     (_START + r"/Users/\w", "someone's home directory"),
     (r"/tmp/(ci-check|pytest-of-|tmp[a-z0-9_]{8}\b)", "a CI or test run's temporary directory"),
 ]
+# A recorded result ran on one machine, not in a container or on the Spark user's account:
+# every /tmp, /root and /home path in it is that machine's (a run's log directory, its model
+# cache). Its writer names them portably ($TMPDIR/..., ~/..., <pair-dir>: see
+# bench/headline_real.py path_prefixes, sim/rehearsal/leaks.py portable).
+RESULTS_DIRS = ("bench/results/",)
+RESULT_MACHINE_PATHS = [
+    (_START + r"/tmp/\w", "a temporary directory of the machine that ran it: $TMPDIR/..."),
+    (_START + r"/root/", "root's home on the machine that ran it: ~/..."),
+    (_START + r"/home/\w", "a home directory on the machine that ran it: ~/..."),
+]
 
 SELF = "tests/test_repo_hygiene.py"
 OVERLAY_DIR = "mods/dsv4-flash-overlays/"
@@ -144,15 +154,18 @@ def sys_path_edits(paths: list[str], root: Path = REPO) -> list[str]:
 
 
 def build_machine_paths(paths: list[str], root: Path = REPO) -> list[str]:
-    """``file:line: text  <- why`` for every absolute path of a build machine."""
+    """``file:line: text  <- why`` for every absolute path of a build machine (in a recorded
+    result, under ``RESULTS_DIRS``, also any /tmp, /root or /home path)."""
     rules = [(re.compile(p), why) for p, why in BUILD_MACHINE_PATHS]
+    strict = rules + [(re.compile(p), why) for p, why in RESULT_MACHINE_PATHS]
     found = []
     for path in paths:
         text = _text(root, path)
         if text is None:
             continue
+        these = strict if path.startswith(RESULTS_DIRS) else rules
         for no, line in enumerate(text.splitlines(), 1):
-            why = next((why for rx, why in rules if rx.search(line)), None)
+            why = next((why for rx, why in these if rx.search(line)), None)
             if why:
                 found.append(f"{path}:{no}: {line.strip()[:120]}  <- {why}")
     return found
@@ -218,6 +231,34 @@ def test_build_machine_paths_are_caught(tmp_path, line):
     (tmp_path / "a.json").write_text(f"{{\n{line}\n")
     bad = build_machine_paths(["a.json"], root=tmp_path)
     assert len(bad) == 1 and bad[0].startswith("a.json:2: "), bad
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '"--log-dir", "/tmp/headline/full",',
+        '"root": "/root/.cache/dsv4-flash-spark/tiny-dsv4-llama-headline-d003dce104d3",',
+        '"482: python -m sim.rehearsal.supervise run /tmp/dsv4k-v0_7gsq0/node/docker",',
+        '"model": "/home/bird/models/x",',
+    ],
+)
+def test_machine_paths_in_recorded_results_are_caught(tmp_path, line):
+    """In bench/results/ even the paths allowed elsewhere (/root/.cache, /home/bird, /tmp
+    files) are the running machine's; the same line in a document passes."""
+    for rel in ("bench/results/topic/run.json", "docs/x.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(f"{{\n{line}\n")
+    bad = build_machine_paths(["bench/results/topic/run.json", "docs/x.md"], root=tmp_path)
+    assert len(bad) == 1 and bad[0].startswith("bench/results/topic/run.json:2: "), bad
+
+
+def test_portable_names_in_recorded_results_pass(tmp_path):
+    (tmp_path / "bench/results/t").mkdir(parents=True)
+    (tmp_path / "bench/results/t/run.json").write_text(
+        '"$TMPDIR/headline/full", "~/.cache/dsv4-flash-spark/m", "<pair-dir>/node/models/m",\n'
+        '"bench/results/t/run.json", ".venv-engine/bin/vllm", "http://127.0.0.1:8000/v1"\n'
+    )
+    assert build_machine_paths(["bench/results/t/run.json"], root=tmp_path) == []
 
 
 @pytest.mark.parametrize(

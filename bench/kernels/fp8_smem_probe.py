@@ -5,12 +5,12 @@ For sm_90 (H200) and sm_121 (GB10), compiles W8A16 and W8A8 configs over BN, BK,
 stages, M tiles and (W8A8) activation terms/scales with the installed Triton, and writes
 what each compiled kernel declares (``metadata.shared``) next to
 ``configs.smem_need``'s estimate. The estimate must never be below it: the overlay filters
-configs by the estimate against the GPU's limit (tests/test_fp8_configs.py reads the
-recorded outputs: the first in bench/results/fp8_head/, the second, which no document
-cites, in tests/data/fp8_head/). Compiling needs only Triton's bundled ptxas.
+configs by the estimate against the GPU's limit (tests/test_fp8_configs.py reads the two
+recorded outputs, test data in tests/data/fp8_head/). Compiling needs only Triton's bundled
+ptxas.
 
     python -m bench.kernels.fp8_smem_probe \
-        --json bench/results/fp8_head/fp8_smem_probe_triton38.json
+        --json tests/data/fp8_head/fp8_smem_probe_triton38.json
     python -m bench.kernels.fp8_smem_probe --kernels once \
         --json tests/data/fp8_head/fp8_smem_probe_once_triton38.json
 """

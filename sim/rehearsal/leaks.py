@@ -260,6 +260,17 @@ def report(base: Snapshot, ups: list[Snapshot], downs: list[Snapshot]) -> dict:
     }
 
 
+def portable(text: str, pair_dir: Path) -> str:
+    """A recorded result without this machine's paths: the clone's repo-relative, the pair's
+    temporary directory (every container's and the model's path is in it) as `<pair-dir>`,
+    the home directory as `~`. Longer prefixes first, so a clone under either stays relative."""
+    subs = {str(REPO) + "/": "", str(pair_dir): "<pair-dir>", str(Path.home()) + "/": "~/"}
+    for old, new in sorted(subs.items(), key=lambda kv: -len(kv[0])):
+        if old.strip("/"):
+            text = text.replace(old, new)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m sim.rehearsal.leaks",
@@ -304,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         if pair is not None:
             provision.teardown(pair)
     doc = report(base, ups, downs)
-    if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")
+    if a.json and pair is not None:
+        Path(a.json).write_text(portable(json.dumps(doc, indent=2) + "\n", pair.base))
     for line in doc["leaks"]:
         print(f"LEAK: {line}")
     print(f"{len(downs)} cycles: {'no leak' if not doc['leaks'] else 'LEAKS FOUND'}")

@@ -26,7 +26,7 @@ from bench.benchlib.response import StreamResult
 from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import NS_PER_S, median, request_metrics, summarize, window_rate
-from pairctl import argtypes
+from pairctl.cli import argtypes
 
 KEYS = ("per_req_decode_tok_s", "aggregate_tok_s", "aggregate_wave_tok_s", "active")
 HEADERS = [

@@ -25,7 +25,7 @@ from bench.benchlib.guard import GuardedPoint, InFlightTracker
 from bench.benchlib.results import Point, PointSummary, clean_metrics, summarize_points
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import median, request_metrics
-from pairctl import argtypes
+from pairctl.cli import argtypes
 
 KEYS = (
     "ttft_ms",

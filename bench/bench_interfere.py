@@ -28,7 +28,7 @@ from bench.benchlib.response import StreamResult
 from bench.benchlib.results import Point, PointSummary, summarize_points
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import NS_PER_S, chunk_token_counts, median, request_metrics
-from pairctl import argtypes
+from pairctl.cli import argtypes
 
 STRETCH = 1.5  # a step this much longer than the stream's solo gap is an interfered step
 PHASES = ("solo", "under_prefill")

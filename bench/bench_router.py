@@ -50,7 +50,7 @@ from bench.benchlib import (
 from bench.benchlib.cli import entry, log
 from bench.benchlib.runner import git_sha
 from bench.benchlib.stats import summarize
-from pairctl import argtypes as t
+from pairctl.cli import argtypes as t
 from pairctl.endpoint import Endpoint, redacted_argv
 
 VARIANTS = ("direct", "affinity", "round_robin")

@@ -40,7 +40,7 @@ from bench.benchlib.runner import Bench, git_sha
 from bench.benchlib.stats import median, request_metrics
 from bench.chat_ttft_probe import ask
 from bench.kernels.bench_tokenizer_cache import TraceText
-from pairctl import argtypes
+from pairctl.cli import argtypes
 
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE_JSON = REPO / "bench/results/tokenizer_cache/tokenizer_cache_bench_idle_200k.json"

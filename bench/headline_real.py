@@ -38,7 +38,7 @@ from bench.realserver import (
     serve_argv,
     wait_all,
 )
-from pairctl import argtypes
+from pairctl.cli import argtypes
 
 EXIT_INTERRUPTED = 130
 

@@ -13,7 +13,7 @@ readonly REPO_ROOT
 readonly EXIT_USAGE=2
 ENTRY="import sys
 try:
-    from pairctl.cli import main
+    from pairctl.cli.main import main
 except ModuleNotFoundError as exc:
     if exc.name != 'pairctl':
         raise

@@ -2,7 +2,7 @@
 
 import sys
 
-from pairctl.cli import main
+from pairctl.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,7 @@ DEFAULT_RECIPE = REPO / DEFAULT_RECIPE_REL
 OVERLAY_SRC = REPO / "mods" / "dsv4-flash-overlays"
 DEFAULT_INVENTORY = REPO / "pairs" / "fleet.yaml"
 
-# `up`'s health wait follows the boot's phases (pairctl.bootwatch): each phase has its own
+# `up`'s health wait follows the boot's phases (pairctl.engine.bootwatch): each phase has its own
 # limit, and only a phase that stalls past it (or a rank that dies) ends the boot. This is
 # the backstop on the whole wait (`up --timeout`), far above any boot that still advances:
 # a cold first boot is ~10 min (the seed; MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259
@@ -35,7 +35,7 @@ STATUS_TOKEN_PROBE_S = 15.0
 
 @dataclass(frozen=True)
 class PhaseLimit:
-    """How long one boot phase (pairctl.bootlog.PHASES) may last on a first and a warm boot."""
+    """How long one boot phase (pairctl.engine.bootlog.PHASES) may last, first and warm boot."""
 
     phase: str
     first_s: int  # first boot: the JIT caches are empty, so kernels compile
@@ -43,7 +43,8 @@ class PhaseLimit:
     why: str  # what the phase does and where the number comes from
 
 
-# A first boot is one whose JIT caches are empty on a node (pairctl.bootwatch.FIRST_BOOT_DIRS).
+# A first boot is one whose JIT caches are empty on a node
+# (pairctl.engine.bootwatch.FIRST_BOOT_DIRS).
 # The seed's cold boot is ~10 min in all: weights ~150 s, compile ~210 s, graph capture
 # ~240 s (sim/profiles/spark-pair.yaml); MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark#259
 # ~9 min. Each limit is a generous multiple of its phase's share (a stall, not a slow

@@ -14,7 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from pairctl.argtypes import (
+from pairctl.cli.argtypes import (
     non_negative_int,
     output_file_or_stdout,
     positive_float,

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pairctl.config import parse_env
+from pairctl.pair.config import parse_env
+from pairctl.pair.recipe import load_recipe, parse_recipe
+from pairctl.pair.resolved import resolve
 from pairctl.preflight import argcheck
 from pairctl.preflight.checks_launch import check_vllm_args
 from pairctl.preflight.evidence import ArgvCheck
-from pairctl.recipe import load_recipe, parse_recipe
-from pairctl.resolved import resolve
 from tests.fakes.fakepair import Env, free_port
 
 REPO = Path(__file__).resolve().parents[1]

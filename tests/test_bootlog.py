@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pairctl.bootlog import NEEDLES, RENDEZVOUS, phase_of, shown
+from pairctl.engine.bootlog import NEEDLES, RENDEZVOUS, phase_of, shown
 from tests.support.vllm_src import site_packages, string_constants
 
 REPO = Path(__file__).resolve().parents[1]

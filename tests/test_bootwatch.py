@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from pairctl import contracts, lifecycle
-from pairctl.bootlog import PHASES, RENDEZVOUS, phase_of
-from pairctl.bootwatch import PhaseTracker, _empty_on
-from pairctl.config import parse_env
-from pairctl.docker import State
-from pairctl.nodes import Node
-from pairctl.recipe import load_recipe
-from pairctl.resolved import resolve
+from pairctl import contracts
+from pairctl.engine.bootlog import PHASES, RENDEZVOUS, phase_of
+from pairctl.engine.bootwatch import PhaseTracker, _empty_on
+from pairctl.lifecycle import steps as lifecycle
+from pairctl.nodes.docker import State
+from pairctl.nodes.ssh import Node
+from pairctl.pair.config import parse_env
+from pairctl.pair.recipe import load_recipe
+from pairctl.pair.resolved import resolve
 from tests.support.twin import Twin, free_port, wait_http
 from tests.test_twin_ranks import pair_args
 

@@ -167,13 +167,13 @@ def test_the_watchdog_runs_the_monitors_after_good_probes_only_and_survives_them
 
 @pytest.mark.parametrize("bad", [["--canary-every", "5"], ["--acceptance-window", "0"]])
 def test_watch_rejects_a_canary_that_would_load_the_pair(bad: list[str], tmp_path: Path) -> None:
-    from pairctl import cli
+    from pairctl.cli import main as cli
 
     assert cli.main(["watch", "--env-file", str(tmp_path / "none.env"), *bad]) == 2
 
 
 def test_watch_takes_the_canary_and_window_flags() -> None:
-    from pairctl.frontdoor import parse
+    from pairctl.cli.frontdoor import parse
 
     a = parse(["watch", "--canary-every", "0", "--acceptance-window", "300"])
     assert a.canary_every == 0 and a.acceptance_window == 300

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pairctl import contracts, frontdoor
+from pairctl import contracts
+from pairctl.cli import frontdoor
 from pairctl.contracts import FLEET_EXITS, PAIR_EXITS, exit_table_md
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def test_doc_phase_table_is_the_generated_one() -> None:
 
 
 def test_every_boot_phase_has_a_limit_and_first_boot_is_never_shorter() -> None:
-    from pairctl.bootlog import NEEDLES, PHASES
+    from pairctl.engine.bootlog import NEEDLES, PHASES
 
     assert [p.phase for p in contracts.BOOT_PHASES] == list(PHASES)
     assert {n.phase for n in NEEDLES} <= set(PHASES)

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from pairctl.gate import run_for_pair
-from pairctl.lifecycle import probe_health
+from pairctl.lifecycle.steps import probe_health
 from pairctl.status.pair import scrape
 from pairctl.status.watch import KeyRejected, probe_token
 from tests.support.twin import Twin, free_port, wait_http

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from dotenv import dotenv_values
 
-from pairctl.config import parse_env
-from pairctl.plan import build_rank
-from pairctl.recipe import load_recipe
-from pairctl.resolved import resolve
+from pairctl.pair.config import parse_env
+from pairctl.pair.plan import build_rank
+from pairctl.pair.recipe import load_recipe
+from pairctl.pair.resolved import resolve
 from sim.engine import layer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """docs/FIDELITY.md stays true: its flag table is exactly the items of the lines `plan`
-generates (with the generated values), and its needle table is pairctl.bootlog's list, each
+generates (with the generated values), and its needle table is pairctl.engine.bootlog's list, each
 needle in the installed file it names."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from dotenv import dotenv_values
 
-from pairctl.bootlog import NEEDLES
-from pairctl.config import parse_env
-from pairctl.plan import CACHE_VARS, build_rank, is_secret
-from pairctl.recipe import load_recipe
-from pairctl.resolved import resolve
+from pairctl.engine.bootlog import NEEDLES
+from pairctl.pair.config import parse_env
+from pairctl.pair.plan import CACHE_VARS, build_rank, is_secret
+from pairctl.pair.recipe import load_recipe
+from pairctl.pair.resolved import resolve
 from tests.support.vllm_src import site_packages, string_constants
 
 REPO = Path(__file__).resolve().parents[1]

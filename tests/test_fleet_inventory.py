@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pairctl.config import ConfigError
 from pairctl.fleet.inventory import REPO, Tuning, check_image, load_inventory, resolve
+from pairctl.pair.config import ConfigError
 from tests.support.fleet import fleet, inventory_data, write_inventory
 
 

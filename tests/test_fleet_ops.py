@@ -30,7 +30,7 @@ from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import Fleet, PairEntry
 from pairctl.fleet.pairs import PairView, env_file_matches, pair_argv
 from pairctl.fleet.remote import PID_TAG, Machine, is_local_address
-from pairctl.nodes import Result
+from pairctl.nodes.ssh import Result
 from sim.rehearsal.docker_args import require_contract, run_args
 from tests.support.fleet import SECRET, fleet
 

@@ -15,18 +15,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from pairctl import cli, contracts
-from pairctl.config import ConfigError, load_env_file
-from pairctl.docker import Container
+from pairctl import contracts
+from pairctl.cli import main as cli
 from pairctl.fleet import cli as fleet_cli
 from pairctl.fleet import ops as fleet_ops
 from pairctl.fleet import render as fleet_render
 from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import load_inventory
 from pairctl.fleet.pairs import PairView
-from pairctl.lifecycle import Health, probe_health
-from pairctl.nodes import Result
-from pairctl.plan import LABEL_PAIR
+from pairctl.lifecycle.steps import Health, probe_health
+from pairctl.nodes.docker import Container
+from pairctl.nodes.ssh import Result
+from pairctl.pair.config import ConfigError, load_env_file
+from pairctl.pair.plan import LABEL_PAIR
 from pairctl.status import pair as st
 from pairctl.status import watch
 from tests.support.fleet import inventory_data, write_inventory

@@ -247,17 +247,17 @@ def test_generated_docker_lines_parse_with_real_docker_client(pair: Env) -> None
     if docker is None:
         pytest.skip("no docker client on PATH")
     from pairctl.contracts import DEFAULT_RECIPE
-    from pairctl.plan import build_rank
-    from pairctl.resolved import load
+    from pairctl.pair.plan import build_rank
+    from pairctl.pair.resolved import load
 
     resolved = load(pair.env_file, DEFAULT_RECIPE)
     for rank in (0, 1):  # the line up runs, unmasked (secrets travel by name: -e HF_TOKEN)
         _assert_real_client_parses(docker, list(build_rank(resolved, rank).docker_argv))
     # the throwaway container preflight runs the image's own vLLM parser in
-    from pairctl.config import load_env_file
+    from pairctl.pair.config import load_env_file
+    from pairctl.pair.recipe import load_recipe
+    from pairctl.pair.resolved import resolve
     from pairctl.preflight.argcheck import container_argv, rank_argvs
-    from pairctl.recipe import load_recipe
-    from pairctl.resolved import resolve
 
     cfg = load_env_file(pair.env_file)
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")

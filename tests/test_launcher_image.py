@@ -58,9 +58,9 @@ def test_plan_states_its_assumption(pair: Env) -> None:
 
 
 def test_start_reads_the_inspect_output_or_says_what_to_do(capsys) -> None:
-    from pairctl.config import parse_env
-    from pairctl.lifecycle import image_facts
-    from pairctl.nodes import nodes
+    from pairctl.lifecycle.steps import image_facts
+    from pairctl.nodes.ssh import nodes
+    from pairctl.pair.config import parse_env
 
     cfg = parse_env(
         {

@@ -252,7 +252,7 @@ def test_logs_without_a_container_says_so(pair: Env) -> None:
 
 def test_pair_status_of_is_the_python_interface(pair: Env, monkeypatch) -> None:
     """What a tool built on pairs calls: the same data as `status --json`, as a dataclass."""
-    from pairctl.config import ConfigError
+    from pairctl.pair.config import ConfigError
     from pairctl.status.pair import pair_status_of
 
     monkeypatch.setenv("PATH", f"{FAKES}:{os.environ['PATH']}")

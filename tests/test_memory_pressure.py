@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from pairctl import pressure
 from pairctl.contracts import DEFAULT_RECIPE, EXIT_PREFLIGHT, MEMORY_BANDS, memory_table_md
+from pairctl.nodes import pressure
+from pairctl.nodes.pressure import NodeMemory
+from pairctl.pair.resolved import load
 from pairctl.preflight import BY_ID, CHECKS
 from pairctl.preflight.check import FAIL, PASS, WARN
 from pairctl.preflight.checks_system import check_memory_floor
 from pairctl.preflight.evidence import NodeEvidence
 from pairctl.preflight.probe_host import EARLYOOM_SECTION, MEMINFO_SECTION, PROBE_SECTION
-from pairctl.pressure import NodeMemory
-from pairctl.resolved import load
 from pairctl.status import memory, watch
 from pairctl.status import pair as pst
 from pairctl.status import view as status_view

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pairctl import cli, config, plan, recipe, resolved
+from pairctl.cli import main as cli
+from pairctl.pair import config, plan, recipe, resolved
 from tests.fakes.fakepair import Env
 
 # The steps that turn the env file and recipe into argv, and how often one `up` may run

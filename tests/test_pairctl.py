@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pairctl.config import VAR_NAMES, ConfigError, load_env_file, parse_env
-from pairctl.nodes import ssh_argv
-from pairctl.plan import CACHE_VARS, mask_argv
+from pairctl.nodes.ssh import ssh_argv
+from pairctl.pair.config import VAR_NAMES, ConfigError, load_env_file, parse_env
+from pairctl.pair.plan import CACHE_VARS, mask_argv
+from pairctl.pair.recipe import load_recipe
+from pairctl.pair.resolved import resolve
 from pairctl.preflight import (
     CHECKS,
     FAIL,
@@ -44,8 +46,6 @@ from pairctl.preflight.checks_rdma import check_hca
 from pairctl.preflight.evidence import Evidence, NodeEvidence
 from pairctl.preflight.probe import parse_probe
 from pairctl.preflight.reach import Reach
-from pairctl.recipe import load_recipe
-from pairctl.resolved import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -504,9 +504,9 @@ def test_undeclared_evidence_raises() -> None:
 
 
 def test_first_dead_rank_leads_the_report() -> None:
-    from pairctl.docker import State
-    from pairctl.lifecycle import first_dead
-    from pairctl.nodes import nodes
+    from pairctl.lifecycle.steps import first_dead
+    from pairctl.nodes.docker import State
+    from pairctl.nodes.ssh import nodes
 
     n0, n1 = nodes(parse_env(ENV))
     head = (n0, "h", State(True, False, "exited", 1, "2026-11-30T10:02:20.500000000Z"))
@@ -517,7 +517,7 @@ def test_first_dead_rank_leads_the_report() -> None:
 
 
 def test_join_hint_only_after_a_long_wait() -> None:
-    from pairctl.lifecycle import join_hint
+    from pairctl.lifecycle.steps import join_hint
 
     cfg = resolve(parse_env(ENV), load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml"))
     assert join_hint("rendezvous", "rendezvous", 10, cfg) is None
@@ -534,9 +534,9 @@ def test_join_hint_only_after_a_long_wait() -> None:
 def test_a_peer_that_died_a_moment_later_is_reported_too(monkeypatch) -> None:
     """The poll saw rank 1 dead first (its inspect ran later); one more look finds rank 0,
     which went first: both reach the report, ordered by when they died."""
-    from pairctl import lifecycle
-    from pairctl.docker import State
-    from pairctl.nodes import nodes
+    from pairctl.lifecycle import steps as lifecycle
+    from pairctl.nodes.docker import State
+    from pairctl.nodes.ssh import nodes
 
     cfg = parse_env(ENV)
     n0, n1 = nodes(cfg)

@@ -13,16 +13,16 @@ import json
 import socket
 from pathlib import Path
 
-from pairctl.config import parse_env
-from pairctl.nodes import Node
-from pairctl.plan import build_rank, render_plan
+from pairctl.nodes.ssh import Node
+from pairctl.pair.config import parse_env
+from pairctl.pair.plan import build_rank, render_plan
+from pairctl.pair.recipe import load_recipe
+from pairctl.pair.resolved import resolve
 from pairctl.preflight import FAIL, PASS, SKIP, WARN
 from pairctl.preflight.checks_fabric import check_fabric_addr, check_fabric_reach
 from pairctl.preflight.evidence import NodeEvidence
 from pairctl.preflight.probe import parse_ifaddrs, parse_probe
 from pairctl.preflight.reach import Reach, reach_master
-from pairctl.recipe import load_recipe
-from pairctl.resolved import resolve
 from tests.fakes.fakepair import Env
 
 REPO = Path(__file__).resolve().parents[1]

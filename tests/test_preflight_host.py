@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pairctl.config import parse_env
-from pairctl.image import ImageFacts, parse_inspect, pythonpath
-from pairctl.plan import OVERLAY_MOUNT, build_rank
+from pairctl.engine.image import ImageFacts, parse_inspect, pythonpath
+from pairctl.pair.config import parse_env
+from pairctl.pair.plan import OVERLAY_MOUNT, build_rank
+from pairctl.pair.recipe import load_recipe
+from pairctl.pair.resolved import resolve
 from pairctl.preflight import FAIL, PASS, SKIP, WARN
 from pairctl.preflight.checks_host import check_jit_caches
 from pairctl.preflight.checks_launch import check_api_key
@@ -26,8 +28,6 @@ from pairctl.preflight.checks_system import (
 from pairctl.preflight.evidence import NodeEvidence
 from pairctl.preflight.probe import parse_probe
 from pairctl.preflight.probe_host import PROBE_SECTION, parse_model_rev
-from pairctl.recipe import load_recipe
-from pairctl.resolved import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pairctl.config import parse_env
+from pairctl.pair.config import parse_env
+from pairctl.pair.recipe import load_recipe
+from pairctl.pair.resolved import resolve
 from pairctl.preflight import CHECKS, FAIL, PASS, SKIP, WARN, Need, decide, probe, runner
 from pairctl.preflight.check import Inputs
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.preflight.reach import Reach
-from pairctl.recipe import load_recipe
-from pairctl.resolved import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")

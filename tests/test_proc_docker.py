@@ -539,11 +539,11 @@ def test_argv_check_runs_the_images_own_parser_in_a_throwaway(
     """pairctl.preflight.argcheck on a host without vLLM: the image's python3 (here: the
     venv's, which has vLLM 0.33) parses both ranks' argv in a labelled --rm container; a bad
     flag is named with where it came from, and no container is left behind."""
-    from pairctl.config import parse_env
-    from pairctl.nodes import Node
+    from pairctl.nodes.ssh import Node
+    from pairctl.pair.config import parse_env
+    from pairctl.pair.recipe import load_recipe
+    from pairctl.pair.resolved import resolve
     from pairctl.preflight.argcheck import run_in_image
-    from pairctl.recipe import load_recipe
-    from pairctl.resolved import resolve
 
     pybin = tmp_path / "image-bin"
     pybin.mkdir()

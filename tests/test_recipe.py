@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pairctl.config import ConfigError, parse_env
-from pairctl.plan import build_rank
-from pairctl.recipe import load_recipe, parse_recipe, serve_argv
-from pairctl.resolved import resolve
+from pairctl.pair.config import ConfigError, parse_env
+from pairctl.pair.plan import build_rank
+from pairctl.pair.recipe import load_recipe, parse_recipe, serve_argv
+from pairctl.pair.resolved import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -117,8 +117,8 @@ def test_precedence_cli_over_env_over_recipe() -> None:
 
 
 def test_recipe_port_is_default_and_wiring_not_overridable() -> None:
-    from pairctl.plan import with_recipe_defaults
-    from pairctl.recipe import check_passthrough
+    from pairctl.pair.plan import with_recipe_defaults
+    from pairctl.pair.recipe import check_passthrough
 
     d = _raw()
     d["serve"]["port"] = 8100

@@ -1,6 +1,6 @@
 """Day one on a pair: `image ship` and `model fetch|verify` against the fake tools
 (tests/fakes: docker with save/load, ssh that runs the command as the other host), and the
-resumable copy underneath them (pairctl.transfer) with two real directories standing in
+resumable copy underneath them (pairctl.nodes.transfer) with two real directories standing in
 for the two nodes' disks."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from pairctl.contracts import DEFAULT_RECIPE
-from pairctl.imageship import DOCKERFILE_DIR, build_argv
-from pairctl.modelfetch import INDEX, fetch, verify
-from pairctl.nodes import nodes
-from pairctl.resolved import load
-from pairctl.transfer import TransferError, send_tree
+from pairctl.engine.imageship import DOCKERFILE_DIR, build_argv
+from pairctl.nodes.modelfetch import INDEX, fetch, verify
+from pairctl.nodes.ssh import nodes
+from pairctl.nodes.transfer import TransferError, send_tree
+from pairctl.pair.resolved import load
 from tests.fakes.fakepair import IMAGE, IMAGE_ID, SECRET, Env
 
 EXIT_RUNTIME, EXIT_USAGE, EXIT_PREFLIGHT = 1, 2, 3
@@ -102,7 +102,7 @@ def test_build_uses_the_repos_dockerfile_with_pinned_base_and_fork() -> None:
 
 @pytest.fixture()
 def fakes_env(pair: Env, monkeypatch: pytest.MonkeyPatch) -> Env:
-    """The fake tools for in-process calls (pairctl.nodes runs ssh from PATH)."""
+    """The fake tools for in-process calls (pairctl.nodes.ssh runs ssh from PATH)."""
     for k, v in pair.environ().items():
         monkeypatch.setenv(k, v)
     return pair

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from pairctl.overlays import ManifestError, parse_sums, ship_list, shipped_files, verify
+from pairctl.engine.overlays import ManifestError, parse_sums, ship_list, shipped_files, verify
 from pairctl.preflight import PASS
 from pairctl.preflight.checks_match import check_overlays
 from pairctl.preflight.evidence import NodeEvidence

@@ -147,7 +147,7 @@ def test_probe_reports_an_endpoint_that_cannot_complete() -> None:
 
 @pytest.mark.parametrize("bad", [["--failures", "0"], ["--interval", "0"], ["--timeout", "x"]])
 def test_watch_rejects_nonsense(bad: list[str], tmp_path: Path) -> None:
-    from pairctl import cli
+    from pairctl.cli import main as cli
 
     # exit 2 from the value check itself: the env file (missing) is never read
     assert cli.main(["watch", "--env-file", str(tmp_path / "none.env"), *bad]) == 2

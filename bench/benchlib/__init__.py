@@ -15,7 +15,7 @@ Modules:
   endpoint - pairctl.endpoint under the benches' name: Endpoint, readiness, simulator marks
 
 From pairctl (the lowest layer, shared with operations): the Endpoint every function here
-takes (parsed once from --url), and the argparse types (pairctl.argtypes).
+takes (parsed once from --url), and the argparse types (pairctl.cli.argtypes).
 """
 
 from __future__ import annotations

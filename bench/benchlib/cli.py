@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from bench.benchlib import EXIT_INTERRUPTED, endpoint
-from pairctl import argtypes as t
+from pairctl.cli import argtypes as t
 
 EPILOG = (
     "Exit codes: 0 ok; 1 endpoint/request failure; 2 usage (also: a value the server cannot "

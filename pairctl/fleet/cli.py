@@ -13,8 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from pairctl import argtypes
-from pairctl.config import ConfigError
+from pairctl.cli import argtypes
 from pairctl.contracts import BOOT_TIMEOUT_S, FLEET_EXITS, exit_text
 from pairctl.fleet import (
     EXIT_OK,
@@ -25,6 +24,7 @@ from pairctl.fleet import (
     render,
 )
 from pairctl.fleet.inventory import DEFAULT_INVENTORY, load_inventory
+from pairctl.pair.config import ConfigError
 
 EPILOG = (
     "exit codes:\n"

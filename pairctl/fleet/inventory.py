@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
-from pairctl.config import ConfigError, PairConfig, _check, load_env_file
 from pairctl.contracts import BOOT_TIMEOUT_S, DEFAULT_INVENTORY, DEFAULT_RECIPE_REL, REPO
-from pairctl.recipe import load_recipe
-from pairctl.resolved import ResolvedPair
-from pairctl.resolved import resolve as resolve_pair
+from pairctl.pair.config import ConfigError, PairConfig, _check, load_env_file
+from pairctl.pair.recipe import load_recipe
+from pairctl.pair.resolved import ResolvedPair
+from pairctl.pair.resolved import resolve as resolve_pair
 
 SUPPORTED_VERSIONS = (1,)
 # consistent_hash keys on X-Session-ID (vllm-project/router src/policies/hash_key.rs), so a

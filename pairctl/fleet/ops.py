@@ -34,7 +34,7 @@ from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import Fleet, PairEntry
 from pairctl.fleet.pairs import PairView, env_file_matches, head, pair_argv, pair_status
 from pairctl.fleet.remote import PID_TAG, Machine
-from pairctl.plan import LABEL_PLAN
+from pairctl.pair.plan import LABEL_PLAN
 
 # ssh's own failure: the pair's command never ran on its head.
 SSH_FAILED = 255

@@ -12,9 +12,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from pairctl import lifecycle as lc
 from pairctl.fleet.inventory import Fleet, PairEntry
 from pairctl.fleet.remote import Machine
+from pairctl.lifecycle import steps as lc
 from pairctl.status.pair import scrape
 
 

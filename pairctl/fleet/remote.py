@@ -1,6 +1,6 @@
 """Running a command on a fleet machine: here when it is this machine, else over ssh.
 
-The same rules as a pair's rank 1 (pairctl/nodes.py): ssh always runs with BatchMode=yes and
+The same rules as a pair's rank 1 (pairctl/nodes/ssh.py): ssh always runs with BatchMode=yes and
 StrictHostKeyChecking=yes, so an unknown or changed host key stops the fleet instead of
 prompting or silently trusting a machine that is not the one in the inventory.
 """
@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from pairctl.fleet.inventory import Ssh
-from pairctl.nodes import Result, ssh_to
+from pairctl.nodes.ssh import Result, ssh_to
 
 PID_TAG = "dsv4-fleet-pid"
 
@@ -39,7 +39,7 @@ def is_local_address(host: str) -> bool:
 
 
 def ssh_argv(host: str, ssh: Ssh, remote_cmd: str | None = None) -> list[str]:
-    """ssh to a fleet machine with the inventory's ssh settings (``pairctl.nodes.ssh_to``)."""
+    """ssh to a fleet machine with the inventory's ssh settings (``pairctl.nodes.ssh.ssh_to``)."""
     return ssh_to(
         host,
         user=ssh.user,

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pairctl.docker import Container, parse_ps, ps_argv
 from pairctl.fleet import LABEL_FLEET, ROUTER_ROLE
 from pairctl.fleet.inventory import Fleet, Router, Tuning
 from pairctl.fleet.remote import Machine
-from pairctl.plan import LABEL_PLAN, LABEL_ROLE
+from pairctl.nodes.docker import Container, parse_ps, ps_argv
+from pairctl.pair.plan import LABEL_PLAN, LABEL_ROLE
 
 ROUTER_VERSION = "0.1.17"
 

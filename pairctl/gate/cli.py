@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from pairctl import argtypes
+from pairctl.cli import argtypes
 from pairctl.endpoint import add_endpoint_args, endpoint_of
 from pairctl.gate import GateOptions, run_gate
 from pairctl.gate.check import DEFAULT_PROMPTS, load_reference

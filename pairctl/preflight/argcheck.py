@@ -32,12 +32,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pairctl.config import ConfigError
-from pairctl.nodes import Node
-from pairctl.plan import LABEL_PAIR, LABEL_ROLE
+from pairctl.nodes.ssh import Node
+from pairctl.pair.config import ConfigError
+from pairctl.pair.plan import LABEL_PAIR, LABEL_ROLE
+from pairctl.pair.recipe import Recipe
+from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.evidence import ArgvCheck
-from pairctl.recipe import Recipe
-from pairctl.resolved import ResolvedPair
 
 MARK = "@@DSV4-ARGCHECK@@"
 ROLE = "argcheck"

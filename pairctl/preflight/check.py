@@ -15,11 +15,11 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pairctl.config import PairConfig
+from pairctl.pair.config import PairConfig
+from pairctl.pair.recipe import Recipe
+from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.preflight.reach import Reach
-from pairctl.recipe import Recipe
-from pairctl.resolved import ResolvedPair
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import ipaddress
 
+from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec, Need
 from pairctl.preflight.evidence import NodeEvidence
 from pairctl.preflight.reach import Reach
-from pairctl.resolved import ResolvedPair
 
 PF_FABRIC_ADDR = CheckSpec(
     "PF-FABRIC-ADDR",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pairctl.config import PairConfig
-from pairctl.plan import CACHE_VARS, LABEL_PAIR
+from pairctl.pair.config import PairConfig
+from pairctl.pair.plan import CACHE_VARS, LABEL_PAIR
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
 from pairctl.preflight.evidence import NodeEvidence
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from pairctl.plan import LABEL_PAIR
+from pairctl.pair.plan import LABEL_PAIR
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
 from pairctl.preflight.evidence import NodeEvidence
 

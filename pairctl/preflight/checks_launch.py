@@ -3,11 +3,11 @@ parser reads it, and an open endpoint."""
 
 from __future__ import annotations
 
-from pairctl.config import PairConfig
-from pairctl.plan import FORBIDDEN_ENV, build_rank
+from pairctl.pair.config import PairConfig
+from pairctl.pair.plan import FORBIDDEN_ENV, build_rank
+from pairctl.pair.recipe import Recipe
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need, View
 from pairctl.preflight.evidence import ArgvCheck
-from pairctl.recipe import Recipe
 
 PF_NO_COMPRESSED_MLA = CheckSpec(
     "PF-NO-COMPRESSED-MLA",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from pairctl.image import digest_pinned
+from pairctl.engine.image import digest_pinned
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
 from pairctl.preflight.evidence import NodeEvidence
 from pairctl.preflight.probe import MODEL_FILES

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-from pairctl import pressure
 from pairctl.contracts import MEM_CRIT_FRACTION, MEM_WARN_FRACTION
+from pairctl.nodes import pressure
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec, Need, View
 from pairctl.preflight.checks_host import own_running
 from pairctl.preflight.evidence import NodeEvidence

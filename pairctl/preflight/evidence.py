@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from pairctl.docker import Container
-from pairctl.image import ImageFacts
+from pairctl.engine.image import ImageFacts
+from pairctl.nodes.docker import Container
 from pairctl.preflight.probe_host import IbPort, Link
 from pairctl.preflight.reach import Reach
 from pairctl.preflight.roce import Gid

@@ -19,16 +19,16 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 
-from pairctl.config import PairConfig
-from pairctl.docker import parse_ps
-from pairctl.image import parse_inspect
-from pairctl.nodes import SSH_CONNECT_TIMEOUT_S, Node, nodes
-from pairctl.plan import CACHE_VARS, LABEL_PAIR, is_secret
+from pairctl.engine.image import parse_inspect
+from pairctl.nodes.docker import parse_ps
+from pairctl.nodes.ssh import SSH_CONNECT_TIMEOUT_S, Node, nodes
+from pairctl.pair.config import PairConfig
+from pairctl.pair.plan import CACHE_VARS, LABEL_PAIR, is_secret
+from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import argcheck, probe_host, reach
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.preflight.roce import PROBE_SECTION as _ROCE_SECTION
 from pairctl.preflight.roce import parse_gids
-from pairctl.resolved import ResolvedPair
 
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
@@ -55,7 +55,7 @@ done
 sec tilelang
 if mkdir -p "$TL" 2>/dev/null && [ -w "$TL" ]; then echo ok; else echo fail; fi
 sec overlays
-# every file: PF-OVERLAYS then compares only what the plugin ships (pairctl/overlays.py)
+# every file: PF-OVERLAYS then compares only what the plugin ships (pairctl/engine/overlays.py)
 if [ -d "$OV" ]; then
   echo "dir=yes"
   (cd "$OV" && find . -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \

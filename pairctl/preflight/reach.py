@@ -17,7 +17,7 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from pairctl.nodes import Node
+from pairctl.nodes.ssh import Node
 
 LISTEN_S = 20.0  # how long the listener stays open; rank 1's connect gives up after 5 s
 

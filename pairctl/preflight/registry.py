@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.check import Check, CheckSpec, Inputs
 from pairctl.preflight.checks_fabric import PF_FABRIC_ADDR, PF_FABRIC_REACH
 from pairctl.preflight.checks_host import (
@@ -49,7 +50,6 @@ from pairctl.preflight.checks_system import (
     PF_MEMORY_FLOOR,
 )
 from pairctl.preflight.evidence import Evidence
-from pairctl.resolved import ResolvedPair
 
 CHECKS: tuple[CheckSpec, ...] = (
     PF_SSH,

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from pairctl.config import PairConfig
+from pairctl.pair.config import PairConfig
+from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.check import PASS, SKIP, Check, CheckSpec, Inputs, Need
 from pairctl.preflight.evidence import ArgvCheck, Evidence
 from pairctl.preflight.probe import ARGV, NAMES, RANK0, RANK1, REACH, gather
 from pairctl.preflight.registry import CHECKS
-from pairctl.resolved import ResolvedPair
 
 # The gather() stage after which each kind of evidence is complete.
 STAGE_OF: dict[Need, str] = {

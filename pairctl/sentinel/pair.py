@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from pairctl.endpoint import Endpoint
-from pairctl.resolved import ResolvedPair
+from pairctl.lifecycle.updown import lock_path
+from pairctl.pair.resolved import ResolvedPair
 from pairctl.sentinel import baseline
 from pairctl.sentinel.acceptance import (
     DROP,
@@ -22,7 +23,6 @@ from pairctl.sentinel.acceptance import (
 from pairctl.sentinel.canary import run_against
 from pairctl.sentinel.monitors import MonitorConfig, Monitors, read_record, record_path
 from pairctl.status.metrics import Scrape
-from pairctl.updown import lock_path
 
 
 def baseline_path(pair: ResolvedPair) -> Path:

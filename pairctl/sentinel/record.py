@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pairctl import argtypes
+from pairctl.cli import argtypes
 from pairctl.endpoint import Endpoint, NotReady, endpoint_arg, wait_ready
 from pairctl.gate.check import DEFAULT_PROMPTS, ask, load_reference
 from pairctl.sentinel import baseline
@@ -157,8 +157,8 @@ def endpoint_and_recipe(a: argparse.Namespace) -> tuple[Endpoint, str, str]:
     import os
 
     from pairctl.contracts import DEFAULT_RECIPE
-    from pairctl.recipe import load_recipe
-    from pairctl.resolved import load
+    from pairctl.pair.recipe import load_recipe
+    from pairctl.pair.resolved import load
 
     recipe_file = a.recipe or str(DEFAULT_RECIPE)
     if a.env_file is not None:
@@ -170,7 +170,7 @@ def endpoint_and_recipe(a: argparse.Namespace) -> tuple[Endpoint, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pairctl.config import ConfigError
+    from pairctl.pair.config import ConfigError
 
     a = parse_args(argv)
     try:

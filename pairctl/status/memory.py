@@ -1,9 +1,9 @@
 """Both nodes' memory pressure for ``status`` and ``watch``, read the way preflight reads it.
 
 The script is preflight's own meminfo and earlyoom sections (``pairctl.preflight.probe_host``),
-run on rank 0 locally and on rank 1 over the pair's ssh (``pairctl.nodes``: BatchMode, strict
+run on rank 0 locally and on rank 1 over the pair's ssh (``pairctl.nodes.ssh``: BatchMode, strict
 host-key checking), and parsed by the same parsers; so ``status``, ``watch`` and ``up``'s
-preflight judge the same figures. Bands and actions: ``pairctl.pressure``.
+preflight judge the same figures. Bands and actions: ``pairctl.nodes.pressure``.
 
 A rank-1 read that fails in ssh itself (exit 255, or no answer in time) is how a wedged host
 looks from rank 0: ``ssh_lost`` tells ``watch`` to wait for ssh before it cleans up and
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from pairctl.config import PairConfig
-from pairctl.nodes import Node, nodes
+from pairctl.nodes.pressure import CRITICAL, NodeMemory
+from pairctl.nodes.ssh import Node, nodes
+from pairctl.pair.config import PairConfig
 from pairctl.preflight.probe import split_sections
 from pairctl.preflight.probe_host import EARLYOOM_SECTION, MEMINFO_SECTION, parse_meminfo
-from pairctl.pressure import CRITICAL, NodeMemory
 
 SCRIPT = (
     "sec() { printf '\\n==== %s ====\\n' \"$1\"; }\n"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pairctl.pressure import OK, NodeMemory
+from pairctl.nodes.pressure import OK, NodeMemory
 from pairctl.status.memory import ssh_lost
 
 

@@ -29,12 +29,12 @@ from typing import Any
 
 from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_KEY, EXIT_OK
 from pairctl.contracts import DEFAULT_RECIPE, STATUS_TOKEN_PROBE_S
-from pairctl.docker import inspect, labelled_containers, pair_containers
-from pairctl.lifecycle import Health, probe_health, session
-from pairctl.nodes import Node, nodes
-from pairctl.plan import LABEL_PLAN, container_name
-from pairctl.pressure import NodeMemory
-from pairctl.resolved import ResolvedPair, load
+from pairctl.lifecycle.steps import Health, probe_health, session
+from pairctl.nodes.docker import inspect, labelled_containers, pair_containers
+from pairctl.nodes.pressure import NodeMemory
+from pairctl.nodes.ssh import Node, nodes
+from pairctl.pair.plan import LABEL_PLAN, container_name
+from pairctl.pair.resolved import ResolvedPair, load
 from pairctl.sentinel.pair import status_extras
 from pairctl.status import memory
 from pairctl.status.metrics import (
@@ -341,7 +341,7 @@ def collect(
 def pair_status(pair: ResolvedPair, interval_s: float = 1.0) -> PairStatus:
     """The pair's status now; rates over ``interval_s`` seconds (0 = lifetime figures).
 
-    ``pair`` is the resolved pair (``pairctl.resolved.load``); ``pair_status_of`` builds it
+    ``pair`` is the resolved pair (``pairctl.pair.resolved.load``); ``pair_status_of`` builds it
     from the files.
     """
     return collect(pair, None, interval_s)[0]
@@ -351,5 +351,5 @@ def pair_status_of(
     env_file: str | Path, recipe_file: str | Path = DEFAULT_RECIPE, interval_s: float = 1.0
 ) -> PairStatus:
     """``pair_status`` from a pair's env file and recipe, validated as the launcher does
-    (raises ``pairctl.config.ConfigError`` naming what is wrong)."""
+    (raises ``pairctl.pair.config.ConfigError`` naming what is wrong)."""
     return pair_status(load(env_file, recipe_file), interval_s)

@@ -4,10 +4,10 @@ failures in a row, the pair is torn down and brought up again, with backoff.
 A pair can look alive and serve nothing: a rank died and the survivor holds its memory, the
 engine hung, a NCCL timeout took the workers. ``/health`` alone does not see all of these,
 so each probe asks for a 1-token completion, which needs both ranks to run a step. The
-restart is ``down`` then ``up`` in this process (pairctl.updown) (same lock, same preflight, same
-teardown on a failed boot); a failed ``up`` is retried after a backoff that doubles up to
-a cap. While another ``up``/``down`` of the pair holds its lock, probes are not counted:
-an operator's maintenance is not an outage. A 401/403 is a configuration error, never an
+restart is ``down`` then ``up`` in this process (pairctl.lifecycle.updown: same lock, same
+preflight, same teardown on a failed boot); a failed ``up`` is retried after a backoff that
+doubles up to a cap. While another ``up``/``down`` of the pair holds its lock, probes are not
+counted: an operator's maintenance is not an outage. A 401/403 is a configuration error, never an
 outage: the key in the env file is wrong (or missing), a restart cannot fix it, so the
 watchdog says so and stops with exit 9 (``EXIT_KEY``) without touching the pair. Each cycle
 also reads both nodes' memory (``pairctl.status.memwatch``: a band change is one line, never
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pairctl.contracts import EXIT_KEY, EXIT_OK, meaning
-from pairctl.lifecycle import KEY_STATUSES, key_problem, session
+from pairctl.lifecycle.steps import KEY_STATUSES, key_problem, session
 
 # While waiting for a wedged rank 1's ssh, one "still waiting" line this often.
 LOST_HEARTBEAT_S = 600.0

@@ -6,7 +6,7 @@ fp8 draft-head overlay); `rehearsal-layer.yaml` names each change and why, and t
 applies exactly those rules and nothing else, returning what it changed so the rank's log
 says so. Flags are matched by their long name in both `--name value` and `--name=value`
 form; a flag's values are the tokens up to the next `--` token (the launcher's
-`pairctl.recipe.serve_argv` writes lists as `--flag a b`).
+`pairctl.pair.recipe.serve_argv` writes lists as `--flag a b`).
 """
 
 from __future__ import annotations

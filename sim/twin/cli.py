@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from pairctl.argtypes import int_at_least, port, speculative_config
+from pairctl.cli.argtypes import int_at_least, port, speculative_config
 
 
 class UsageError(ValueError):

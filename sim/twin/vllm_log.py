@@ -1,6 +1,6 @@
 """vLLM 0.33's own log lines, in vLLM's own format, for the twin to print.
 
-A real pair's boot is read from these lines (pairctl.lifecycle matches them), so the twin
+A real pair's boot is read from these lines (pairctl.lifecycle.steps matches them), so the twin
 prints the messages vLLM 0.33 prints, with the same wording, in the same order, from the
 same processes. Every entry of ``LINES`` names the installed source file and the line of
 the logger call; tests/test_twin_log.py checks each one against the installed vLLM.

@@ -1,5 +1,5 @@
 """The operator's commands besides up/down: status, logs, the gate, watch and sync-overlays
-(each gets the parsed command line and the resolved pair from ``pairctl.cli``)."""
+(each gets the parsed command line and the resolved pair from ``pairctl.cli.main``)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pairctl import preflight as pf
+from pairctl.cli.frontdoor import Args
 from pairctl.contracts import EXIT_GATE, EXIT_OK, EXIT_PREFLIGHT, EXIT_RUNTIME
-from pairctl.docker import pair_containers
-from pairctl.frontdoor import Args
+from pairctl.engine.overlays import sync
 from pairctl.gate import run_for_pair
-from pairctl.nodes import nodes
-from pairctl.overlays import sync
-from pairctl.plan import container_name
+from pairctl.lifecycle.updown import lock_path
+from pairctl.nodes.docker import pair_containers
+from pairctl.nodes.ssh import nodes
+from pairctl.pair.plan import container_name
+from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import runner
-from pairctl.resolved import ResolvedPair
 from pairctl.sentinel.pair import pair_monitors
 from pairctl.status import memory, watch
 from pairctl.status import pair as pst
 from pairctl.status import view as status_view
 from pairctl.status.memwatch import NodeWatch
 from pairctl.status.watch import lock_busy
-from pairctl.updown import lock_path
 
 # What sync-overlays must know before it writes to two machines: that this is SPARK1 and
 # SPARK2 is another machine (the checks, and the exit code, with which up refuses).
@@ -79,7 +79,8 @@ def on_spark1(what: str, pair: ResolvedPair) -> bool:
 
 def transfer(a: Args, pair: ResolvedPair) -> int:
     """``image ship`` / ``model fetch|verify``: refuse off SPARK1 (exit 3), as sync does."""
-    from pairctl import imageship, modelfetch
+    from pairctl.engine import imageship
+    from pairctl.nodes import modelfetch
 
     if a.cmd == "model" and a.action == "fetch":
         modelfetch.repo_and_revision(pair)  # an unpinned commit is exit 2, before any probe

@@ -16,13 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from pairctl.config import SECRET_NAMES, ConfigError, PairConfig
-from pairctl.image import ImageFacts, pythonpath
-from pairctl.nodes import ssh_argv
-from pairctl.recipe import Mount, Recipe, serve_argv, substitute
+from pairctl.engine.image import ImageFacts, pythonpath
+from pairctl.nodes.ssh import ssh_argv
+from pairctl.pair.config import SECRET_NAMES, ConfigError, PairConfig
+from pairctl.pair.recipe import Mount, Recipe, serve_argv, substitute
 
 if TYPE_CHECKING:
-    from pairctl.resolved import ResolvedPair
+    from pairctl.pair.resolved import ResolvedPair
 
 OVERLAY_MOUNT = "/opt/dsv4-flash-overlays"
 # The RDMA devices NCCL opens (uverbs*); without them it falls back to TCP sockets, which

@@ -4,7 +4,7 @@ A cold first boot of this model is ~10 min (weights, torch.compile and TileLang 
 graph capture) and a warm one much less, so one fixed timeout either kills a first boot
 that was about to finish or sits for many minutes on a boot that stalled in its second
 phase. ``PhaseTracker`` keeps, per rank, the furthest phase its log has shown
-(pairctl.bootlog: needles vLLM 0.33 really prints) and when it got there; the boot goes
+(pairctl.engine.bootlog: needles vLLM 0.33 really prints) and when it got there; the boot goes
 on while each rank's current phase is within its own limit (pairctl.contracts.BOOT_PHASES,
 first-boot or warm-boot) and is a stall once one is not, naming the rank and the phase.
 
@@ -18,10 +18,10 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from pairctl.bootlog import PHASES
 from pairctl.contracts import phase_limit
-from pairctl.nodes import Node, nodes
-from pairctl.resolved import ResolvedPair
+from pairctl.engine.bootlog import PHASES
+from pairctl.nodes.ssh import Node, nodes
+from pairctl.pair.resolved import ResolvedPair
 
 # What must be non-empty on both nodes for a boot to count as warm (cache var, subdir).
 FIRST_BOOT_DIRS: tuple[tuple[str, str], ...] = (

@@ -20,8 +20,8 @@ import tarfile
 import tomllib
 from pathlib import Path
 
-from pairctl.config import ConfigError, PairConfig
-from pairctl.nodes import Node, nodes
+from pairctl.nodes.ssh import Node, nodes
+from pairctl.pair.config import ConfigError, PairConfig
 
 MANIFEST_FILE = "pyproject.toml"
 MANIFEST_TABLE = "dsv4-flash-overlays"

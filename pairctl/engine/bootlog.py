@@ -78,7 +78,7 @@ NEEDLES: tuple[Needle, ...] = (
 
 # Boot order of the phases (``phase_of``'s default "starting" first; rank 1's headless main
 # process logs "starting (headless)" instead of the API server's "starting"). A rank's
-# phase only moves forward in this order: pairctl.bootwatch ignores a tail whose last
+# phase only moves forward in this order: pairctl.engine.bootwatch ignores a tail whose last
 # needle scrolled out of the window.
 PHASES: tuple[str, ...] = (
     "starting",

@@ -1,6 +1,6 @@
 """``python -m pairctl``: every command of ``launch/dspark_launch.sh``, one process each.
 
-The command line is parsed once (``pairctl.frontdoor``); the env file, recipe and extra
+The command line is parsed once (``pairctl.cli.frontdoor``); the env file, recipe and extra
 vLLM args are resolved once into a ``ResolvedPair`` (exit 2 on a bad value, before any
 step acts); the command then runs here from start to end: ``up`` holds the pair's lock,
 runs preflight, starts rank 1 then rank 0, waits and tears a failed boot down without
@@ -14,16 +14,18 @@ import os
 import sys
 from pathlib import Path
 
-from pairctl import argtypes, contracts, ops, updown
-from pairctl import lifecycle as lc
+from pairctl import contracts
 from pairctl import preflight as pf
-from pairctl.config import ConfigError
+from pairctl.cli import argtypes, ops
+from pairctl.cli.frontdoor import Args, UsageError, parse, usage
 from pairctl.contracts import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE
-from pairctl.frontdoor import Args, UsageError, parse, usage
-from pairctl.overlays import shipped_files
-from pairctl.plan import render_plan
+from pairctl.engine.overlays import shipped_files
+from pairctl.lifecycle import steps as lc
+from pairctl.lifecycle import updown
+from pairctl.pair.config import ConfigError
+from pairctl.pair.plan import render_plan
+from pairctl.pair.resolved import ResolvedPair, load
 from pairctl.preflight import argcheck, runner
-from pairctl.resolved import ResolvedPair, load
 from pairctl.status import pair as pst
 
 

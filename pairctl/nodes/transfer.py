@@ -29,7 +29,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from pairctl.nodes import Node
+from pairctl.nodes.ssh import Node
 
 CHUNK = 8 << 20
 PARTIAL = ".partial"

@@ -12,7 +12,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 
-from pairctl.config import PairConfig
+from pairctl.pair.config import PairConfig
 
 SSH_CONNECT_TIMEOUT_S = 10
 

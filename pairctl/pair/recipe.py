@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from pairctl.config import ConfigError
+from pairctl.pair.config import ConfigError
 
 SUPPORTED_RECIPE_VERSIONS = (1,)
 TOP_KEYS = {"recipe_version", "name", "description", "model", "container", "env", "serve"}

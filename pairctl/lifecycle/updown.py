@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pairctl import lifecycle as lc
-from pairctl.bootwatch import first_boot_reasons
 from pairctl.contracts import (
     BOOT_POLL_S,
     EXIT_BOOT,
@@ -30,7 +28,9 @@ from pairctl.contracts import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
 )
-from pairctl.resolved import ResolvedPair
+from pairctl.engine.bootwatch import first_boot_reasons
+from pairctl.lifecycle import steps as lc
+from pairctl.pair.resolved import ResolvedPair
 
 
 def log(msg: str) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pairctl.nodes import Node, Result
-from pairctl.plan import LABEL_PAIR
+from pairctl.nodes.ssh import Node, Result
+from pairctl.pair.plan import LABEL_PAIR
 
 PS_FORMAT = "{{json .}}"
 

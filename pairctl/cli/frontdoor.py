@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pairctl import argtypes
+from pairctl.cli import argtypes
 from pairctl.contracts import (
     ACCEPTANCE_WINDOW_S,
     BOOT_TIMEOUT_S,
@@ -84,7 +84,7 @@ def _canary_every(text: str) -> float:
 
 
 def _argtype(fn: Callable[[str], Any]) -> Callable[[str], Any]:
-    """pairctl.argtypes' messages, as a ValueError this parser reports with the flag."""
+    """pairctl.cli.argtypes' messages, as a ValueError this parser reports with the flag."""
 
     def parse(text: str) -> Any:
         try:

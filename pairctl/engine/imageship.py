@@ -3,7 +3,7 @@
 Rank 0 builds it (``--build``: launch/image/Dockerfile, the DSpark fork on the Spark's
 vLLM base), pulls it (``--pull``: a registry reference, best pinned by digest), or already
 has it. Rank 1 gets it over the pair's ssh, never from a registry, so the two cannot
-drift: ``docker save`` to a tar on rank 0, a resumable copy (pairctl.transfer), ``docker
+drift: ``docker save`` to a tar on rank 0, a resumable copy (pairctl.nodes.transfer), ``docker
 load`` on rank 1, then the image ID (the digest of the image's config) compared on both.
 A rank 1 that already has the same ID is left alone. Only the pair's IMAGE reference is
 ever saved, loaded or tagged: no other image on either node is touched.
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, REPO
-from pairctl.nodes import Node, nodes
-from pairctl.resolved import ResolvedPair
-from pairctl.transfer import PARTIAL, TransferError, send_tree
+from pairctl.nodes.ssh import Node, nodes
+from pairctl.nodes.transfer import PARTIAL, TransferError, send_tree
+from pairctl.pair.resolved import ResolvedPair
 
 DOCKERFILE_DIR = REPO / "launch" / "image"
 DEFAULT_STAGE = "/var/tmp/dsv4-image"

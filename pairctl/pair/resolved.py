@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from pairctl import plan
-from pairctl.config import PairConfig, check_port_clash, load_env_file
 from pairctl.endpoint import Endpoint
-from pairctl.recipe import Recipe, check_passthrough, load_recipe
+from pairctl.pair import plan
+from pairctl.pair.config import PairConfig, check_port_clash, load_env_file
+from pairctl.pair.recipe import Recipe, check_passthrough, load_recipe
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 ``wait_healthy`` watches both ranks while it polls the endpoint: a dead rank ends the wait
 at once (exit 4) with that rank's log tail, instead of letting the survivor sit on ~77 GB
 until the timeout. The phase shown in the progress line is read from the logs with the
-needles of pairctl.bootlog (messages vLLM 0.33 really prints), and pairctl.bootwatch ends
-the wait (exit 5) when a rank's phase outlives its own limit, naming the phase; the
-overall timeout is only a backstop.
+needles of pairctl.engine.bootlog (messages vLLM 0.33 really prints), and
+pairctl.engine.bootwatch ends the wait (exit 5) when a rank's phase outlives its own limit,
+naming the phase; the overall timeout is only a backstop.
 
 Every HTTP request to the pair's own endpoint ignores HTTP(S)_PROXY (a proxy on the
 operator's machine must not sit between the launcher and its own pair) and sends the
@@ -20,14 +20,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT, bootlog
-from pairctl.bootlog import phase_of
-from pairctl.bootwatch import PhaseTracker
-from pairctl.docker import State, inspect, logs_tail, remove_pair
-from pairctl.image import ImageFacts, parse_inspect
-from pairctl.nodes import Node, nodes
-from pairctl.plan import CACHE_VARS, ENTRYPOINT, build_rank, container_name, mask_argv
-from pairctl.resolved import ResolvedPair
+from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT
+from pairctl.engine import bootlog
+from pairctl.engine.bootlog import phase_of
+from pairctl.engine.bootwatch import PhaseTracker
+from pairctl.engine.image import ImageFacts, parse_inspect
+from pairctl.nodes.docker import State, inspect, logs_tail, remove_pair
+from pairctl.nodes.ssh import Node, nodes
+from pairctl.pair.plan import CACHE_VARS, ENTRYPOINT, build_rank, container_name, mask_argv
+from pairctl.pair.resolved import ResolvedPair
 
 
 def log(msg: str) -> None:
@@ -44,7 +45,7 @@ def join_hint(
 
     ``head_phase`` is the head's bootlog phase; only ``rendezvous`` (its worker logged
     ``distributed_init_method=...`` and has not yet been assigned its rank, see
-    pairctl.bootlog) means rank 1 has not joined. Rank 1's own phase says which side to fix.
+    pairctl.engine.bootlog) means rank 1 has not joined. Rank 1's own phase says which side to fix.
     """
     if head_phase != bootlog.RENDEZVOUS or waited_s < JOIN_HINT_AFTER_S:
         return None

@@ -4,7 +4,7 @@ files from the same Hugging Face commit.
 ``fetch`` downloads MODEL_REPO at MODEL_REVISION into MODEL_PATH on rank 0 with the
 Hugging Face CLI (``hf download REPO --revision COMMIT --local-dir MODEL_PATH``: its own
 progress bars, and it resumes an interrupted download), then copies the directory to the
-same path on rank 1 over the pair's ssh (pairctl.transfer: resumable, bytes/s), then
+same path on rank 1 over the pair's ssh (pairctl.nodes.transfer: resumable, bytes/s), then
 verifies. ``HF_TOKEN`` reaches the downloader in its environment only, never on a command
 line or in a message. The commit is required: a moving ``main`` would give two pairs (or
 a re-fetch) different weights. The download metadata ``hf download --local-dir`` writes
@@ -27,11 +27,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from pairctl.config import ConfigError
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME
-from pairctl.nodes import Node, nodes
-from pairctl.resolved import ResolvedPair
-from pairctl.transfer import PARTIAL, TransferError, remote_sizes, send_tree, sha256_remote
+from pairctl.nodes.ssh import Node, nodes
+from pairctl.nodes.transfer import PARTIAL, TransferError, remote_sizes, send_tree, sha256_remote
+from pairctl.pair.config import ConfigError
+from pairctl.pair.resolved import ResolvedPair
 
 INDEX = "model.safetensors.index.json"
 # What `hf download --local-dir` keeps beside the files while it works: not the model.

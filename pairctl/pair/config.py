@@ -71,7 +71,7 @@ VARS: tuple[Var, ...] = (
         "abspath",
         "persistent TileLang JIT cache on both nodes",
     ),
-    # The other JIT caches a restart would otherwise rebuild (pairctl.plan.CACHE_VARS):
+    # The other JIT caches a restart would otherwise rebuild (pairctl.pair.plan.CACHE_VARS):
     # each is mounted at the same path and set under its own name in the container.
     Var("VLLM_CACHE_ROOT", "/home/bird/.cache/vllm", "abspath", "vLLM compile cache"),
     Var("TRITON_CACHE_DIR", "/home/bird/.triton/cache", "abspath", "Triton kernel cache"),
@@ -204,7 +204,7 @@ class PairConfig:
     def __getitem__(self, name: str) -> str:
         """One variable's validated value as the env file gives it (a string; ``""`` for
         an empty optional one). Typed, settled values (int ports, the image, MASTER_ADDR's
-        default) are the resolved pair's: ``pairctl.resolved``."""
+        default) are the resolved pair's: ``pairctl.pair.resolved``."""
         return self.values[name]
 
     def fabric_addr(self, rank: int) -> str:

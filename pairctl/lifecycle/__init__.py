@@ -1,0 +1,2 @@
+"""A pair's lifecycle: ``up`` and ``down`` (updown) and their building blocks (steps:
+cleanup, start one rank, wait for health)."""

@@ -69,10 +69,26 @@ def repo_root() -> Path:
     return REPO
 
 
+# Tests that boot real engines (three Python processes importing torch per rank) or netns
+# rehearsals (sshd, docker stand-ins and simulated ranks per host) each want both cores.
+HEAVY_MARKERS = ("needs_engine", "needs_netns")
+HEAVY_GROUP = "heavy"
+
+
+def is_heavy(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(m) is not None for m in HEAVY_MARKERS)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup` (make test), keep each module on one worker, so a
-    module's session fixture (a rehearsal pair, a twin) is built once, not once per worker;
-    a module marked `xdist_group(NAME)` joins NAME's worker instead."""
+    """Scheduling under `pytest -n N --dist loadgroup` (make test; docs/testing.md):
+    - every heavy test (needs_engine or needs_netns) joins one group, so they run one after
+      another on one worker and no two of them compete for the 2 cores; they are moved to the
+      front, so that worker starts on them at once (their sum is the suite's critical path);
+    - every other test stays with its module on one worker, so a module's fixtures (a twin, a
+      mock server) are built once, not once per worker."""
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        group = HEAVY_GROUP if is_heavy(item) else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: not is_heavy(item))  # stable: file order kept within each

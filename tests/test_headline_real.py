@@ -25,7 +25,7 @@ from bench.realserver import (
     wait_all,
 )
 
-pytestmark = [pytest.mark.needs_engine, pytest.mark.xdist_group("engine")]
+pytestmark = [pytest.mark.needs_engine]
 
 PORT = 18291
 MODEL = "tiny-dsv4"

@@ -32,9 +32,9 @@ from sim.rehearsal import hosts, pairenv
 from tests.support.real_engine import PAIR_BOOT_LIMIT_S
 from tests.support.rehearsal import pair_fixture, run_launcher
 
-# xdist_group: the real-engine modules run one after another on one worker (each boots
-# vLLM processes that want both cores), next to the rest of the suite (Makefile `pytest`).
-pytestmark = [pytest.mark.needs_netns, pytest.mark.needs_engine, pytest.mark.xdist_group("engine")]
+# Heavy (needs_engine, needs_netns): tests/conftest.py runs it in the one group of heavy tests,
+# one after another on one worker, next to the light rest of the suite (docs/testing.md).
+pytestmark = [pytest.mark.needs_netns, pytest.mark.needs_engine]
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = ("--per-request-spec-decode-metrics", "summary")
@@ -75,7 +75,9 @@ def served(pair: hosts.Pair) -> Served:
         pair, REPO, "up", "--timeout", str(limit), timeout=limit + 120, vllm_args=SPEC
     )
     boot_s = time.monotonic() - t0
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    # the launcher's own lines first (the phase that was slow, the FAIL), then the log tails
+    own = [ln for ln in (res.stdout + res.stderr).splitlines() if not ln.lstrip().startswith("|")]
+    assert res.returncode == 0, "\n".join(own[-40:]) + "\n" + res.stderr[-3000:]
     print(f"\nreal pair: up (preflight + boot) took {boot_s:.1f} s")
     return Served(pair, boot_s, shm_before)
 

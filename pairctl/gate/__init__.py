@@ -6,9 +6,8 @@ failure) and pairctl imports nothing of bench; ``python -m bench.quality_ref_dsp
 in-process call, ``run_for_pair`` the call for a pair's own endpoint. What is asked and how
 a reply is judged: ``pairctl.gate.check``.
 
-Exit codes (``run_gate``'s return value): 0 all prompts passed; 1 at least one failed (or
-the endpoint is unreachable, or --json could not be written); 2 usage error (command line
-only).
+Exit codes (``run_gate``'s return value, and the command line's): pairctl.contracts.GATE_EXITS
+(``python -m pairctl contracts gate`` prints them).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pairctl.contracts import GATE_EXITS, codes
 from pairctl.endpoint import Endpoint, NotReady, wait_ready
 from pairctl.gate.check import (
     DEFAULT_PROMPTS,
@@ -44,6 +44,10 @@ __all__ = [
     "run_for_pair",
     "run_gate",
 ]
+
+
+EXIT_OK = codes(GATE_EXITS)["EXIT_OK"]
+EXIT_FAIL = codes(GATE_EXITS)["EXIT_FAIL"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ def run_gate(
         ident = wait_ready(s, endpoint, opts.ready_timeout_s, _log)
     except NotReady as e:
         print(f"FAIL endpoint: {e}")
-        return 1
+        return EXIT_FAIL
     model = opts.model if opts.model is not None else ident.model
     verdicts = ask_all(
         lambda spec: ask(s, endpoint, model, spec, max_tokens, opts.thinking, opts.timeout_s),
@@ -96,8 +100,8 @@ def run_gate(
             Path(opts.json_path).write_text(json.dumps(result.to_json(), indent=1) + "\n")
         except OSError as e:
             print(f"FAIL writing --json {opts.json_path}: {e.strerror or e}")
-            return 1
-    return 1 if result.failed else 0
+            return EXIT_FAIL
+    return EXIT_FAIL if result.failed else EXIT_OK
 
 
 def run_for_pair(endpoint: Endpoint | str, api_key: str | None = None) -> int:

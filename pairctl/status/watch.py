@@ -29,7 +29,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pairctl.contracts import EXIT_KEY, EXIT_OK, meaning
+from pairctl.contracts import (
+    EXIT_KEY,
+    EXIT_OK,
+    WATCH_BACKOFF_MAX_S,
+    WATCH_BACKOFF_S,
+    WATCH_FAILURES,
+    WATCH_INTERVAL_S,
+    WATCH_PROBE_TIMEOUT_S,
+    meaning,
+)
 from pairctl.lifecycle.steps import KEY_STATUSES, key_problem, session
 
 # While waiting for a wedged rank 1's ssh, one "still waiting" line this often.
@@ -38,11 +47,11 @@ LOST_HEARTBEAT_S = 600.0
 
 @dataclass(frozen=True)
 class WatchConfig:
-    interval_s: float = 30.0  # between probes
-    failures: int = 3  # consecutive failed probes before a restart
-    probe_timeout_s: float = 60.0  # one 1-token completion, queueing included
-    backoff_s: float = 30.0  # wait after a failed restart, doubled each time
-    backoff_max_s: float = 600.0
+    interval_s: float = WATCH_INTERVAL_S  # between probes
+    failures: int = WATCH_FAILURES  # consecutive failed probes before a restart
+    probe_timeout_s: float = WATCH_PROBE_TIMEOUT_S  # one 1-token completion, queueing included
+    backoff_s: float = WATCH_BACKOFF_S  # wait after a failed restart, doubled each time
+    backoff_max_s: float = WATCH_BACKOFF_MAX_S
 
 
 def stamp() -> str:

@@ -16,6 +16,7 @@ from typing import NoReturn
 from bench.benchlib import EXIT_INTERRUPTED, endpoint
 from pairctl.cli import argtypes as t
 from pairctl.contracts import BENCH_EXITS, exit_line
+from pairctl.log import log
 
 EPILOG = exit_line(BENCH_EXITS)
 
@@ -100,11 +101,6 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
 
 
 endpoint_of = endpoint.endpoint_of
-
-
-def log(msg: str) -> None:
-    """Progress and guard messages go to stderr so stdout stays the table."""
-    print(msg, file=sys.stderr, flush=True)
 
 
 def entry(main: Callable[[], int]) -> NoReturn:

@@ -22,6 +22,8 @@ from pairctl.contracts import (
 from pairctl.engine.overlays import sync
 from pairctl.gate import run_for_pair
 from pairctl.lifecycle.updown import lock_path
+from pairctl.lock import busy as lock_busy
+from pairctl.log import log
 from pairctl.nodes.docker import pair_containers
 from pairctl.nodes.ssh import nodes
 from pairctl.pair.plan import container_name
@@ -32,15 +34,10 @@ from pairctl.status import memory, watch
 from pairctl.status import pair as pst
 from pairctl.status import view as status_view
 from pairctl.status.memwatch import NodeWatch
-from pairctl.status.watch import lock_busy
 
 # What sync-overlays must know before it writes to two machines: that this is SPARK1 and
 # SPARK2 is another machine (the checks, and the exit code, with which up refuses).
 IDENTITY_CHECKS = ("PF-SELF-IS-SPARK1", "PF-DISTINCT-NODES")
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def print_check(check: pf.Check) -> None:

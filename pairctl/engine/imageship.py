@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, REPO
+from pairctl.log import logger
 from pairctl.nodes.ssh import Node, nodes
 from pairctl.nodes.transfer import PARTIAL, TransferError, send_tree
 from pairctl.pair.resolved import ResolvedPair
@@ -25,8 +26,7 @@ DOCKERFILE_DIR = REPO / "launch" / "image"
 DEFAULT_STAGE = "/var/tmp/dsv4-image"
 
 
-def log(msg: str) -> None:
-    print(f"image: {msg}", file=sys.stderr, flush=True)
+log = logger("image: ")
 
 
 def image_id(node: Node, ref: str) -> str:

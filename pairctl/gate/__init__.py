@@ -13,7 +13,6 @@ Exit codes (``run_gate``'s return value, and the command line's): pairctl.contra
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from pairctl.gate.check import (
     normalise,
     print_summary,
 )
+from pairctl.log import log
 
 __all__ = [
     "DEFAULT_PROMPTS",
@@ -63,10 +63,6 @@ class GateOptions:
     json_path: str | None = None  # write the verdicts JSON here
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def run_gate(
     endpoint: Endpoint,
     options: GateOptions | None = None,
@@ -84,7 +80,7 @@ def run_gate(
     max_tokens = max_tokens_for(ref, opts.max_tokens, opts.thinking)
     s = endpoint.session(trust_env=trust_env)
     try:
-        ident = wait_ready(s, endpoint, opts.ready_timeout_s, _log)
+        ident = wait_ready(s, endpoint, opts.ready_timeout_s, log)
     except NotReady as e:
         print(f"FAIL endpoint: {e}")
         return EXIT_FAIL

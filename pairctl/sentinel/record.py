@@ -23,6 +23,7 @@ from pairctl.cli import argtypes
 from pairctl.contracts import SENTINEL_EXITS, codes, exit_line
 from pairctl.endpoint import Endpoint, NotReady, endpoint_arg, wait_ready
 from pairctl.gate.check import DEFAULT_PROMPTS, ask, load_reference
+from pairctl.log import log
 from pairctl.sentinel import baseline
 from pairctl.sentinel.acceptance import (
     DEFAULT_MIN_DRAFTS,
@@ -37,10 +38,6 @@ EPILOG = exit_line(SENTINEL_EXITS)
 _EXIT = codes(SENTINEL_EXITS)
 EXIT_OK, EXIT_FAILED = _EXIT["EXIT_OK"], _EXIT["EXIT_FAILED"]
 EXIT_USAGE, EXIT_INTERRUPTED = _EXIT["EXIT_USAGE"], _EXIT["EXIT_INTERRUPTED"]
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 class RecordError(RuntimeError):

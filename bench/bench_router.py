@@ -51,6 +51,7 @@ from bench.benchlib.cli import entry, log
 from bench.benchlib.runner import git_sha
 from bench.benchlib.stats import summarize
 from pairctl.cli import argtypes as t
+from pairctl.contracts import BENCH_ROUTER_EXITS, exit_line
 from pairctl.endpoint import Endpoint, redacted_argv
 
 VARIANTS = ("direct", "affinity", "round_robin")
@@ -78,8 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog="Exit codes: 0 ok; 1 a request or a router failed; 2 usage; 3 a pair was not "
-        "idle (someone else's traffic): no number printed.",
+        epilog=exit_line(BENCH_ROUTER_EXITS),
     )
     p.add_argument(
         "--pairs",

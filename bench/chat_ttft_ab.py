@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.benchlib import EXIT_ERROR, cli, prompts, report
+from bench.benchlib import EXIT_ERROR, EXIT_INTERRUPTED, cli, prompts, report
 from bench.benchlib.endpoint import endpoint_arg
 from bench.benchlib.runner import Bench, git_sha
 from bench.benchlib.stats import median, request_metrics
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None, extra: Callable[[], dict[str, Any]] | No
         return measure(args, extra)
     except KeyboardInterrupt:
         print("chat_ttft_ab: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def measure(args: argparse.Namespace, extra: Callable[[], dict[str, Any]] | None) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import chat_ttft_ab
-from bench.benchlib import EXIT_ERROR
+from bench.benchlib import EXIT_ERROR, EXIT_INTERRUPTED
 from bench.benchlib.cli import log
 from bench.realserver import (
     Server,
@@ -39,8 +39,6 @@ from bench.realserver import (
     wait_all,
 )
 from pairctl.cli import argtypes
-
-EXIT_INTERRUPTED = 130
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:

@@ -20,8 +20,12 @@ from pairctl.cli.argtypes import (
     positive_float,
     positive_int,
 )
+from pairctl.contracts import PERFMODEL_EXITS, codes, exit_line
 from perfmodel import budget as B
 from perfmodel import report
+
+_EXIT = codes(PERFMODEL_EXITS)
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = _EXIT["EXIT_OK"], _EXIT["EXIT_ERROR"], _EXIT["EXIT_USAGE"]
 
 
 def _number(text: str, what: str, ok) -> float:
@@ -75,7 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m perfmodel",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: python -m perfmodel --accept 0.85 --bw-gbs 273 --json model.json",
+        epilog="Example: python -m perfmodel --accept 0.85 --bw-gbs 273 --json model.json\n\n"
+        + exit_line(PERFMODEL_EXITS),
     )
     p.add_argument(
         "--bw-gbs",
@@ -197,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         acc = acceptance(a)
     except ValueError as e:
         print(f"perf_model: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     doc = report.build(
         inputs(a),
         acc,
@@ -211,13 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(doc, indent=2)
     if a.json == "-":
         print(text)
-        return 0
+        return EXIT_OK
     print(report.render(doc))
     if a.json:
         try:
             Path(a.json).write_text(text + "\n")
         except OSError as e:  # checked writable at start; the directory can still go away
             print(f"perf_model: cannot write --json {a.json}: {e.strerror or e}", file=sys.stderr)
-            return 1
+            return EXIT_ERROR
         print(f"JSON written to {a.json}", file=sys.stderr)
-    return 0
+    return EXIT_OK

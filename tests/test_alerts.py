@@ -2,7 +2,7 @@
 `promtool test rules` with input series under which each alert fires for the broken pair or
 node and stays quiet for the healthy one (and for the look-alike: an idle pair, a traffic-mix
 change); every alert names a dashboard panel that plots its metrics; names are vLLM 0.33's;
-the memory thresholds are pairctl/contracts.py's bands.
+the memory thresholds are pairctl/contracts/__init__.py's bands.
 
 promtool comes from Debian's `prometheus` package (scripts/ensure_system_deps.sh): the tests
 needing it skip on a laptop without it and fail in CI (CI=true), as tests/conftest.py does

@@ -1,6 +1,7 @@
-"""One source per contract (pairctl/contracts.py): the exit-code tables in the docs, the
-launcher's --help and the fleet's epilog are generated from it, and the defaults every
-command uses (env file, recipe, boot timeout) are named nowhere else in the control plane."""
+"""One source per contract (pairctl/contracts/): the exit-code tables in the docs, the
+launcher's --help and every command's epilog are generated from it, and the defaults every
+command uses (env file, recipe, boot timeout, watch's numbers) are named nowhere else in the
+code; where a doc, the systemd unit or the Bash launcher states one, it is checked here."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import pytest
 
 from pairctl import contracts
 from pairctl.cli import frontdoor
-from pairctl.contracts import FLEET_EXITS, PAIR_EXITS, exit_table_md
+from pairctl.contracts import (
+    COMMAND_TABLES,
+    FLEET_EXITS,
+    PAIR_EXITS,
+    codes,
+    exit_line,
+    exit_table_md,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATED = (
@@ -41,6 +49,7 @@ def _tables_after(text: str, marker: str) -> list[str]:
         ("launch/README.md", "pair", PAIR_EXITS),
         ("docs/INTERFACES.md", "fleet", FLEET_EXITS),
         ("docs/fleet.md", "fleet", FLEET_EXITS),
+        *(("docs/INTERFACES.md", which, table) for which, table in COMMAND_TABLES.items()),
     ],
 )
 def test_doc_exit_tables_are_the_generated_ones(doc: str, which: str, table) -> None:
@@ -70,7 +79,11 @@ def test_every_boot_phase_has_a_limit_and_first_boot_is_never_shorter() -> None:
 
 
 def test_contracts_command_prints_the_tables() -> None:
-    for which, table in (("pair", PAIR_EXITS), ("fleet", FLEET_EXITS)):
+    for which, table in (
+        ("pair", PAIR_EXITS),
+        ("fleet", FLEET_EXITS),
+        ("bench", COMMAND_TABLES["bench"]),
+    ):
         p = subprocess.run(
             [sys.executable, "-m", "pairctl", "contracts", which],
             capture_output=True,
@@ -103,8 +116,9 @@ def test_constants_are_the_tables_numbers() -> None:
 
 
 def test_defaults_are_defined_once() -> None:
-    """The default recipe path and the boot timeout appear in the control plane's code only
-    in pairctl/contracts.py (a second literal would drift from it)."""
+    """The default recipe path and the boot timeout appear in the code only in
+    pairctl/contracts/ (a second literal would drift from it), and no module binds an exit
+    code to a number of its own."""
     files = subprocess.run(
         ["git", "ls-files", "pairctl/*.py", "pairctl/**/*.py", "launch/*.sh"],
         cwd=REPO,
@@ -112,9 +126,9 @@ def test_defaults_are_defined_once() -> None:
         text=True,
         check=True,
     ).stdout.split()
-    assert "pairctl/contracts.py" in files
+    assert "pairctl/contracts/__init__.py" in files
     for rel in files:
-        if rel == "pairctl/contracts.py":
+        if rel.startswith("pairctl/contracts/"):
             continue
         code = (REPO / rel).read_text()
         assert "dsv4-flash-dspark.yaml" not in code, rel
@@ -122,3 +136,150 @@ def test_defaults_are_defined_once() -> None:
         if rel == "launch/dspark_launch.sh":  # exits 2 itself only when no Python is found
             code = code.replace("readonly EXIT_USAGE=2", "", 1)
         assert not re.search(r"EXIT_\w+\s*=\s*\d", code), f"{rel}: import it from contracts"
+
+
+def test_no_command_binds_an_exit_number_of_its_own() -> None:
+    """The benches, the simulator's commands and the perf model take their EXIT_* from the
+    contracts too."""
+    files = subprocess.run(
+        ["git", "ls-files", "bench/*.py", "sim/*.py", "perfmodel/*.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "bench/benchlib/__init__.py" in files
+    for rel in files:
+        code = (REPO / rel).read_text()
+        assert not re.search(r"^\s*EXIT_\w+\s*=\s*\d", code, re.M), f"{rel}: use pairctl.contracts"
+
+
+def test_every_table_has_unique_codes_and_names() -> None:
+    for table in (PAIR_EXITS, FLEET_EXITS, *COMMAND_TABLES.values()):
+        assert len({e.code for e in table}) == len(table)
+        assert len({e.name for e in table}) == len(table)
+        assert all(e.meaning and e.short for e in table)
+    # the router bench uses the benches' constants: same names, same numbers
+    assert codes(COMMAND_TABLES["bench-router"]).items() <= codes(COMMAND_TABLES["bench"]).items()
+
+
+def _help(parse, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        parse(["--help"])
+    assert exc.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_each_commands_help_prints_its_table(capsys) -> None:
+    from bench import bench_router
+    from bench.benchlib import cli as bench_cli
+    from pairctl.gate import cli as gate_cli
+    from pairctl.sentinel import record
+    from perfmodel import cli as perf_cli
+    from sim.diffcheck import cli as diff_cli
+
+    parsers = {
+        "gate": lambda argv: gate_cli.parse_args(argv),
+        "sentinel": record.parse_args,
+        "bench": lambda argv: bench_cli.base_parser("a bench").parse_args(argv),
+        "bench-router": bench_router.parse_args,
+        "diffcheck": lambda argv: diff_cli._parser().parse_args(argv),
+        "perfmodel": perf_cli.parse_args,
+    }
+    assert parsers.keys() == COMMAND_TABLES.keys()
+    for which, parse in parsers.items():
+        text = _help(parse, capsys)
+        assert exit_line(COMMAND_TABLES[which]) in text, which
+
+
+def test_commands_bind_the_tables_numbers() -> None:
+    import bench.benchlib as benchlib
+    from pairctl import gate
+    from pairctl.sentinel import record
+    from perfmodel import cli as perf_cli
+    from sim.diffcheck import cli as diff_cli
+
+    for which, module in (
+        ("bench", benchlib),
+        ("gate", gate),
+        ("sentinel", record),
+        ("perfmodel", perf_cli),
+        ("diffcheck", diff_cli),
+    ):
+        for name, code in codes(COMMAND_TABLES[which]).items():
+            assert getattr(module, name, code) == code, (which, name)
+
+
+def test_launchers_usage_exit_is_the_contracts() -> None:
+    """Bash cannot import Python: the launcher's own constant is checked instead."""
+    text = (REPO / "launch/dspark_launch.sh").read_text()
+    found = re.findall(r"^readonly EXIT_USAGE=(\d+)$", text, re.M)
+    assert found == [str(contracts.EXIT_USAGE)]
+
+
+def test_watch_unit_states_the_contracts_numbers() -> None:
+    unit = (REPO / "launch/dsv4-watch@.service").read_text()
+    start = re.search(r"^ExecStart=.* watch (.*)$", unit, re.M)
+    assert start, "the unit lost its ExecStart"
+    flags = dict(re.findall(r"--([\w-]+) (\S+)", start[1]))
+    assert float(flags["interval"]) == contracts.WATCH_INTERVAL_S
+    assert int(flags["failures"]) == contracts.WATCH_FAILURES
+    assert f"every {contracts.WATCH_INTERVAL_S:g} s" in unit
+    assert f"after {contracts.WATCH_FAILURES} failed" in unit
+    prevent = re.search(r"^RestartPreventExitStatus=(.*)$", unit, re.M)
+    assert prevent and prevent[1].split() == [
+        str(contracts.EXIT_USAGE),
+        str(contracts.EXIT_KEY),
+    ]
+
+
+def test_docs_state_watchs_defaults_as_the_contract() -> None:
+    text = " ".join((REPO / "launch/README.md").read_text().split())
+    c = contracts
+    assert f"every `--interval` seconds (default {c.WATCH_INTERVAL_S:g};" in text
+    assert f"`--probe-timeout`, default {c.WATCH_PROBE_TIMEOUT_S:g})" in text
+    assert f"in a row (default {c.WATCH_FAILURES})" in text
+    assert f"`up --timeout S` (default {c.BOOT_TIMEOUT_S}," in text
+    assert (
+        f"`--backoff` seconds (default {c.WATCH_BACKOFF_S:g}, doubling up to "
+        f"{c.WATCH_BACKOFF_MAX_S:g} s)" in text
+    )
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (
+        f"one token every {c.WATCH_INTERVAL_S:g} s and, after {c.WATCH_FAILURES} failures" in readme
+    )
+
+
+def test_watchs_defaults_are_the_contracts() -> None:
+    from pairctl.sentinel import monitors
+    from pairctl.status.watch import WatchConfig
+
+    wc = WatchConfig()
+    c = contracts
+    assert (wc.interval_s, wc.failures, wc.probe_timeout_s, wc.backoff_s, wc.backoff_max_s) == (
+        c.WATCH_INTERVAL_S,
+        c.WATCH_FAILURES,
+        c.WATCH_PROBE_TIMEOUT_S,
+        c.WATCH_BACKOFF_S,
+        c.WATCH_BACKOFF_MAX_S,
+    )
+    assert monitors.MonitorConfig().canary_every_s == c.CANARY_EVERY_S
+    assert monitors.MonitorConfig().window_s == c.ACCEPTANCE_WINDOW_S
+
+
+def test_watch_start_line_shows_the_acceptance_window(monkeypatch) -> None:
+    """The start line says the window in seconds (it once printed the format literal)."""
+    from types import SimpleNamespace
+
+    from pairctl.cli import ops
+
+    seen: list[str] = []
+    monkeypatch.setattr(ops, "pair_monitors", lambda *a: SimpleNamespace(after_ok_probe=None))
+    monkeypatch.setattr(ops, "NodeWatch", lambda *a: None)
+    monkeypatch.setattr(ops.watch, "serve", lambda dog, what: seen.append(what) or 0)
+    pair = SimpleNamespace(pair_id="p", endpoint="http://127.0.0.1:9", api_key="", cfg={})
+    a = frontdoor.Args(cmd="watch", acceptance_window=321.0, canary_every=0.0)
+    assert ops.watchdog(a, pair, lambda: 0) == 0
+    (what,) = seen
+    assert "Acceptance sentinel over 321 s windows" in what, what
+    assert "{" not in what and "output canary off" in what

@@ -30,6 +30,7 @@ from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import Fleet, PairEntry
 from pairctl.fleet.pairs import PairView, env_file_matches, pair_argv
 from pairctl.fleet.remote import PID_TAG, Machine, is_local_address
+from pairctl.lock import LockHeld
 from pairctl.nodes.ssh import Result
 from sim.rehearsal.docker_args import require_contract, run_args
 from tests.support.fleet import SECRET, fleet
@@ -171,7 +172,7 @@ def test_down_removes_router_then_every_pair(f: Fleet) -> None:
 def test_fleet_lock_is_exclusive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     with ops.fleet_lock("test"):
-        with pytest.raises(ops.LockHeld, match="another fleet up/down"):
+        with pytest.raises(LockHeld, match="another fleet up/down"):
             with ops.fleet_lock("test"):
                 pass
     with ops.fleet_lock("test"):

@@ -218,3 +218,24 @@ def test_metric_names_are_vllm_033s() -> None:
     for name in names:
         base = re.sub(r"_(total|bucket)$", "", name)
         assert f'"{base}"' in source, f"{base} is not a vLLM 0.33 metric name"
+
+
+def test_family_shapes_is_diffchecks_view_of_the_same_parser() -> None:
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+        'vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 2\n'
+        'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 3\n'
+        'vllm:e2e_request_latency_seconds_count{model_name="m"} 3\n'
+        'vllm:e2e_request_latency_seconds_sum{model_name="m"} 1.5\n'
+        "# TYPE process_cpu_seconds counter\n"
+        "process_cpu_seconds_total 4\n"
+    )
+    assert sm.family_shapes(text) == {
+        "vllm:num_requests_running": {"type": "gauge", "labels": [["engine", "model_name"]]},
+        "vllm:e2e_request_latency_seconds": {"type": "histogram", "labels": [["model_name"]]},
+    }
+    from sim.diffcheck import probe
+
+    assert probe.family_shapes is sm.family_shapes

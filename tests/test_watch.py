@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pairctl import lock
 from pairctl.status import watch
 from tests.support.twin import Twin, free_port, wait_http
 
@@ -106,11 +107,11 @@ def test_a_held_lock_pauses_counting() -> None:
 
 def test_lock_busy_sees_another_holder(tmp_path: Path) -> None:
     path = tmp_path / "pair.lock"
-    assert watch.lock_busy(str(path)) is False  # no lock file: nobody holds it
+    assert lock.busy(str(path)) is False  # no lock file: nobody holds it
     with open(path, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        assert watch.lock_busy(str(path)) is True
-    assert watch.lock_busy(str(path)) is False
+        assert lock.busy(str(path)) is True
+    assert lock.busy(str(path)) is False
 
 
 def test_log_lines_carry_a_utc_timestamp(capsys) -> None:

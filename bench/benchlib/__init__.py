@@ -20,14 +20,18 @@ takes (parsed once from --url), and the argparse types (pairctl.cli.argtypes).
 
 from __future__ import annotations
 
+from pairctl.contracts import BENCH_EXITS, codes
+
 SCHEMA_VERSION = 1
 
-# Exit codes shared by every bench script (documented in bench/README.md).
-EXIT_OK = 0
-EXIT_ERROR = 1  # endpoint not ready, test request failed, or requests in a wave failed
-EXIT_USAGE = 2  # argparse / bad flag values
-EXIT_CONTAMINATED = 3  # at least one point had no clean wave after all retries: no number printed
-EXIT_INTERRUPTED = 130  # Ctrl-C: one line, the points measured so far written to --json
+# Exit codes shared by every bench script: pairctl.contracts.BENCH_EXITS has their meanings
+# (the --help epilog and docs/INTERFACES.md are generated from it).
+_EXIT = codes(BENCH_EXITS)
+EXIT_OK = _EXIT["EXIT_OK"]
+EXIT_ERROR = _EXIT["EXIT_ERROR"]
+EXIT_USAGE = _EXIT["EXIT_USAGE"]
+EXIT_CONTAMINATED = _EXIT["EXIT_CONTAMINATED"]
+EXIT_INTERRUPTED = _EXIT["EXIT_INTERRUPTED"]
 
 # One stream is one thread and one socket: more than this many at once would measure the
 # client box (threads, file descriptors), not the server, whose --max-num-seqs is far lower.

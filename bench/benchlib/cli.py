@@ -15,13 +15,10 @@ from typing import NoReturn
 
 from bench.benchlib import EXIT_INTERRUPTED, endpoint
 from pairctl.cli import argtypes as t
+from pairctl.contracts import BENCH_EXITS, exit_line
+from pairctl.log import log
 
-EPILOG = (
-    "Exit codes: 0 ok; 1 endpoint/request failure; 2 usage (also: a value the server cannot "
-    "take, e.g. a depth above its max_model_len); 3 refused: a point stayed contaminated by "
-    "foreign traffic after every retry (no number printed for it); 130 interrupted (Ctrl-C; "
-    "the points measured so far are in --json)."
-)
+EPILOG = exit_line(BENCH_EXITS)
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
@@ -104,11 +101,6 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
 
 
 endpoint_of = endpoint.endpoint_of
-
-
-def log(msg: str) -> None:
-    """Progress and guard messages go to stderr so stdout stays the table."""
-    print(msg, file=sys.stderr, flush=True)
 
 
 def entry(main: Callable[[], int]) -> NoReturn:

@@ -10,10 +10,20 @@ from pathlib import Path
 
 from pairctl import preflight as pf
 from pairctl.cli.frontdoor import Args
-from pairctl.contracts import EXIT_GATE, EXIT_OK, EXIT_PREFLIGHT, EXIT_RUNTIME
+from pairctl.contracts import (
+    EXIT_GATE,
+    EXIT_OK,
+    EXIT_PREFLIGHT,
+    EXIT_RUNTIME,
+    STATUS_INTERVAL_S,
+    STATUS_REFRESH_S,
+    WATCH_INTERVAL_S,
+)
 from pairctl.engine.overlays import sync
 from pairctl.gate import run_for_pair
 from pairctl.lifecycle.updown import lock_path
+from pairctl.lock import busy as lock_busy
+from pairctl.log import log
 from pairctl.nodes.docker import pair_containers
 from pairctl.nodes.ssh import nodes
 from pairctl.pair.plan import container_name
@@ -24,15 +34,10 @@ from pairctl.status import memory, watch
 from pairctl.status import pair as pst
 from pairctl.status import view as status_view
 from pairctl.status.memwatch import NodeWatch
-from pairctl.status.watch import lock_busy
 
 # What sync-overlays must know before it writes to two machines: that this is SPARK1 and
 # SPARK2 is another machine (the checks, and the exit code, with which up refuses).
 IDENTITY_CHECKS = ("PF-SELF-IS-SPARK1", "PF-DISTINCT-NODES")
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def print_check(check: pf.Check) -> None:
@@ -47,13 +52,13 @@ def progress(msg: str) -> None:
 def status(a: Args, pair: ResolvedPair) -> int:
     """Exit 0 healthy, 7 degraded, 8 down (with --watch: the last reading's)."""
     if a.watch:
-        interval = a.interval if a.interval is not None else 2.0
+        interval = a.interval if a.interval is not None else STATUS_REFRESH_S
 
         def reading(prev: pst.MetricsSample | None):
             return pst.collect(pair, prev, interval)
 
         return status_view.watch(reading, interval, a.count, as_json=a.json)
-    interval = a.interval if a.interval is not None else 1.0
+    interval = a.interval if a.interval is not None else STATUS_INTERVAL_S
     st = pst.pair_status(pair, interval_s=interval)
     text = status_view.render_json(st) + "\n" if a.json else status_view.render_text(st)
     sys.stdout.write(text)
@@ -145,7 +150,7 @@ def gate(pair: ResolvedPair) -> int:
 def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
     """Run the watchdog until SIGTERM/SIGINT (exit 0)."""
     wc = watch.WatchConfig(
-        interval_s=a.interval if a.interval is not None else 30.0,
+        interval_s=a.interval if a.interval is not None else WATCH_INTERVAL_S,
         failures=a.failures,
         probe_timeout_s=a.probe_timeout,
         backoff_s=a.backoff,
@@ -169,7 +174,7 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
         f"{wc.probe_timeout_s:g} s); after {wc.failures} failures in a row: down, then up "
         f"(up --timeout {a.timeout}); a failed restart waits {wc.backoff_s:g} s, doubling "
         f"up to {wc.backoff_max_s:g} s; both nodes' memory read each cycle; a restart waits "
-        "for rank 1's ssh to answer. Acceptance sentinel over {a.acceptance_window:g} s "
+        f"for rank 1's ssh to answer. Acceptance sentinel over {a.acceptance_window:g} s "
         f"windows, output canary {canary}: events only, never a restart"
     )
     return watch.serve(dog, what)

@@ -45,7 +45,7 @@ class Stall:
         return (
             f"rank {self.rank} stalled in phase '{self.phase}': no further phase for "
             f"{self.for_s:.0f} s, past its {kind} limit of {self.limit_s} s "
-            "(pairctl/contracts.py BOOT_PHASES)"
+            "(pairctl/contracts/__init__.py BOOT_PHASES)"
         )
 
 

@@ -16,17 +16,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, REPO
+from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, IMAGE_STAGE_DIR, REPO
+from pairctl.log import logger
 from pairctl.nodes.ssh import Node, nodes
 from pairctl.nodes.transfer import PARTIAL, TransferError, send_tree
 from pairctl.pair.resolved import ResolvedPair
 
 DOCKERFILE_DIR = REPO / "launch" / "image"
-DEFAULT_STAGE = "/var/tmp/dsv4-image"
+DEFAULT_STAGE = IMAGE_STAGE_DIR
 
 
-def log(msg: str) -> None:
-    print(f"image: {msg}", file=sys.stderr, flush=True)
+log = logger("image: ")
 
 
 def image_id(node: Node, ref: str) -> str:

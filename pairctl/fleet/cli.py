@@ -24,6 +24,7 @@ from pairctl.fleet import (
     render,
 )
 from pairctl.fleet.inventory import DEFAULT_INVENTORY, load_inventory
+from pairctl.lock import LockHeld
 from pairctl.pair.config import ConfigError
 
 EPILOG = (
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             dres = ops.down(fleet, args.router_only, out)
             sys.stdout.write(render.down_summary(fleet, dres))
             return dres.code
-    except ops.LockHeld as exc:
+    except LockHeld as exc:
         print(f"fleet: {exc}", file=sys.stderr)
         return EXIT_PREFLIGHT
     except KeyboardInterrupt:

@@ -9,15 +9,12 @@ others; the summary names it. The router is started only if it is not already ru
 
 from __future__ import annotations
 
-import fcntl
-import os
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
 
 from pairctl import contracts
@@ -34,6 +31,7 @@ from pairctl.fleet import router as rt
 from pairctl.fleet.inventory import Fleet, PairEntry
 from pairctl.fleet.pairs import PairView, env_file_matches, head, pair_argv, pair_status
 from pairctl.fleet.remote import PID_TAG, Machine
+from pairctl.lock import fleet_lock_path, held
 from pairctl.pair.plan import LABEL_PLAN
 
 # ssh's own failure: the pair's command never ran on its head.
@@ -63,24 +61,8 @@ class Out:
 @contextmanager
 def fleet_lock(fleet_id: str):
     """One `fleet up`/`down` at a time per fleet on this machine (each pair has its own lock)."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    path = Path(base) / f"dsv4-fleet-{fleet_id}.lock"
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LockHeld(path) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-class LockHeld(RuntimeError):
-    def __init__(self, path: Path) -> None:
-        super().__init__(
-            f"another fleet up/down is running (lock {path}); nothing was started or removed"
-        )
+    with held(fleet_lock_path(fleet_id), "fleet up/down"):
+        yield
 
 
 @dataclass

@@ -6,19 +6,18 @@ failure) and pairctl imports nothing of bench; ``python -m bench.quality_ref_dsp
 in-process call, ``run_for_pair`` the call for a pair's own endpoint. What is asked and how
 a reply is judged: ``pairctl.gate.check``.
 
-Exit codes (``run_gate``'s return value): 0 all prompts passed; 1 at least one failed (or
-the endpoint is unreachable, or --json could not be written); 2 usage error (command line
-only).
+Exit codes (``run_gate``'s return value, and the command line's): pairctl.contracts.GATE_EXITS
+(``python -m pairctl contracts gate`` prints them).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pairctl.contracts import GATE_EXITS, codes
 from pairctl.endpoint import Endpoint, NotReady, wait_ready
 from pairctl.gate.check import (
     DEFAULT_PROMPTS,
@@ -32,6 +31,7 @@ from pairctl.gate.check import (
     normalise,
     print_summary,
 )
+from pairctl.log import log
 
 __all__ = [
     "DEFAULT_PROMPTS",
@@ -46,6 +46,10 @@ __all__ = [
 ]
 
 
+EXIT_OK = codes(GATE_EXITS)["EXIT_OK"]
+EXIT_FAIL = codes(GATE_EXITS)["EXIT_FAIL"]
+
+
 @dataclass(frozen=True)
 class GateOptions:
     """The gate's knobs, one per flag of its command line (same defaults)."""
@@ -57,10 +61,6 @@ class GateOptions:
     max_tokens: int | None = None  # None: the file's (4096 at least in thinking mode)
     thinking: bool = False
     json_path: str | None = None  # write the verdicts JSON here
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def run_gate(
@@ -80,10 +80,10 @@ def run_gate(
     max_tokens = max_tokens_for(ref, opts.max_tokens, opts.thinking)
     s = endpoint.session(trust_env=trust_env)
     try:
-        ident = wait_ready(s, endpoint, opts.ready_timeout_s, _log)
+        ident = wait_ready(s, endpoint, opts.ready_timeout_s, log)
     except NotReady as e:
         print(f"FAIL endpoint: {e}")
-        return 1
+        return EXIT_FAIL
     model = opts.model if opts.model is not None else ident.model
     verdicts = ask_all(
         lambda spec: ask(s, endpoint, model, spec, max_tokens, opts.thinking, opts.timeout_s),
@@ -96,8 +96,8 @@ def run_gate(
             Path(opts.json_path).write_text(json.dumps(result.to_json(), indent=1) + "\n")
         except OSError as e:
             print(f"FAIL writing --json {opts.json_path}: {e.strerror or e}")
-            return 1
-    return 1 if result.failed else 0
+            return EXIT_FAIL
+    return EXIT_FAIL if result.failed else EXIT_OK
 
 
 def run_for_pair(endpoint: Endpoint | str, api_key: str | None = None) -> int:

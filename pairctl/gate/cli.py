@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from pairctl.cli import argtypes
+from pairctl.contracts import GATE_EXITS, exit_line
 from pairctl.endpoint import add_endpoint_args, endpoint_of
 from pairctl.gate import GateOptions, run_gate
 from pairctl.gate.check import DEFAULT_PROMPTS, load_reference
@@ -16,7 +17,7 @@ from pairctl.gate.check import DEFAULT_PROMPTS, load_reference
 DESCRIPTION = (
     "Quality gate: 5 greedy prompts with exact-answer checks; exit non-zero on any failure."
 )
-EPILOG = "Exit codes: 0 all passed; 1 a prompt failed or endpoint unreachable; 2 usage."
+EPILOG = exit_line(GATE_EXITS)
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:

@@ -25,15 +25,11 @@ from pairctl.engine import bootlog
 from pairctl.engine.bootlog import phase_of
 from pairctl.engine.bootwatch import PhaseTracker
 from pairctl.engine.image import ImageFacts, parse_inspect
+from pairctl.log import log
 from pairctl.nodes.docker import State, inspect, logs_tail, remove_pair
 from pairctl.nodes.ssh import Node, nodes
 from pairctl.pair.plan import CACHE_VARS, ENTRYPOINT, build_rank, container_name, mask_argv
 from pairctl.pair.resolved import ResolvedPair
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
 
 JOIN_HINT_AFTER_S = 90.0
 

@@ -11,12 +11,9 @@ two operators, or an operator and the watchdog, never race on one pair.
 
 from __future__ import annotations
 
-import fcntl
-import os
 import signal
-import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from pairctl.contracts import (
@@ -30,39 +27,21 @@ from pairctl.contracts import (
 )
 from pairctl.engine.bootwatch import first_boot_reasons
 from pairctl.lifecycle import steps as lc
+from pairctl.lock import LockHeld, held, pair_lock_path
+from pairctl.log import logger
 from pairctl.pair.resolved import ResolvedPair
 
-
-def log(msg: str) -> None:
-    print(f"dspark_launch: {msg}", file=sys.stderr, flush=True)
+log = logger("dspark_launch: ")
 
 
 def lock_path(pair: ResolvedPair) -> str:
-    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
-    # SPARK1 in the name: two test pairs on one machine may share a PAIR_ID.
-    return f"{base}/dsv4-launch-{pair.pair_id}-{pair.spark1}.lock"
+    return pair_lock_path(pair.pair_id, pair.spark1)
 
 
-class LockHeld(Exception):
-    """Another up/down of this pair runs (exit 3, nothing started or removed)."""
-
-
-@contextmanager
-def pair_lock(pair: ResolvedPair) -> Iterator[None]:
-    """Hold the pair's lock for the block; LockHeld at once when another process has it."""
-    path = lock_path(pair)
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LockHeld(
-                f"another up/down for this pair is running (lock {path}); nothing was "
-                "started or removed"
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def pair_lock(pair: ResolvedPair) -> AbstractContextManager[None]:
+    """Hold the pair's lock for the block; LockHeld (exit 3, nothing started or removed) at
+    once when another up/down of this pair runs."""
+    return held(lock_path(pair), "up/down for this pair")
 
 
 class Interrupted(KeyboardInterrupt):

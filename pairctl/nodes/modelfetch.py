@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME
+from pairctl.log import logger
 from pairctl.nodes.ssh import Node, nodes
 from pairctl.nodes.transfer import PARTIAL, TransferError, remote_sizes, send_tree, sha256_remote
 from pairctl.pair.config import ConfigError
@@ -38,8 +39,7 @@ INDEX = "model.safetensors.index.json"
 SKIP_SUFFIXES = (".incomplete", ".lock", PARTIAL)
 
 
-def log(msg: str) -> None:
-    print(f"model: {msg}", file=sys.stderr, flush=True)
+log = logger("model: ")
 
 
 def model_files(root: Path) -> list[str]:

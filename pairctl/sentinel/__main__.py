@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from pairctl.contracts import SENTINEL_EXITS, codes
+
+_EXIT = codes(SENTINEL_EXITS)
+
 USAGE = (
     "usage: python -m pairctl.sentinel record [options]\n"
     "  record   record the recipe's acceptance baseline band (record --help for options)\n"
@@ -13,10 +17,10 @@ USAGE = (
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(USAGE)
-        return 0 if argv else 2
+        return _EXIT["EXIT_OK"] if argv else _EXIT["EXIT_USAGE"]
     if argv[0] != "record":
         sys.stderr.write(f"unknown command {argv[0]!r}\n" + USAGE)
-        return 2
+        return _EXIT["EXIT_USAGE"]
     from pairctl.sentinel.record import main as record_main
 
     return record_main(argv[1:])
@@ -27,4 +31,4 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(_EXIT["EXIT_INTERRUPTED"])

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from pairctl.cli import argtypes
+from pairctl.contracts import SENTINEL_EXITS, codes, exit_line
 from pairctl.endpoint import Endpoint, NotReady, endpoint_arg, wait_ready
 from pairctl.gate.check import DEFAULT_PROMPTS, ask, load_reference
+from pairctl.log import log
 from pairctl.sentinel import baseline
 from pairctl.sentinel.acceptance import (
     DEFAULT_MIN_DRAFTS,
@@ -32,14 +34,10 @@ from pairctl.sentinel.acceptance import (
 )
 from pairctl.status.metrics import MetricsParseError, parse
 
-EPILOG = (
-    "Exit codes: 0 baseline written; 1 endpoint unreachable, no spec-decode counters, or no "
-    "window with enough drafts (nothing written); 2 usage; 130 interrupted (nothing written)."
-)
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+EPILOG = exit_line(SENTINEL_EXITS)
+_EXIT = codes(SENTINEL_EXITS)
+EXIT_OK, EXIT_FAILED = _EXIT["EXIT_OK"], _EXIT["EXIT_FAILED"]
+EXIT_USAGE, EXIT_INTERRUPTED = _EXIT["EXIT_USAGE"], _EXIT["EXIT_INTERRUPTED"]
 
 
 class RecordError(RuntimeError):
@@ -177,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         ep, recipe_path, recipe_name = endpoint_and_recipe(a)
     except ConfigError as exc:
         log(f"record: {exc}")
-        return 2
+        return EXIT_USAGE
     out = Path(a.out) if a.out else baseline.path_for(recipe_path, recipe_name)
     t_start = datetime.now(UTC)
     try:
@@ -194,13 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         band = baseline.band_from(used, positions, a.margin, a.min_drafts, a.min_trials)
     except RecordError as exc:
         log(f"record FAILED: {exc}")
-        return 1
+        return EXIT_FAILED
     except baseline.BaselineError as exc:
         log(f"record FAILED: {exc}")
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("record: interrupted; nothing written", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     recorded = {
         "at": t_start.isoformat(timespec="seconds").replace("+00:00", "Z"),
         "endpoint": ep.base,
@@ -222,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         baseline.save(out, baseline.document(recipe_name, band, a.margin, recorded))
     except OSError as exc:
         log(f"record FAILED writing {out}: {exc.strerror or exc}")
-        return 1
+        return EXIT_FAILED
     sim_note = " (SIMULATOR: this band says nothing about hardware)" if sim else ""
     print(
         f"baseline for {recipe_name} written to {out}{sim_note}: depth ratio floor "
@@ -230,4 +228,4 @@ def main(argv: list[str] | None = None) -> int:
         f"acceptance length {band.mean_length_range[0]:.2f}-{band.mean_length_range[1]:.2f} "
         f"from {len(used)} window(s)"
     )
-    return 0
+    return EXIT_OK

@@ -1,7 +1,11 @@
 """vLLM's ``/metrics``: the one parser, and the serving figures, pure and unit-tested.
 
-Every reader of /metrics parses it here (status, the fleet, the benches' guard, the twin's
-tests): ``parse`` turns a body into a ``Scrape`` with prometheus_client's own text parser.
+Every reader of /metrics in the code parses it here (status, the fleet, the sentinel, the
+benches' guard, diffcheck, the twin's tests); each fetches the body with its own session and
+timeout. ``parse`` turns a body into a ``Scrape`` with prometheus_client's own text parser;
+``family_shapes`` is diffcheck's view of the same text (each family's type and label names).
+Only tests/test_real_pair.py's oracle parses on its own, with prometheus_client directly, so
+that it stays independent of this module.
 A scrape taken many times a second keeps only the families it needs (``families``): a real
 vLLM page is tens of kB of histograms, and a cheap ``startswith`` per line leaves the parser
 less Python work under the GIL that the benches' stream threads need.
@@ -21,6 +25,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -105,6 +110,20 @@ def parse(text: str, families: tuple[str, ...] | None = None) -> Scrape:
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsParseError(f"not Prometheus text exposition: {exc}") from exc
     return Scrape(dict(samples))
+
+
+def family_shapes(text: str, prefix: str = "vllm:") -> dict[str, dict[str, Any]]:
+    """The families named ``prefix...``: their type and the sorted label-name sets of their
+    samples (``le``/``quantile`` left out): what a client's queries depend on, no values."""
+    fams: dict[str, dict[str, Any]] = {}
+    for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith(prefix):
+            continue
+        labels = sorted(
+            {tuple(sorted(k for k in s.labels if k not in ("le", "quantile"))) for s in fam.samples}
+        )
+        fams[fam.name] = {"type": fam.type, "labels": [list(x) for x in labels]}
+    return fams
 
 
 def increase(before: float | None, after: float | None) -> float | None:

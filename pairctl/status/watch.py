@@ -19,18 +19,26 @@ containers by label on both nodes). Every event is one line with a UTC timestamp
 
 from __future__ import annotations
 
-import fcntl
 import signal
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from pairctl.contracts import EXIT_KEY, EXIT_OK, meaning
+from pairctl.contracts import (
+    EXIT_KEY,
+    EXIT_OK,
+    WATCH_BACKOFF_MAX_S,
+    WATCH_BACKOFF_S,
+    WATCH_FAILURES,
+    WATCH_INTERVAL_S,
+    WATCH_PROBE_TIMEOUT_S,
+    meaning,
+)
 from pairctl.lifecycle.steps import KEY_STATUSES, key_problem, session
+from pairctl.log import log
 
 # While waiting for a wedged rank 1's ssh, one "still waiting" line this often.
 LOST_HEARTBEAT_S = 600.0
@@ -38,11 +46,11 @@ LOST_HEARTBEAT_S = 600.0
 
 @dataclass(frozen=True)
 class WatchConfig:
-    interval_s: float = 30.0  # between probes
-    failures: int = 3  # consecutive failed probes before a restart
-    probe_timeout_s: float = 60.0  # one 1-token completion, queueing included
-    backoff_s: float = 30.0  # wait after a failed restart, doubled each time
-    backoff_max_s: float = 600.0
+    interval_s: float = WATCH_INTERVAL_S  # between probes
+    failures: int = WATCH_FAILURES  # consecutive failed probes before a restart
+    probe_timeout_s: float = WATCH_PROBE_TIMEOUT_S  # one 1-token completion, queueing included
+    backoff_s: float = WATCH_BACKOFF_S  # wait after a failed restart, doubled each time
+    backoff_max_s: float = WATCH_BACKOFF_MAX_S
 
 
 def stamp() -> str:
@@ -95,23 +103,6 @@ def probe_token(base: str, timeout: float, api_key: str = "") -> str | None:
     except (ValueError, KeyError, TypeError) as exc:
         return f"{base}: malformed answer: {exc}"
     return None
-
-
-def lock_busy(path: str) -> bool:
-    """True while another process holds the pair's launcher lock (an up/down is running)."""
-    p = Path(path)
-    if not p.exists():
-        return False
-    try:
-        with open(p, "a") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(fh, fcntl.LOCK_UN)
-    except OSError:
-        return False
-    return False
 
 
 class Watchdog:
@@ -268,7 +259,7 @@ def serve(dog: Watchdog, what: str) -> int:
 
 
 def printer(pair_id: str) -> Callable[[str], None]:
-    def log(msg: str) -> None:
-        print(f"{stamp()} watch {pair_id}: {msg}", file=sys.stdout, flush=True)
+    def say(msg: str) -> None:
+        log(msg, prefix=f"{stamp()} watch {pair_id}: ", stream=sys.stdout)
 
-    return log
+    return say

@@ -10,8 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pairctl.contracts import DIFFCHECK_EXITS, codes, exit_line
 from sim.diffcheck import compare, logs, peerloss, probe
 from sim.diffcheck.pair import Pair, PairConfig
+
+_EXIT = codes(DIFFCHECK_EXITS)
+EXIT_OK, EXIT_DIFF = _EXIT["EXIT_OK"], _EXIT["EXIT_DIFF"]
+EXIT_USAGE, EXIT_INTERRUPTED = _EXIT["EXIT_USAGE"], _EXIT["EXIT_INTERRUPTED"]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,6 +27,7 @@ def _parser() -> argparse.ArgumentParser:
         "and compare what clients depend on: status codes, response keys and types, error "
         "bodies, SSE chunk shapes, /v1/models, /health, vllm: metric names and labels, and "
         "the classes of boot/shutdown/peer-loss log lines.",
+        epilog=exit_line(DIFFCHECK_EXITS),
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     rec = sub.add_parser("record", help="run the corpus against one server; write a snapshot")
@@ -124,7 +130,7 @@ def _peer_loss(args: argparse.Namespace) -> int:
     vllm = args.engine_venv / "bin" / "vllm"
     if not vllm.exists():
         print(f"diffcheck: {vllm} is missing; run `make engine`", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     args.logs.mkdir(parents=True, exist_ok=True)
     cfg = PairConfig(
         vllm.resolve(),
@@ -152,7 +158,7 @@ def _peer_loss(args: argparse.Namespace) -> int:
         text = text.replace(str(Path.cwd()), ".")
         args.out.write_text(text)
         print(f"{name}: recorded -> {args.out}", file=sys.stderr, flush=True)
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
             print(f"snapshot of {args.url}: {len(snap['cases'])} cases -> {args.out}")
-            return 0
+            return EXIT_OK
         if args.cmd == "peer-loss":
             return _peer_loss(args)
         if args.cmd == "add-logs":
@@ -174,20 +180,20 @@ def main(argv: list[str] | None = None) -> int:
             snap.setdefault("logs", {}).update(logs.read(args.log, args.event_log))
             args.snapshot.write_text(json.dumps(snap, indent=1, sort_keys=True) + "\n")
             print(f"{args.snapshot}: log events {', '.join(sorted(snap['logs']))}")
-            return 0
+            return EXIT_OK
         sim = _snapshot(args.sim, args.api_key, args.sim_log)
         real = _snapshot(args.real, args.api_key, args.real_log)
         findings = compare.compare(sim, real)
         print(table(findings, args.all))
         if args.json:
             args.json.write_text(json.dumps(compare.as_json(findings), indent=1) + "\n")
-        return 1 if any(f.verdict == "DIFF" for f in findings) else 0
+        return EXIT_DIFF if any(f.verdict == "DIFF" for f in findings) else EXIT_OK
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except (OSError, ValueError, KeyError) as exc:
         print(
             f"diffcheck: {exc} (is the server up and the snapshot a diffcheck JSON?)",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE

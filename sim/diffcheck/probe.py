@@ -15,8 +15,8 @@ import time
 from typing import Any
 
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
+from pairctl.status.metrics import family_shapes
 from sim.diffcheck import corpus, sdk
 from sim.diffcheck.shape import shape_of
 
@@ -107,19 +107,6 @@ def run_case(base: str, case: corpus.Case, model: str, api_key: str | None) -> d
     return out
 
 
-def metric_families(text: str) -> dict[str, dict[str, Any]]:
-    """`vllm:` families: type and the sorted label-name sets of their samples."""
-    fams: dict[str, dict[str, Any]] = {}
-    for fam in text_string_to_metric_families(text):
-        if not fam.name.startswith("vllm:"):
-            continue
-        labels = sorted(
-            {tuple(sorted(k for k in s.labels if k not in ("le", "quantile"))) for s in fam.samples}
-        )
-        fams[fam.name] = {"type": fam.type, "labels": [list(x) for x in labels]}
-    return fams
-
-
 def served_model(base: str, api_key: str | None) -> tuple[str, int]:
     """The first served name and its max_model_len (from /v1/models)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -145,7 +132,7 @@ def record(base: str, api_key: str | None = None, progress: Any = None) -> dict[
         "model": model,
         "max_model_len": max_len,
         "cases": cases,
-        "metrics": metric_families(text),
+        "metrics": family_shapes(text),
     }
     if sdk.available():
         if progress:

@@ -99,9 +99,9 @@ def listening_ports(host: hosts.Host) -> list[int]:
 
 
 def lock_state(pair: hosts.Pair) -> tuple[bool, list[str]]:
-    """Whether the pair's launcher lock is held (``pairctl.status.watch.lock_busy``, the
+    """Whether the pair's launcher lock is held (``pairctl.lock.busy``, the
     watchdog's own test), and which lock files exist in host 1's runtime dir."""
-    from pairctl.status.watch import lock_busy
+    from pairctl.lock import busy as lock_busy
 
     run_dir = pair.h1.on_disk(pair.h1.runtime_dir)
     files = sorted(p.name for p in run_dir.glob("dsv4-launch-*.lock")) if run_dir.is_dir() else []

@@ -1,20 +1,41 @@
 """The contracts other pieces rely on, each defined once: exit codes and their meanings,
-default paths and timeouts.
+default paths, timeouts and the watchdog's numbers.
 
-The launcher's ``--help``, the watchdog's and the fleet's log lines, and the exit-code
-tables in launch/README.md and docs/INTERFACES.md are all generated from here
+Every command family has its exit-code table here (the pair launcher's and the fleet's in
+this module, the gate's, the sentinel's, the benches', diffcheck's and the perf model's in
+``pairctl.contracts.commands``; the row type and its renderings in ``.table``). The
+launcher's ``--help``, every command's epilog, the watchdog's and the fleet's log lines, and
+the exit-code tables in launch/README.md and docs/INTERFACES.md are all generated from here
 (``python -m pairctl contracts``); tests/test_contracts.py fails when a table in a doc
-differs from what this module renders.
+differs from what this package renders, or a doc, the systemd unit or the Bash launcher
+states another number.
 """
 
 from __future__ import annotations
 
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from pairctl.contracts.commands import (  # noqa: F401 - re-exported
+    BENCH_EXITS,
+    BENCH_ROUTER_EXITS,
+    COMMAND_TABLES,
+    DIFFCHECK_EXITS,
+    GATE_EXITS,
+    PERFMODEL_EXITS,
+    SENTINEL_EXITS,
+)
+from pairctl.contracts.table import (  # noqa: F401 - re-exported
+    ExitCode,
+    codes,
+    exit_line,
+    exit_table_md,
+    exit_text,
+)
+from pairctl.contracts.table import meaning as _meaning
+
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ENV = REPO / ".env"
 DEFAULT_RECIPE_REL = "recipes/dsv4-flash-dspark.yaml"
 DEFAULT_RECIPE = REPO / DEFAULT_RECIPE_REL
@@ -109,6 +130,23 @@ BOOT_POLL_S = 2.0
 CANARY_EVERY_S = 15 * 60
 ACCEPTANCE_WINDOW_S = 10 * 60
 
+# watch (pairctl.status.watch): one 1-token completion every WATCH_INTERVAL_S, each allowed
+# WATCH_PROBE_TIMEOUT_S (queueing included); WATCH_FAILURES failed probes in a row restart
+# the pair; a failed restart waits WATCH_BACKOFF_S, doubled up to WATCH_BACKOFF_MAX_S.
+# launch/dsv4-watch@.service, launch/README.md and README.md state these numbers (a test
+# compares them).
+WATCH_INTERVAL_S = 30.0
+WATCH_FAILURES = 3
+WATCH_PROBE_TIMEOUT_S = 60.0
+WATCH_BACKOFF_S = 30.0
+WATCH_BACKOFF_MAX_S = 600.0
+# status: the rates are measured over STATUS_INTERVAL_S (two scrapes that far apart);
+# `status --watch` redraws every STATUS_REFRESH_S.
+STATUS_INTERVAL_S = 1.0
+STATUS_REFRESH_S = 2.0
+# `image ship`: where the image tar waits on both nodes while it is copied.
+IMAGE_STAGE_DIR = "/var/tmp/dsv4-image"
+
 # Memory pressure on a node: `status`, `watch` and preflight's PF-MEMORY-FLOOR read each
 # node's MemAvailable / MemTotal against these bands (pairctl/status/memory.py).
 # Why these numbers: a DGX Spark's GB10 has 128 GB of LPDDR5X (MemTotal ~119.7 GiB) shared
@@ -159,16 +197,6 @@ MEMORY_BANDS: tuple[MemoryBand, ...] = (
         "does not restart for it (a restart allocates the same memory again)",
     ),
 )
-
-
-@dataclass(frozen=True)
-class ExitCode:
-    """One exit code: its number, a constant name, and what it means (one table row)."""
-
-    code: int
-    name: str
-    meaning: str
-    short: str  # the few words a log line uses (watch, fleet summary)
 
 
 PAIR_EXITS: tuple[ExitCode, ...] = (
@@ -297,28 +325,7 @@ EXIT_INTERRUPTED = 130
 
 def meaning(code: int, table: tuple[ExitCode, ...] = PAIR_EXITS) -> str:
     """The short meaning of a pair launcher's exit code, for a log line."""
-    for e in table:
-        if e.code == code:
-            return e.short
-    return "unexpected exit"
-
-
-def exit_table_md(table: tuple[ExitCode, ...]) -> str:
-    """The Markdown table the docs carry (a test compares them)."""
-    rows = ["| code | meaning |", "|---|---|"]
-    rows += [f"| {e.code} | {e.meaning} |" for e in table]
-    return "\n".join(rows) + "\n"
-
-
-def exit_text(table: tuple[ExitCode, ...], width: int = 88) -> str:
-    """The exit codes as --help prints them: one wrapped paragraph per code."""
-    out = []
-    for e in table:
-        text = e.meaning.replace("`", "")
-        out.append(
-            textwrap.fill(text, width, initial_indent=f"  {e.code:<4}", subsequent_indent="      ")
-        )
-    return "\n".join(out) + "\n"
+    return _meaning(code, table)
 
 
 def _check_constants() -> None:
@@ -339,14 +346,14 @@ def memory_table_md() -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m pairctl contracts [pair|fleet|memory|phases]``: print a table for the docs."""
+    """``python -m pairctl contracts [TABLE]``: print a table for the docs (TABLE: pair, fleet,
+    memory, phases, or a command family of pairctl.contracts.commands)."""
     which = argv[0] if argv else "pair"
-    tables = {"pair": PAIR_EXITS, "fleet": FLEET_EXITS}
-    if which == "phases" and len(argv) == 1:
-        print(phase_table_md(), end="")
-        return EXIT_OK
-    if (which not in tables and which != "memory") or len(argv) > 1:
-        print("usage: python -m pairctl contracts [pair|fleet|memory|phases]", file=sys.stderr)
+    tables = {"pair": PAIR_EXITS, "fleet": FLEET_EXITS, **COMMAND_TABLES}
+    others = {"memory": memory_table_md, "phases": phase_table_md}
+    if (which not in tables and which not in others) or len(argv) > 1:
+        names = "|".join([*tables, *others])
+        print(f"usage: python -m pairctl contracts [{names}]", file=sys.stderr)
         return EXIT_USAGE
-    print(memory_table_md() if which == "memory" else exit_table_md(tables[which]), end="")
+    print(others[which]() if which in others else exit_table_md(tables[which]), end="")
     return EXIT_OK

@@ -50,7 +50,8 @@ lint: venv
 	  sim/rehearsal/bin/vllm-router
 
 # Three workers: most tests wait (on a simulated boot, a socket, a subprocess) more than they
-# compute; the real-engine modules share one worker (xdist_group "engine").
+# compute; the heavy tests (real engine, netns rehearsals) run one after another on one of them
+# (tests/conftest.py, docs/testing.md).
 PYTEST_WORKERS ?= 3
 pytest: venv engine
 	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup

@@ -74,3 +74,25 @@ def test_no_module_defines_its_own_log_or_lock() -> None:
         code = (REPO / rel).read_text()
         assert not re.search(r"^def _?log\(", code, re.M), f"{rel}: use pairctl.log"
         assert "class LockHeld" not in code, f"{rel}: use pairctl.lock"
+
+
+def test_only_the_metrics_module_asks_a_server_for_its_metrics_page() -> None:
+    """One place fetches /metrics (pairctl/status/metrics.py `fetch`): a GET of the page
+    anywhere else in the shipped code would be a second fetcher with its own session,
+    timeout and error wording. The simulator serves the page; it does not fetch it."""
+    files = subprocess.run(
+        ["git", "ls-files", "pairctl/*.py", "bench/*.py", "sim/*.py", "perfmodel/*.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    fetchers = [
+        rel
+        for rel in files
+        if rel != "pairctl/status/metrics.py"
+        and re.search(r"\.get\([^)\n]*/metrics", (REPO / rel).read_text())
+    ]
+    assert fetchers == [], fetchers
+    code = (REPO / "pairctl/status/metrics.py").read_text()
+    assert re.search(r"\.get\([^)\n]*/metrics", code)

@@ -71,9 +71,7 @@ def parse(text: str, t_ns: int | None = None) -> Snapshot:
 
 def scrape(session: requests.Session, endpoint: Endpoint, timeout_s: float = 5.0) -> Snapshot:
     """GET /metrics of the endpoint and parse it; raises requests exceptions on failure."""
-    r = session.get(endpoint.url("/metrics"), timeout=timeout_s)
-    r.raise_for_status()
-    return parse(r.text)
+    return parse(metrics.fetch(session, endpoint.base, timeout_s))
 
 
 def delta(before: Snapshot, after: Snapshot) -> dict[str, Any]:

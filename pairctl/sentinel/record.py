@@ -32,7 +32,7 @@ from pairctl.sentinel.acceptance import (
     counters_of,
     shape,
 )
-from pairctl.status.metrics import MetricsParseError, parse
+from pairctl.status.metrics import MetricsParseError, fetch, parse
 
 EPILOG = exit_line(SENTINEL_EXITS)
 _EXIT = codes(SENTINEL_EXITS)
@@ -48,9 +48,7 @@ def read_counters(session: Any, endpoint: Endpoint) -> Counters:
     import requests
 
     try:
-        r = session.get(endpoint.url("/metrics"), timeout=10)
-        r.raise_for_status()
-        c = counters_of(parse(r.text))
+        c = counters_of(parse(fetch(session, endpoint.base, timeout=10)))
     except (requests.RequestException, MetricsParseError) as exc:
         raise RecordError(f"GET {endpoint.url('/metrics')}: {exc}") from None
     if c is None:

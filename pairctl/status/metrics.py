@@ -1,8 +1,8 @@
 """vLLM's ``/metrics``: the one parser, and the serving figures, pure and unit-tested.
 
-Every reader of /metrics in the code parses it here (status, the fleet, the sentinel, the
-benches' guard, diffcheck, the twin's tests); each fetches the body with its own session and
-timeout. ``parse`` turns a body into a ``Scrape`` with prometheus_client's own text parser;
+Every reader of /metrics in the code fetches and parses it here (status, the fleet, the
+sentinel, the benches' guard, diffcheck, the twin's tests): ``fetch`` GETs the body with the
+caller's session and timeout. ``parse`` turns a body into a ``Scrape`` with prometheus_client's own text parser;
 ``family_shapes`` is diffcheck's view of the same text (each family's type and label names).
 Only tests/test_real_pair.py's oracle parses on its own, with prometheus_client directly, so
 that it stays independent of this module.
@@ -91,6 +91,16 @@ def _keeper(families: tuple[str, ...]) -> Callable[[str], bool]:
         return line.startswith(families)
 
     return keep
+
+
+def fetch(session: Any, base: str, timeout: float) -> str:
+    """GET ``base``/metrics and return the body: the one place the project asks a vLLM server
+    for its Prometheus page (status, the sentinel, the bench guard, diffcheck). ``session`` is a
+    requests.Session (or the requests module); its exceptions propagate for the caller to word.
+    """
+    r = session.get(f"{base}/metrics", timeout=timeout)
+    r.raise_for_status()
+    return r.text
 
 
 def parse(text: str, families: tuple[str, ...] | None = None) -> Scrape:

@@ -42,6 +42,7 @@ from pairctl.status.metrics import (
     MetricsParseError,
     Scrape,
     ServingFigures,
+    fetch,
     figures,
     increase,
     parse,
@@ -180,9 +181,7 @@ def scrape(base: str, timeout: float = 3.0, api_key: str = "") -> tuple[MetricsS
 
     url = f"{base}/metrics"
     try:
-        r = session(api_key).get(url, timeout=timeout)
-        r.raise_for_status()
-        return MetricsSample(parse(r.text), time.monotonic()), ""
+        return MetricsSample(parse(fetch(session(api_key), base, timeout)), time.monotonic()), ""
     except requests.RequestException as exc:
         return None, f"GET {url}: {type(exc).__name__}: {exc}"[:300]
     except MetricsParseError as exc:

@@ -16,7 +16,7 @@ from typing import Any
 
 import requests
 
-from pairctl.status.metrics import family_shapes
+from pairctl.status.metrics import family_shapes, fetch
 from sim.diffcheck import corpus, sdk
 from sim.diffcheck.shape import shape_of
 
@@ -126,7 +126,7 @@ def record(base: str, api_key: str | None = None, progress: Any = None) -> dict[
             cases[case.name] = run_case(base, case, model, api_key)
         except requests.RequestException as exc:
             cases[case.name] = {"status": None, "transport_error": type(exc).__name__}
-    text = requests.get(base + "/metrics", timeout=10).text
+    text = fetch(requests, base, timeout=10)
     out = {
         "url": base,
         "model": model,

@@ -11,7 +11,8 @@ import pytest
 
 from pairctl.engine.image import ImageFacts, parse_inspect, pythonpath
 from pairctl.pair.config import parse_env
-from pairctl.pair.plan import OVERLAY_MOUNT, build_rank
+from pairctl.pair.derive import OVERLAY_MOUNT
+from pairctl.pair.plan import build_rank
 from pairctl.pair.recipe import load_recipe
 from pairctl.pair.resolved import resolve
 from pairctl.preflight import FAIL, PASS, SKIP, WARN

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pairctl.endpoint import Endpoint
-from pairctl.pair import plan
+from pairctl.pair import derive
 from pairctl.pair.config import PairConfig, check_port_clash, load_env_file
 from pairctl.pair.recipe import Recipe, check_passthrough, load_recipe
 
@@ -68,13 +68,13 @@ class ResolvedPair:
 def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) -> ResolvedPair:
     """Settle everything the env file and recipe leave open; raises ConfigError."""
     extra = tuple(passthrough)
-    full = plan.with_recipe_defaults(cfg, recipe)
+    full = derive.with_recipe_defaults(cfg, recipe)
     check_port_clash(cfg, full["PORT"])
     check_passthrough(list(extra))
-    image = plan.resolve_image(full, recipe)
-    values = tuple(MappingProxyType(plan.placeholders(full, r)) for r in (0, 1))
-    argvs = tuple(tuple(plan.vllm_args(full, recipe, r, values[r], extra)) for r in (0, 1))
-    envs = [plan.container_env(full, recipe, r, values[r], overlay=True) for r in (0, 1)]
+    image = derive.resolve_image(full, recipe)
+    values = tuple(MappingProxyType(derive.placeholders(full, r)) for r in (0, 1))
+    argvs = tuple(tuple(derive.vllm_args(full, recipe, r, values[r], extra)) for r in (0, 1))
+    envs = [derive.container_env(full, recipe, r, values[r], overlay=True) for r in (0, 1)]
     return ResolvedPair(
         cfg=full,
         recipe=recipe,
@@ -95,14 +95,14 @@ def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) ->
         api_key=full["VLLM_API_KEY"],
         placeholders=(values[0], values[1]),
         vllm_argv=(argvs[0], argvs[1]),
-        plan_hash=plan.plan_hash(argvs, envs, image),
+        plan_hash=derive.plan_hash(argvs, envs, image),
     )
 
 
 def warn_unknown(cfg: PairConfig, say: Callable[[str], None]) -> None:
     """Unknown variables in the env file: named, unless the name looks like a secret."""
     for k in cfg.unknown:
-        shown = "" if plan.is_secret(k) else f" ({k})"
+        shown = "" if derive.is_secret(k) else f" ({k})"
         say(f"WARN: {cfg.env_file}: unknown variable{shown} ignored; see .env.example")
 
 

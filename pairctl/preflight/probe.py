@@ -23,7 +23,8 @@ from pairctl.engine.image import parse_inspect
 from pairctl.nodes.docker import parse_ps
 from pairctl.nodes.ssh import SSH_CONNECT_TIMEOUT_S, Node, nodes
 from pairctl.pair.config import PairConfig
-from pairctl.pair.plan import CACHE_VARS, LABEL_PAIR, is_secret
+from pairctl.pair.derive import is_secret
+from pairctl.pair.plan import CACHE_VARS, LABEL_PAIR
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import argcheck, probe_host, reach
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence

@@ -29,7 +29,7 @@ from typing import Any
 
 from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_KEY, EXIT_OK
 from pairctl.contracts import DEFAULT_RECIPE, STATUS_TOKEN_PROBE_S
-from pairctl.lifecycle.steps import Health, probe_health, session
+from pairctl.lifecycle.steps import Health, probe_health
 from pairctl.nodes.docker import inspect, labelled_containers, pair_containers
 from pairctl.nodes.pressure import NodeMemory
 from pairctl.nodes.ssh import Node, nodes
@@ -39,12 +39,11 @@ from pairctl.sentinel.pair import status_extras
 from pairctl.status import memory
 from pairctl.status.metrics import (
     GENERATION,
-    MetricsParseError,
-    Scrape,
+    MetricsSample,
     ServingFigures,
     figures,
     increase,
-    parse,
+    scrape,
 )
 from pairctl.status.watch import KeyRejected, probe_token
 
@@ -122,14 +121,6 @@ class PairStatus:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class MetricsSample:
-    """One /metrics scrape and when it was taken (monotonic seconds)."""
-
-    scrape: Scrape
-    t: float
-
-
 def parse_docker_time(text: str) -> datetime | None:
     """Docker's RFC 3339 time (nanoseconds allowed); None for its zero time or junk."""
     if not text or text.startswith("0001-"):
@@ -172,21 +163,6 @@ def rank_status(node: Node, pair_id: str, now: datetime) -> RankStatus:
     return RankStatus(
         node.rank, role, node.addr, True, "", name, mine.state, started, uptime, others, plan
     )
-
-
-def scrape(base: str, timeout: float = 3.0, api_key: str = "") -> tuple[MetricsSample | None, str]:
-    """GET /metrics once; (sample, "") or (None, what went wrong). No proxy, the pair's key."""
-    import requests  # lazy: only steps that talk HTTP pay for the import
-
-    url = f"{base}/metrics"
-    try:
-        r = session(api_key).get(url, timeout=timeout)
-        r.raise_for_status()
-        return MetricsSample(parse(r.text), time.monotonic()), ""
-    except requests.RequestException as exc:
-        return None, f"GET {url}: {type(exc).__name__}: {exc}"[:300]
-    except MetricsParseError as exc:
-        return None, f"GET {url}: {exc}"[:300]
 
 
 def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]]:

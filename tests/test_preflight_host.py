@@ -194,9 +194,9 @@ def test_jit_caches() -> None:
         "FLASHINFER_WORKSPACE_BASE": True,
         "DG_JIT_CACHE_DIR": True,
     }
-    assert check_jit_caches(cfg, node(cache_dirs=ok), node(cache_dirs=ok)).status == PASS
+    assert check_jit_caches(cfg.values, node(cache_dirs=ok), node(cache_dirs=ok)).status == PASS
     bad = dict(ok, TRITON_CACHE_DIR=False)
-    c = check_jit_caches(cfg, node(cache_dirs=ok), node(cache_dirs=bad))
+    c = check_jit_caches(cfg.values, node(cache_dirs=ok), node(cache_dirs=bad))
     assert c.status == FAIL and "rank 1: TRITON_CACHE_DIR=/home/bird/.triton/cache" in c.detail
 
 

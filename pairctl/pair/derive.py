@@ -86,7 +86,6 @@ def vllm_args(
 
 
 def container_env(
-    cfg: PairConfig,
     recipe: Recipe,
     rank: int,
     values: Mapping[str, str],
@@ -94,6 +93,8 @@ def container_env(
     image: ImageFacts | None = None,
 ) -> dict[str, str]:
     """Recipe env with placeholders filled; empty values are dropped (e.g. NCCL_IB_HCA='').
+    ``values`` are the rank's placeholders: the env file's variables among them (the
+    secrets, CONTAINER_USER).
 
     With the overlays, PYTHONPATH is the image's own PYTHONPATH (``image``, read on the
     node) with the overlay mount appended.
@@ -105,14 +106,14 @@ def container_env(
             env[k] = val
     if overlay:
         env["PYTHONPATH"] = pythonpath(image, OVERLAY_MOUNT)
-    if cfg["CONTAINER_USER"]:
+    if values["CONTAINER_USER"]:
         # A UID the image has no passwd entry for gets HOME=/ (not writable): anything
         # that still writes under ~ goes to /tmp instead (the known JIT caches are all
         # mounted and named in the recipe env).
         env["HOME"] = "/tmp"
     for name in sorted(SECRET_NAMES):
-        if cfg.values.get(name) and (rank == 0 or name not in HEAD_ONLY_SECRETS):
-            env[name] = cfg.values[name]
+        if values.get(name) and (rank == 0 or name not in HEAD_ONLY_SECRETS):
+            env[name] = values[name]
     return env
 
 

@@ -13,7 +13,6 @@ import shlex
 from dataclasses import dataclass
 
 from pairctl.engine.image import ImageFacts
-from pairctl.nodes.ssh import ssh_argv
 from pairctl.pair.config import ConfigError
 from pairctl.pair.derive import OVERLAY_MOUNT, container_env, is_secret
 from pairctl.pair.recipe import Mount, substitute
@@ -25,15 +24,6 @@ RDMA_MOUNT = "/dev/infiniband"
 # Set explicitly: an image built on vllm-openai has ENTRYPOINT ["vllm", "serve"], which
 # would turn our `vllm serve MODEL ...` into `vllm serve vllm serve MODEL ...`.
 ENTRYPOINT = "vllm"
-# Host caches mounted at the same path and exported under the same name (env file
-# variables): a recreated container keeps its compiled kernels and graphs.
-CACHE_VARS = (
-    "TILELANG_CACHE_DIR",
-    "VLLM_CACHE_ROOT",
-    "TRITON_CACHE_DIR",
-    "FLASHINFER_WORKSPACE_BASE",
-    "DG_JIT_CACHE_DIR",
-)
 LABEL_PAIR = "dsv4.pair"
 LABEL_RANK = "dsv4.rank"
 LABEL_ROLE = "dsv4.role"
@@ -92,18 +82,18 @@ def build_rank(
     """
     if rank not in (0, 1):
         raise ConfigError(f"rank must be 0 or 1, not {rank}")
-    cfg, recipe = pair.cfg, pair.recipe
+    recipe = pair.recipe
     role = "head" if rank == 0 else "worker"
     name = container_name(pair.pair_id, rank)
     image = pair.image
     values = pair.placeholders[rank]
     mounts = [Mount(pair.model_path, pair.model_path, ro=True)]
-    mounts += [Mount(cfg.values[v], cfg.values[v]) for v in CACHE_VARS]
+    mounts += [Mount(d, d) for d in pair.caches.values()]
     if overlay:
         mounts.append(Mount(pair.overlay_dir, OVERLAY_MOUNT, ro=True))
     for m in recipe.mounts:
         mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
-    env = container_env(cfg, recipe, rank, values, overlay, image_facts)
+    env = container_env(recipe, rank, values, overlay, image_facts)
     vargs = pair.vllm_argv[rank]
     argv: list[str] = [
         "run",
@@ -124,14 +114,14 @@ def build_rank(
         "all",
         *ipc_args(recipe.shm_size),
         "--device",
-        f"{cfg['RDMA_DEVICE_DIR']}:{RDMA_MOUNT}",
+        f"{pair.rdma_device_dir}:{RDMA_MOUNT}",
         "--entrypoint",
         ENTRYPOINT,
     ]
-    if cfg["CONTAINER_USER"]:
+    if pair.container_user:
         # The operator's UID:GID: what the ranks write into the mounted caches stays the
         # operator's (container_env sets HOME for a user the image does not know).
-        argv += ["--user", cfg["CONTAINER_USER"]]
+        argv += ["--user", pair.container_user]
     for u in recipe.ulimits:
         argv += ["--ulimit", u]
     for m in mounts:
@@ -183,12 +173,12 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
     ``plan`` contacts no node, so what only a node can tell (the image's own PYTHONPATH
     and entrypoint) is stated as an assumption; ``up`` reads it on each node.
     """
-    cfg, recipe = pair.cfg, pair.recipe
+    recipe = pair.recipe
     lines = [
         f"# pair {pair.pair_id}: recipe {recipe.name} ({recipe.path}), "
-        f"env {cfg.env_file}, plan {pair.plan_hash}",
+        f"env {pair.env_file}, plan {pair.plan_hash}",
         f"# endpoint: http://{pair.spark1}:{pair.port}/v1 (clients and the router use SPARK1)",
-        f"# fabric ({cfg['NCCL_SOCKET_IFNAME']}): rank 0 {pair.fabric1}, rank 1 "
+        f"# fabric ({pair.nccl_socket_ifname}): rank 0 {pair.fabric1}, rank 1 "
         f"{pair.fabric2} (VLLM_HOST_IP); master {pair.master_addr}:{pair.master_port}",
         "# order: remove this pair's stale containers on both nodes (label "
         f"{LABEL_PAIR}={pair.pair_id}), start rank 1, start rank 0, wait for health",
@@ -203,13 +193,13 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
         lines.append(f"# {argv_note}")
     for rank in (1, 0):
         rp = build_rank(pair, rank)
-        where = "local (SPARK1)" if rank == 0 else f"ssh {cfg.ssh_target()} (SPARK2)"
+        where = "local (SPARK1)" if rank == 0 else f"ssh {pair.ssh_target} (SPARK2)"
         lines.append("")
         lines.append(f"## rank {rank} ({rp.role}) on {rp.node} via {where}: container {rp.name}")
         if rank == 1:
             lines.append(
                 "# over: "
-                + shlex.join(ssh_argv(cfg))
+                + shlex.join(pair.nodes[1].ssh_argv())
                 + " -- <the docker line>"
                 + (" (secret values on stdin)" if rp.secret_env else "")
             )

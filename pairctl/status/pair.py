@@ -32,7 +32,7 @@ from pairctl.contracts import DEFAULT_RECIPE, STATUS_TOKEN_PROBE_S
 from pairctl.lifecycle.steps import Health, probe_health
 from pairctl.nodes.docker import inspect, labelled_containers, pair_containers
 from pairctl.nodes.pressure import NodeMemory
-from pairctl.nodes.ssh import Node, nodes
+from pairctl.nodes.ssh import Node
 from pairctl.pair.plan import LABEL_PLAN, container_name
 from pairctl.pair.resolved import ResolvedPair, load
 from pairctl.sentinel.pair import status_extras
@@ -261,9 +261,9 @@ def collect(
     key = pair.api_key
     h = probe_health(base, api_key=key)
     now = datetime.now(UTC)
-    node_list = nodes(pair.cfg)
+    node_list = pair.nodes
     with ThreadPoolExecutor(max_workers=3) as pool:  # rank 1's ssh runs alongside rank 0
-        mem = pool.submit(memory.sample, pair.cfg)
+        mem = pool.submit(memory.sample, node_list)
         ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), node_list))
         readings = mem.result()
     ep = endpoint_status(base, h, ranks[0], node_list[0], pair.pair_id)

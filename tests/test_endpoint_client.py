@@ -15,7 +15,7 @@ import requests
 
 from pairctl.gate import run_for_pair
 from pairctl.lifecycle.steps import probe_health
-from pairctl.status.pair import scrape
+from pairctl.status.metrics import scrape
 from pairctl.status.watch import KeyRejected, probe_token
 from tests.support.twin import Twin, free_port, wait_http
 

@@ -114,11 +114,11 @@ def test_collect_turns_a_dead_engine_behind_a_live_health_into_degraded(server, 
         )
         for r in (0, 1)
     ]
-    monkeypatch.setattr(st, "nodes", lambda cfg: [SimpleNamespace(rank=0), SimpleNamespace(rank=1)])
     monkeypatch.setattr(st, "rank_status", lambda n, pid, now: running[n.rank])
-    monkeypatch.setattr(st.memory, "sample", lambda cfg: [])
+    monkeypatch.setattr(st.memory, "sample", lambda node_list: [])
     monkeypatch.setattr(st, "status_extras", lambda *a, **k: {})
-    pair = SimpleNamespace(endpoint=server, api_key="", pair_id="p", cfg=None, plan_hash="p")
+    ranks = (SimpleNamespace(rank=0), SimpleNamespace(rank=1))
+    pair = SimpleNamespace(endpoint=server, api_key="", pair_id="p", nodes=ranks, plan_hash="p")
     status = st.collect(pair, None, 0.0)[0]
     assert status.verdict == st.DEGRADED and status.exit_code == 7
     assert "HTTP 500" in status.engine_error

@@ -11,8 +11,9 @@ import pytest
 from dotenv import dotenv_values
 
 from pairctl.engine.bootlog import NEEDLES
-from pairctl.pair.config import parse_env
-from pairctl.pair.plan import CACHE_VARS, build_rank, is_secret
+from pairctl.pair.config import CACHE_VARS, parse_env
+from pairctl.pair.derive import is_secret
+from pairctl.pair.plan import build_rank
 from pairctl.pair.recipe import load_recipe
 from pairctl.pair.resolved import resolve
 from tests.support.vllm_src import site_packages, string_constants

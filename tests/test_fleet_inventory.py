@@ -38,7 +38,7 @@ def test_paths_map_to_the_heads_checkout(tmp_path: Path) -> None:
     assert resolve("/etc/dsv4/a.env", "/srv/dsv4") == (Path("/etc/dsv4/a.env"), "/etc/dsv4/a.env")
     f = fleet(tmp_path)
     assert f.pairs[0].remote_recipe == "/srv/dsv4/recipes/dsv4-flash-dspark.yaml"
-    assert f.pairs[0].cfg["PORT"] == "8000"
+    assert f.pairs[0].pair.port == 8000
 
 
 @pytest.mark.parametrize(

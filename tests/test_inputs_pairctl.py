@@ -241,12 +241,9 @@ def fake_pair(monkeypatch: pytest.MonkeyPatch):
         scrape=None,
     ):
         monkeypatch.setattr(st, "probe_health", lambda base, api_key="": health)
-        monkeypatch.setattr(
-            st, "nodes", lambda cfg: [SimpleNamespace(rank=0), SimpleNamespace(rank=1)]
-        )
         monkeypatch.setattr(st, "rank_status", lambda n, pid, now: ranks[n.rank])
         monkeypatch.setattr(st, "labelled_containers", lambda node: (on_head, Result(0, "", "")))
-        monkeypatch.setattr(st.memory, "sample", lambda cfg: [])  # nodes' memory: not asked
+        monkeypatch.setattr(st.memory, "sample", lambda node_list: [])  # nodes' memory: not asked
         monkeypatch.setattr(st, "status_extras", lambda *a, **k: {})  # no sentinel baseline
         monkeypatch.setattr(st, "engine_generates", lambda *a: "")  # no token probe
 
@@ -255,7 +252,11 @@ def fake_pair(monkeypatch: pytest.MonkeyPatch):
 
         monkeypatch.setattr(st, "scrape", scrape or no_scrape)
         pair = SimpleNamespace(
-            endpoint="http://10.0.0.1:8000", api_key=key, pair_id="pair-b", cfg=None, plan_hash="p"
+            endpoint="http://10.0.0.1:8000",
+            api_key=key,
+            pair_id="pair-b",
+            nodes=(SimpleNamespace(rank=0), SimpleNamespace(rank=1)),
+            plan_hash="p",
         )
         return st.collect(pair, None, 1.0)[0]
 

@@ -164,8 +164,7 @@ def fakes_on_path(pair: Env, monkeypatch: pytest.MonkeyPatch) -> Env:
 
 def test_sampler_reads_both_nodes_rank1_over_the_pairs_ssh(fakes_on_path: Env) -> None:
     pair = fakes_on_path
-    cfg = load(pair.env_file, DEFAULT_RECIPE).cfg
-    readings = memory.sample(cfg)
+    readings = memory.sample(load(pair.env_file, DEFAULT_RECIPE).nodes)
     assert [m.rank for m in readings] == [0, 1]
     assert all(m.reachable and m.total_kib and m.available_kib is not None for m in readings)
     assert all(m.band != pressure.UNKNOWN for m in readings)
@@ -177,7 +176,7 @@ def test_a_banner_timeout_is_a_lost_rank1(fakes_on_path: Env) -> None:
     pair = fakes_on_path
     pair.state["ssh_fail"] = BANNER
     pair.save()
-    readings = memory.sample(load(pair.env_file, DEFAULT_RECIPE).cfg)
+    readings = memory.sample(load(pair.env_file, DEFAULT_RECIPE).nodes)
     assert readings[0].reachable and not readings[1].reachable
     lost = memory.ssh_lost(readings)
     assert lost is not None and "banner exchange" in lost and "rank 1" in lost

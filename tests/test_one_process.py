@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pairctl.cli import main as cli
-from pairctl.pair import config, plan, recipe, resolved
+from pairctl.pair import config, derive, recipe, resolved
 from tests.fakes.fakepair import Env
 
 # The steps that turn the env file and recipe into argv, and how often one `up` may run
@@ -25,11 +25,11 @@ ONCE = {
     config.load_env_file: 1,
     recipe.load_recipe: 1,
     resolved.resolve: 1,
-    plan.with_recipe_defaults: 1,
-    plan.resolve_image: 1,
-    plan.plan_hash: 1,
-    plan.placeholders: 2,
-    plan.vllm_args: 2,
+    derive.with_recipe_defaults: 1,
+    derive.resolve_image: 1,
+    derive.plan_hash: 1,
+    derive.placeholders: 2,
+    derive.vllm_args: 2,
 }
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pairctl.nodes.ssh import ssh_argv
-from pairctl.pair.config import VAR_NAMES, ConfigError, load_env_file, parse_env
-from pairctl.pair.plan import CACHE_VARS, mask_argv
+from pairctl.pair.config import CACHE_VARS, VAR_NAMES, ConfigError, load_env_file, parse_env
+from pairctl.pair.plan import mask_argv
 from pairctl.pair.recipe import load_recipe
 from pairctl.pair.resolved import resolve
 from pairctl.preflight import (
@@ -400,10 +400,10 @@ def test_check_ports() -> None:
 
 def test_check_ifaces() -> None:
     cfg = parse_env(ENV)
-    assert check_ifaces(cfg, ev(), ev()).status == PASS
-    assert check_ifaces(cfg, ev(), ev(netdevs=["lo", "eth0"])).status == FAIL
-    cfg = parse_env(dict(ENV, NCCL_SOCKET_IFNAME="enp1", GLOO_SOCKET_IFNAME="=enp1s0f1np1"))
-    assert check_ifaces(cfg, ev(), ev()).status == PASS  # prefix match; '=' exact
+    ifaces = cfg["NCCL_SOCKET_IFNAME"], cfg["GLOO_SOCKET_IFNAME"]
+    assert check_ifaces(*ifaces, ev(), ev()).status == PASS
+    assert check_ifaces(*ifaces, ev(), ev(netdevs=["lo", "eth0"])).status == FAIL
+    assert check_ifaces("enp1", "=enp1s0f1np1", ev(), ev()).status == PASS  # prefix; '=' exact
 
 
 def test_check_hca_two_rail() -> None:

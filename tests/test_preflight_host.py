@@ -11,7 +11,8 @@ import pytest
 
 from pairctl.engine.image import ImageFacts, parse_inspect, pythonpath
 from pairctl.pair.config import parse_env
-from pairctl.pair.plan import OVERLAY_MOUNT, build_rank
+from pairctl.pair.derive import OVERLAY_MOUNT
+from pairctl.pair.plan import build_rank
 from pairctl.pair.recipe import load_recipe
 from pairctl.pair.resolved import resolve
 from pairctl.preflight import FAIL, PASS, SKIP, WARN
@@ -193,9 +194,9 @@ def test_jit_caches() -> None:
         "FLASHINFER_WORKSPACE_BASE": True,
         "DG_JIT_CACHE_DIR": True,
     }
-    assert check_jit_caches(cfg, node(cache_dirs=ok), node(cache_dirs=ok)).status == PASS
+    assert check_jit_caches(cfg.values, node(cache_dirs=ok), node(cache_dirs=ok)).status == PASS
     bad = dict(ok, TRITON_CACHE_DIR=False)
-    c = check_jit_caches(cfg, node(cache_dirs=ok), node(cache_dirs=bad))
+    c = check_jit_caches(cfg.values, node(cache_dirs=ok), node(cache_dirs=bad))
     assert c.status == FAIL and "rank 1: TRITON_CACHE_DIR=/home/bird/.triton/cache" in c.detail
 
 

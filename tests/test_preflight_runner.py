@@ -74,7 +74,7 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
         local_argv=None,
         check_reach=False,
     ):
-        ev = Evidence(config=dict(pair.cfg.values), resolved=resolved, image="img:1")
+        ev = Evidence(config=dict(pair.evidence_config), resolved=resolved, image="img:1")
         seen_at["before"] = list(emitted)
         on_stage(probe.NAMES, ev)
         seen_at[probe.NAMES] = list(emitted)
@@ -156,14 +156,14 @@ def test_unresolved_skip_leaves_fail_and_warn_alone() -> None:
     spec = next(s for s in CHECKS if s.id == "PF-PORT-FREE")
     ev = Evidence(resolved=dict(RESOLVED, SPARK1=None))
     fail = spec.verdict(FAIL, "port 8000 on SPARK1 is held")
-    assert runner.unresolved_skip(spec, fail, CFG, ev) == fail
+    assert runner.unresolved_skip(spec, fail, resolve(CFG, RECIPE), ev) == fail
     ok = spec.verdict(PASS, "port 8000 free on SPARK1")
-    assert runner.unresolved_skip(spec, ok, CFG, ev).status == SKIP
-    assert runner.unresolved_skip(spec, ok, CFG, Evidence(resolved=RESOLVED)) == ok
+    assert runner.unresolved_skip(spec, ok, resolve(CFG, RECIPE), ev).status == SKIP
+    assert runner.unresolved_skip(spec, ok, resolve(CFG, RECIPE), Evidence(resolved=RESOLVED)) == ok
 
 
 def test_gather_probes_both_nodes_at_once_and_says_what_it_waits_for(monkeypatch) -> None:
-    def fake_collect(n, cfg, image):
+    def fake_collect(n, pair):
         time.sleep(0.05 if n.rank == 0 else 0.6)
         return node(n.addr)
 

@@ -117,7 +117,7 @@ def test_precedence_cli_over_env_over_recipe() -> None:
 
 
 def test_recipe_port_is_default_and_wiring_not_overridable() -> None:
-    from pairctl.pair.plan import with_recipe_defaults
+    from pairctl.pair.derive import with_recipe_defaults
     from pairctl.pair.recipe import check_passthrough
 
     d = _raw()

@@ -16,7 +16,6 @@ import pytest
 from pairctl.contracts import DEFAULT_RECIPE
 from pairctl.engine.imageship import DOCKERFILE_DIR, build_argv
 from pairctl.nodes.modelfetch import INDEX, fetch, verify
-from pairctl.nodes.ssh import nodes
 from pairctl.nodes.transfer import TransferError, send_tree
 from pairctl.pair.resolved import load
 from tests.fakes.fakepair import IMAGE, IMAGE_ID, SECRET, Env
@@ -118,7 +117,7 @@ def test_copy_resumes_a_partial_file_and_skips_complete_ones(fakes_env: Env, cap
     (src / "done.bin").write_bytes(b"x" * 1000)
     (dst / "done.bin").write_bytes(b"x" * 1000)
     (dst / "big.bin.partial").write_bytes(body[: 1 << 20])
-    rank1 = nodes(load(pair.env_file, DEFAULT_RECIPE).cfg)[1]
+    rank1 = load(pair.env_file, DEFAULT_RECIPE).nodes[1]
     sent, nbytes = send_tree(rank1, src, str(dst), ["big.bin", "done.bin"], "test")
     assert (sent, nbytes) == (1, 2 << 20)  # only the missing 2 MiB of one file
     assert (dst / "big.bin").read_bytes() == body
@@ -135,7 +134,7 @@ def test_copy_restarts_a_partial_that_cannot_be_a_prefix(fakes_env: Env) -> None
     dst.mkdir()
     (src / "f").write_bytes(b"a" * 100)
     (dst / "f.partial").write_bytes(b"b" * 500)
-    rank1 = nodes(load(pair.env_file, DEFAULT_RECIPE).cfg)[1]
+    rank1 = load(pair.env_file, DEFAULT_RECIPE).nodes[1]
     assert send_tree(rank1, src, str(dst), ["f"], "t") == (1, 100)
     assert (dst / "f").read_bytes() == b"a" * 100
 
@@ -147,7 +146,7 @@ def test_copy_failure_names_the_node_and_says_run_again(fakes_env: Env) -> None:
     src = pair.tmp / "src"
     src.mkdir()
     (src / "f").write_bytes(b"a")
-    rank1 = nodes(load(pair.env_file, DEFAULT_RECIPE).cfg)[1]
+    rank1 = load(pair.env_file, DEFAULT_RECIPE).nodes[1]
     with pytest.raises(TransferError, match="rank 1"):
         send_tree(rank1, src, str(pair.tmp / "far"), ["f"], "t")
 

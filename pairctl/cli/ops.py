@@ -25,7 +25,6 @@ from pairctl.lifecycle.updown import lock_path
 from pairctl.lock import busy as lock_busy
 from pairctl.log import log
 from pairctl.nodes.docker import pair_containers
-from pairctl.nodes.ssh import nodes
 from pairctl.pair.plan import container_name
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import runner
@@ -69,7 +68,7 @@ def sync_overlays(a: Args, pair: ResolvedPair) -> int:
     """Refuse, as up does (exit 3), unless this is SPARK1 and SPARK2 is another machine."""
     if not on_spark1("sync-overlays", pair):
         return EXIT_PREFLIGHT
-    return sync(pair.cfg, Path(a.src))
+    return sync(pair.nodes, pair.overlay_dir, Path(a.src))
 
 
 def on_spark1(what: str, pair: ResolvedPair) -> bool:
@@ -106,7 +105,7 @@ def transfer(a: Args, pair: ResolvedPair) -> int:
 def logs(a: Args, pair: ResolvedPair) -> int:
     """One rank's container log. A node that cannot be asked, or no container, is a message
     and exit 1 (never ssh's bare 255)."""
-    node = nodes(pair.cfg)[a.rank]
+    node = pair.nodes[a.rank]
     name = container_name(pair.pair_id, a.rank)
     via = " over ssh" if node.remote else ""
     found, res = pair_containers(node, pair.pair_id)
@@ -165,7 +164,7 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
         restart=restart,
         log=say,
         busy=lambda: lock_busy(lock_path(pair)),
-        nodes=NodeWatch(lambda: memory.sample(pair.cfg), say),
+        nodes=NodeWatch(lambda: memory.sample(pair.nodes), say),
         after_ok=mon.after_ok_probe,
     )
     canary = f"every {a.canary_every:g} s" if a.canary_every else "off"

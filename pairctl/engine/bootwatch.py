@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from pairctl.contracts import phase_limit
 from pairctl.engine.bootlog import PHASES
-from pairctl.nodes.ssh import Node, nodes
+from pairctl.nodes.ssh import Node
 from pairctl.pair.resolved import ResolvedPair
 
 # What must be non-empty on both nodes for a boot to count as warm (cache var, subdir).
@@ -109,10 +109,10 @@ def first_boot_reasons(pair: ResolvedPair) -> list[str]:
     A node that does not answer counts as cold (the longer limits are the safe side)."""
     dirs = []
     for var, sub in FIRST_BOOT_DIRS:
-        base = pair.cfg[var].rstrip("/")
+        base = pair.caches[var].rstrip("/")
         dirs.append(f"{base}/{sub}" if sub else base)
     reasons = []
-    for node in nodes(pair.cfg):
+    for node in pair.nodes:
         reasons += _empty_on(node, dirs)
     return reasons
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, IMAGE_STAGE_DIR, REPO
 from pairctl.log import logger
-from pairctl.nodes.ssh import Node, nodes
+from pairctl.nodes.ssh import Node
 from pairctl.nodes.transfer import PARTIAL, TransferError, send_tree
 from pairctl.pair.resolved import ResolvedPair
 
@@ -85,7 +85,7 @@ def ship(
     dockerfile_dir: Path = DOCKERFILE_DIR,
 ) -> int:
     """Get IMAGE onto both ranks; 0 when both hold the same ID, 1 otherwise."""
-    rank0, rank1 = nodes(pair.cfg)
+    rank0, rank1 = pair.nodes
     image = pair.image
     if build and _stream(build_argv(image, dockerfile_dir)) != 0:
         log(f"docker build failed on {rank0.label}; nothing was shipped")

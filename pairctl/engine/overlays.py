@@ -18,10 +18,11 @@ import io
 import shlex
 import tarfile
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 
-from pairctl.nodes.ssh import Node, nodes
-from pairctl.pair.config import ConfigError, PairConfig
+from pairctl.nodes.ssh import Node
+from pairctl.pair.config import ConfigError
 
 MANIFEST_FILE = "pyproject.toml"
 MANIFEST_TABLE = "dsv4-flash-overlays"
@@ -116,8 +117,8 @@ def sync_node(node: Node, dest: str, payload: bytes, want: dict[str, str]) -> st
     return ""
 
 
-def sync(cfg: PairConfig, src: Path) -> int:
-    """Sync both nodes; 0 when both arrived intact, 1 otherwise."""
+def sync(node_list: Sequence[Node], overlay_dir: str, src: Path) -> int:
+    """Sync both nodes' ``overlay_dir``; 0 when both arrived intact, 1 otherwise."""
     if not (src / "dsv4_flash_overlays").is_dir():
         print(f"sync: {src} does not look like the overlay package", flush=True)
         return 1
@@ -128,14 +129,14 @@ def sync(cfg: PairConfig, src: Path) -> int:
         return 1
     payload = build_tar(src, sorted(want))
     rc = 0
-    for node in nodes(cfg):
-        problem = sync_node(node, cfg["OVERLAY_DIR"], payload, want)
+    for node in node_list:
+        problem = sync_node(node, overlay_dir, payload, want)
         if problem:
-            print(f"sync: {node.label}: {cfg['OVERLAY_DIR']}: {problem}", flush=True)
+            print(f"sync: {node.label}: {overlay_dir}: {problem}", flush=True)
             rc = 1
         else:
             print(
-                f"sync: {node.label}: {cfg['OVERLAY_DIR']}: {len(want)} files, sha256 verified",
+                f"sync: {node.label}: {overlay_dir}: {len(want)} files, sha256 verified",
                 flush=True,
             )
     return rc

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from pairctl.contracts import BOOT_TIMEOUT_S, DEFAULT_INVENTORY, DEFAULT_RECIPE_REL, REPO
-from pairctl.pair.config import ConfigError, PairConfig, _check, load_env_file
+from pairctl.pair.config import ConfigError, _check, load_env_file
 from pairctl.pair.recipe import load_recipe
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.pair.resolved import resolve as resolve_pair
@@ -107,10 +107,6 @@ class PairEntry:
     remote_env_file: str
     remote_recipe: str
     pair: ResolvedPair
-
-    @property
-    def cfg(self) -> PairConfig:
-        return self.pair.cfg
 
     @property
     def pair_id(self) -> str:
@@ -292,8 +288,7 @@ def check_disjoint(path: Path, pairs: tuple[PairEntry, ...], router: Router) -> 
                 "every pair needs its own PAIR_ID",
             )
         seen_ids[p.pair_id] = p.env_file
-        for key in ("SPARK1", "SPARK2"):
-            node = p.cfg[key]
+        for key, node in (("SPARK1", p.pair.spark1), ("SPARK2", p.pair.spark2)):
             if node in seen_nodes and seen_nodes[node] != p.pair_id:
                 raise _err(
                     path,

@@ -15,7 +15,7 @@ from typing import Any
 from pairctl.fleet.inventory import Fleet, PairEntry
 from pairctl.fleet.remote import Machine
 from pairctl.lifecycle import steps as lc
-from pairctl.status.pair import scrape
+from pairctl.status.metrics import scrape
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def plan(fleet: Fleet) -> str:
         argv = pair_argv(fleet, p, "up", "--timeout", str(BOOT_TIMEOUT_S))
         out += [
             "",
-            f"## pair {p.pair_id}: head {p.head}, worker {p.cfg['SPARK2']}, {p.endpoint}/v1",
+            f"## pair {p.pair_id}: head {p.head}, worker {p.pair.spark2}, {p.endpoint}/v1",
         ]
         if m.local:
             out.append(f"# on this machine: {shlex.join(argv)}")

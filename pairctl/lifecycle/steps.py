@@ -27,8 +27,8 @@ from pairctl.engine.bootwatch import PhaseTracker
 from pairctl.engine.image import ImageFacts, parse_inspect
 from pairctl.log import log
 from pairctl.nodes.docker import State, inspect, logs_tail, remove_pair
-from pairctl.nodes.ssh import Node, nodes
-from pairctl.pair.plan import CACHE_VARS, ENTRYPOINT, build_rank, container_name, mask_argv
+from pairctl.nodes.ssh import Node
+from pairctl.pair.plan import ENTRYPOINT, build_rank, container_name, mask_argv
 from pairctl.pair.resolved import ResolvedPair
 
 JOIN_HINT_AFTER_S = 90.0
@@ -50,7 +50,7 @@ def join_hint(
         why = (
             f"rank 1 is in distributed init too, but cannot reach {target} (the head's "
             f"TCP store) or the head's ZeroMQ ports on {pair.fabric1} over "
-            f"{pair.cfg['NCCL_SOCKET_IFNAME']}: check the firewall, MASTER_ADDR/FABRIC1 and "
+            f"{pair.nccl_socket_ifname}: check the firewall, MASTER_ADDR/FABRIC1 and "
             "PF-NCCL-IFACE, PF-FABRIC-ADDR, PF-FABRIC-REACH"
         )
     else:
@@ -143,7 +143,7 @@ def probe_health(base: str, timeout: float = 3.0, api_key: str = "") -> Health:
 def cleanup(pair: ResolvedPair) -> int:
     """Remove this pair's containers (label-selected) on both nodes; 0 if both went fine."""
     rc = EXIT_OK
-    for node in reversed(nodes(pair.cfg)):
+    for node in reversed(pair.nodes):
         removed, err = remove_pair(node, pair.pair_id)
         if err:
             log(f"cleanup: {err}")
@@ -165,9 +165,9 @@ docker image inspect "$IMAGE" 2>&1; echo "rc=$?"
 
 def start_rank(pair: ResolvedPair, rank: int) -> int:
     """docker run one rank on its node (overlay mount only if OVERLAY_DIR exists there)."""
-    node = nodes(pair.cfg)[rank]
+    node = pair.nodes[rank]
     image = pair.image
-    caches = [pair.cfg.values[v] for v in CACHE_VARS]
+    caches = list(pair.caches.values())
     head = f"OV={shlex.quote(pair.overlay_dir)}\nIMAGE={shlex.quote(image)}\n"
     head += f"set -- {shlex.join(caches)}\n"
     res = node.run_script(head + _START_SCRIPT, timeout=60)
@@ -275,7 +275,7 @@ def wait_healthy(
     base = pair.endpoint
     tty = sys.stderr.isatty()
     last_line, last_print = "", 0.0
-    ranks = nodes(pair.cfg)
+    ranks = pair.nodes
     misses = {0: 0, 1: 0}
     waiting_since: float | None = None
     hinted = False

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME
 from pairctl.log import logger
-from pairctl.nodes.ssh import Node, nodes
+from pairctl.nodes.ssh import Node
 from pairctl.nodes.transfer import PARTIAL, TransferError, remote_sizes, send_tree, sha256_remote
 from pairctl.pair.config import ConfigError
 from pairctl.pair.resolved import ResolvedPair
@@ -80,7 +80,7 @@ def repo_and_revision(pair: ResolvedPair) -> tuple[str, str]:
     if not rev:
         raise ConfigError(
             f"MODEL_REVISION is not set: pin the commit of {repo} to download (40 hex, from "
-            f"https://huggingface.co/{repo}/commits/main) in {pair.cfg.env_file}, so both "
+            f"https://huggingface.co/{repo}/commits/main) in {pair.env_file}, so both "
             "nodes, and every later fetch, get the same weights"
         )
     return repo, rev
@@ -139,7 +139,7 @@ def problems(
 
 def verify(pair: ResolvedPair, checksum: bool = False, far_root: str | None = None) -> int:
     """Compare the two copies (file list, sizes, the index's shards; ``checksum``: sha256)."""
-    rank0, rank1 = nodes(pair.cfg)
+    rank0, rank1 = pair.nodes
     root = Path(pair.model_path)
     far = far_root or pair.model_path
     if not root.is_dir():
@@ -195,10 +195,10 @@ def fetch(
 ) -> int:
     """Download on rank 0, copy to rank 1, verify; 0 when both copies match."""
     repo, rev = repo_and_revision(pair)
-    rank1 = nodes(pair.cfg)[1]
+    rank1 = pair.nodes[1]
     if not skip_download:
         cmd = downloader(downloader_cmd)
-        rc = download(repo, rev, pair.model_path, cmd, pair.cfg["HF_TOKEN"])
+        rc = download(repo, rev, pair.model_path, cmd, pair.hf_token)
         if rc != 0:
             log(f"download of {repo}@{rev[:12]} failed (rc={rc}); run model fetch again to resume")
             return EXIT_RUNTIME

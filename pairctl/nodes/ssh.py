@@ -104,6 +104,10 @@ class Node:
             cmd = f"{reads}export {' '.join(secret_names)}; exec {cmd}"
         return ssh_argv(self.cfg, cmd)
 
+    def ssh_argv(self, remote_cmd: str | None = None) -> list[str]:
+        """The ssh command line that reaches SPARK2 with this pair's ssh settings."""
+        return ssh_argv(self.cfg, remote_cmd)
+
     def run(
         self,
         argv: list[str],

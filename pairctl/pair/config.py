@@ -71,7 +71,7 @@ VARS: tuple[Var, ...] = (
         "abspath",
         "persistent TileLang JIT cache on both nodes",
     ),
-    # The other JIT caches a restart would otherwise rebuild (pairctl.pair.plan.CACHE_VARS):
+    # The other JIT caches a restart would otherwise rebuild (CACHE_VARS below):
     # each is mounted at the same path and set under its own name in the container.
     Var("VLLM_CACHE_ROOT", "/home/bird/.cache/vllm", "abspath", "vLLM compile cache"),
     Var("TRITON_CACHE_DIR", "/home/bird/.triton/cache", "abspath", "Triton kernel cache"),
@@ -188,6 +188,17 @@ def _check(kind: str, value: str) -> str | None:
         ok = value.isprintable() and " " not in value
         return None if ok else "must be one printable word (no spaces)"
     raise AssertionError(f"unknown kind {kind}")
+
+
+# Host caches mounted at the same path and exported under the same name (env file
+# variables): a recreated container keeps its compiled kernels and graphs.
+CACHE_VARS = (
+    "TILELANG_CACHE_DIR",
+    "VLLM_CACHE_ROOT",
+    "TRITON_CACHE_DIR",
+    "FLASHINFER_WORKSPACE_BASE",
+    "DG_JIT_CACHE_DIR",
+)
 
 
 @dataclass(frozen=True)

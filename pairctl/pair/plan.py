@@ -9,55 +9,31 @@ that run this model on real Spark pairs pass.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from pairctl.engine.image import ImageFacts, pythonpath
-from pairctl.nodes.ssh import ssh_argv
-from pairctl.pair.config import SECRET_NAMES, ConfigError, PairConfig
-from pairctl.pair.recipe import Mount, Recipe, serve_argv, substitute
+from pairctl.engine.image import ImageFacts
+from pairctl.pair.config import ConfigError
+from pairctl.pair.derive import OVERLAY_MOUNT, container_env, is_secret
+from pairctl.pair.recipe import Mount, substitute
+from pairctl.pair.resolved import ResolvedPair
 
-if TYPE_CHECKING:
-    from pairctl.pair.resolved import ResolvedPair
-
-OVERLAY_MOUNT = "/opt/dsv4-flash-overlays"
 # The RDMA devices NCCL opens (uverbs*); without them it falls back to TCP sockets, which
 # NCCL_NET=IB in the recipe turns into a loud failure instead.
 RDMA_MOUNT = "/dev/infiniband"
 # Set explicitly: an image built on vllm-openai has ENTRYPOINT ["vllm", "serve"], which
 # would turn our `vllm serve MODEL ...` into `vllm serve vllm serve MODEL ...`.
 ENTRYPOINT = "vllm"
-# Host caches mounted at the same path and exported under the same name (env file
-# variables): a recreated container keeps its compiled kernels and graphs.
-CACHE_VARS = (
-    "TILELANG_CACHE_DIR",
-    "VLLM_CACHE_ROOT",
-    "TRITON_CACHE_DIR",
-    "FLASHINFER_WORKSPACE_BASE",
-    "DG_JIT_CACHE_DIR",
-)
-# Secrets only the API server (rank 0) needs.
-HEAD_ONLY_SECRETS = ("VLLM_API_KEY",)
 LABEL_PAIR = "dsv4.pair"
 LABEL_RANK = "dsv4.rank"
 LABEL_ROLE = "dsv4.role"
 LABEL_PLAN = "dsv4.plan"
 FORBIDDEN_ENV = "VLLM_DSV4_B12X_COMPRESSED_MLA"
-_SECRET_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|PRIVATE_KEY)", re.I)
 
 
 def container_name(pair_id: str, rank: int) -> str:
     """``dsv4-<PAIR_ID>-rank<R>`` (docs/INTERFACES.md)."""
     return f"dsv4-{pair_id}-rank{rank}"
-
-
-def is_secret(key: str) -> bool:
-    """Env keys whose values must never be printed."""
-    return key in SECRET_NAMES or bool(_SECRET_RE.search(key))
 
 
 @dataclass(frozen=True)
@@ -80,61 +56,6 @@ class RankPlan:
     image_facts: ImageFacts | None = None
 
 
-def with_recipe_defaults(cfg: PairConfig, recipe: Recipe) -> PairConfig:
-    """Fill env values the recipe provides defaults for (PORT: env > recipe > 8000)."""
-    if cfg["PORT"]:
-        return cfg
-    values = dict(cfg.values, PORT=str(recipe.serve.get("port", 8000)))
-    return replace(cfg, values=values)
-
-
-def resolve_image(cfg: PairConfig, recipe: Recipe) -> str:
-    """IMAGE from .env wins over the recipe's container.image."""
-    image = cfg["IMAGE"] or recipe.image
-    if not image:
-        raise ConfigError("no image: set IMAGE in the env file or container.image in the recipe")
-    return image
-
-
-def placeholders(cfg: PairConfig, rank: int) -> dict[str, str]:
-    """The recipe's ``${NAME}`` values for one rank: the env file's, plus FABRIC1/FABRIC2 and
-    MASTER_ADDR with their defaults, NODE_IP (this rank's fabric address, not its ssh
-    address: vLLM binds its cross-node message queue there) and RANK."""
-    values = dict(cfg.values)
-    values["FABRIC1"], values["FABRIC2"] = cfg.fabric_addr(0), cfg.fabric_addr(1)
-    values["MASTER_ADDR"] = cfg.master_addr
-    values["NODE_IP"] = cfg.fabric_addr(rank)
-    values["RANK"] = str(rank)
-    return values
-
-
-def vllm_args(
-    cfg: PairConfig,
-    recipe: Recipe,
-    rank: int,
-    values: Mapping[str, str],
-    passthrough: Sequence[str],
-) -> list[str]:
-    """``vllm serve MODEL <recipe args> <per-rank args> <passthrough>``; ``cfg`` has the
-    recipe's defaults applied (PORT), ``values`` are the rank's placeholders."""
-    serve = dict(recipe.serve)
-    serve["port"] = int(cfg["PORT"])  # env PORT > recipe port
-    argv = ["vllm", "serve", cfg["MODEL_PATH"]]
-    argv += serve_argv(serve, values)
-    argv += [
-        "--node-rank",
-        str(rank),
-        "--master-addr",
-        cfg.master_addr,
-        "--master-port",
-        cfg["MASTER_PORT"],
-    ]
-    if rank == 1:
-        argv.append("--headless")
-    argv += passthrough
-    return argv
-
-
 def ipc_args(shm_size: str | None) -> list[str]:
     """The rank's IPC namespace. With ``shm_size`` (the recipe's default): a private one
     whose /dev/shm is a tmpfs of that size, created and freed with the container, so the
@@ -145,48 +66,6 @@ def ipc_args(shm_size: str | None) -> list[str]:
     if shm_size:
         return ["--ipc", "private", "--shm-size", shm_size]
     return ["--ipc", "host"]
-
-
-def container_env(
-    cfg: PairConfig,
-    recipe: Recipe,
-    rank: int,
-    values: Mapping[str, str],
-    overlay: bool,
-    image: ImageFacts | None = None,
-) -> dict[str, str]:
-    """Recipe env with placeholders filled; empty values are dropped (e.g. NCCL_IB_HCA='').
-
-    With the overlays, PYTHONPATH is the image's own PYTHONPATH (``image``, read on the
-    node) with the overlay mount appended.
-    """
-    env: dict[str, str] = {}
-    for k, v in recipe.env.items():
-        val = substitute(v, values, f"recipe env {k}")
-        if val != "":
-            env[k] = val
-    if overlay:
-        env["PYTHONPATH"] = pythonpath(image, OVERLAY_MOUNT)
-    if cfg["CONTAINER_USER"]:
-        # A UID the image has no passwd entry for gets HOME=/ (not writable): anything
-        # that still writes under ~ goes to /tmp instead (the known JIT caches are all
-        # mounted and named in the recipe env).
-        env["HOME"] = "/tmp"
-    for name in sorted(SECRET_NAMES):
-        if cfg.values.get(name) and (rank == 0 or name not in HEAD_ONLY_SECRETS):
-            env[name] = cfg.values[name]
-    return env
-
-
-def plan_hash(argvs: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]], image: str) -> str:
-    """Short fingerprint of what would run (both ranks' vLLM argv and env with the overlay,
-    and the image); stored as a label to spot config drift."""
-    h = hashlib.sha256()
-    for argv, env in zip(argvs, envs, strict=True):
-        h.update("\0".join(argv).encode())
-        h.update("\0".join(f"{k}={v}" for k, v in sorted(env.items())).encode())
-    h.update(image.encode())
-    return h.hexdigest()[:12]
 
 
 def build_rank(
@@ -203,18 +82,18 @@ def build_rank(
     """
     if rank not in (0, 1):
         raise ConfigError(f"rank must be 0 or 1, not {rank}")
-    cfg, recipe = pair.cfg, pair.recipe
+    recipe = pair.recipe
     role = "head" if rank == 0 else "worker"
     name = container_name(pair.pair_id, rank)
     image = pair.image
     values = pair.placeholders[rank]
     mounts = [Mount(pair.model_path, pair.model_path, ro=True)]
-    mounts += [Mount(cfg.values[v], cfg.values[v]) for v in CACHE_VARS]
+    mounts += [Mount(d, d) for d in pair.caches.values()]
     if overlay:
         mounts.append(Mount(pair.overlay_dir, OVERLAY_MOUNT, ro=True))
     for m in recipe.mounts:
         mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
-    env = container_env(cfg, recipe, rank, values, overlay, image_facts)
+    env = container_env(recipe, rank, values, overlay, image_facts)
     vargs = pair.vllm_argv[rank]
     argv: list[str] = [
         "run",
@@ -235,14 +114,14 @@ def build_rank(
         "all",
         *ipc_args(recipe.shm_size),
         "--device",
-        f"{cfg['RDMA_DEVICE_DIR']}:{RDMA_MOUNT}",
+        f"{pair.rdma_device_dir}:{RDMA_MOUNT}",
         "--entrypoint",
         ENTRYPOINT,
     ]
-    if cfg["CONTAINER_USER"]:
+    if pair.container_user:
         # The operator's UID:GID: what the ranks write into the mounted caches stays the
         # operator's (container_env sets HOME for a user the image does not know).
-        argv += ["--user", cfg["CONTAINER_USER"]]
+        argv += ["--user", pair.container_user]
     for u in recipe.ulimits:
         argv += ["--ulimit", u]
     for m in mounts:
@@ -294,12 +173,12 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
     ``plan`` contacts no node, so what only a node can tell (the image's own PYTHONPATH
     and entrypoint) is stated as an assumption; ``up`` reads it on each node.
     """
-    cfg, recipe = pair.cfg, pair.recipe
+    recipe = pair.recipe
     lines = [
         f"# pair {pair.pair_id}: recipe {recipe.name} ({recipe.path}), "
-        f"env {cfg.env_file}, plan {pair.plan_hash}",
+        f"env {pair.env_file}, plan {pair.plan_hash}",
         f"# endpoint: http://{pair.spark1}:{pair.port}/v1 (clients and the router use SPARK1)",
-        f"# fabric ({cfg['NCCL_SOCKET_IFNAME']}): rank 0 {pair.fabric1}, rank 1 "
+        f"# fabric ({pair.nccl_socket_ifname}): rank 0 {pair.fabric1}, rank 1 "
         f"{pair.fabric2} (VLLM_HOST_IP); master {pair.master_addr}:{pair.master_port}",
         "# order: remove this pair's stale containers on both nodes (label "
         f"{LABEL_PAIR}={pair.pair_id}), start rank 1, start rank 0, wait for health",
@@ -314,13 +193,13 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
         lines.append(f"# {argv_note}")
     for rank in (1, 0):
         rp = build_rank(pair, rank)
-        where = "local (SPARK1)" if rank == 0 else f"ssh {cfg.ssh_target()} (SPARK2)"
+        where = "local (SPARK1)" if rank == 0 else f"ssh {pair.ssh_target} (SPARK2)"
         lines.append("")
         lines.append(f"## rank {rank} ({rp.role}) on {rp.node} via {where}: container {rp.name}")
         if rank == 1:
             lines.append(
                 "# over: "
-                + shlex.join(ssh_argv(cfg))
+                + shlex.join(pair.nodes[1].ssh_argv())
                 + " -- <the docker line>"
                 + (" (secret values on stdin)" if rp.secret_env else "")
             )

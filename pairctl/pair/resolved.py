@@ -18,22 +18,25 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pairctl.endpoint import Endpoint
-from pairctl.pair import plan
-from pairctl.pair.config import PairConfig, check_port_clash, load_env_file
+from pairctl.nodes.ssh import Node, nodes
+from pairctl.pair import derive
+from pairctl.pair.config import CACHE_VARS, PairConfig, check_port_clash, load_env_file
 from pairctl.pair.recipe import Recipe, check_passthrough, load_recipe
 
 
 @dataclass(frozen=True)
 class ResolvedPair:
-    """One pair as every step sees it (``cfg`` keeps the env file's validated values, with
-    the recipe's PORT default applied, for the few steps that need a raw variable)."""
+    """One pair as every step sees it: each setting a step reads is a field here, settled
+    (the env file's validated values, the recipe's PORT default applied)."""
 
-    cfg: PairConfig
     recipe: Recipe
     passthrough: tuple[str, ...]
+    env_file: str
+    unknown: tuple[str, ...]  # env file variables pairctl does not know (named in warnings)
     pair_id: str
     spark1: str
     spark2: str
+    ssh_target: str  # ``[user@]SPARK2``
     fabric1: str
     fabric2: str
     master_addr: str
@@ -44,10 +47,25 @@ class ResolvedPair:
     overlay_dir: str
     model_repo: str
     model_revision: str
+    nccl_socket_ifname: str
+    gloo_socket_ifname: str
+    nccl_ib_hca: str
+    nccl_ib_gid_index: str
+    rdma_device_dir: str
+    container_user: str
+    caches: Mapping[str, str]  # CACHE_VARS -> the host dir, mounted at the same path
+    nodes: tuple[Node, Node] = field(repr=False, compare=False)  # rank 0 local, rank 1 ssh
+    # What preflight's evidence records of the env file: every variable, secrets as ***.
+    evidence_config: Mapping[str, str] = field(repr=False)
     api_key: str = field(repr=False)
+    hf_token: str = field(repr=False)
     placeholders: tuple[Mapping[str, str], Mapping[str, str]] = field(repr=False)
     vllm_argv: tuple[tuple[str, ...], tuple[str, ...]] = field(repr=False)
     plan_hash: str = ""
+
+    @property
+    def tilelang_cache_dir(self) -> str:
+        return self.caches["TILELANG_CACHE_DIR"]
 
     @property
     def endpoint(self) -> str:
@@ -68,20 +86,22 @@ class ResolvedPair:
 def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) -> ResolvedPair:
     """Settle everything the env file and recipe leave open; raises ConfigError."""
     extra = tuple(passthrough)
-    full = plan.with_recipe_defaults(cfg, recipe)
+    full = derive.with_recipe_defaults(cfg, recipe)
     check_port_clash(cfg, full["PORT"])
     check_passthrough(list(extra))
-    image = plan.resolve_image(full, recipe)
-    values = tuple(MappingProxyType(plan.placeholders(full, r)) for r in (0, 1))
-    argvs = tuple(tuple(plan.vllm_args(full, recipe, r, values[r], extra)) for r in (0, 1))
-    envs = [plan.container_env(full, recipe, r, values[r], overlay=True) for r in (0, 1)]
+    image = derive.resolve_image(full, recipe)
+    values = tuple(MappingProxyType(derive.placeholders(full, r)) for r in (0, 1))
+    argvs = tuple(tuple(derive.vllm_args(full, recipe, r, values[r], extra)) for r in (0, 1))
+    envs = [derive.container_env(recipe, r, values[r], overlay=True) for r in (0, 1)]
     return ResolvedPair(
-        cfg=full,
         recipe=recipe,
         passthrough=extra,
+        env_file=full.env_file,
+        unknown=full.unknown,
         pair_id=full["PAIR_ID"],
         spark1=full["SPARK1"],
         spark2=full["SPARK2"],
+        ssh_target=full.ssh_target(),
         fabric1=full.fabric_addr(0),
         fabric2=full.fabric_addr(1),
         master_addr=full.master_addr,
@@ -92,17 +112,29 @@ def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) ->
         overlay_dir=full["OVERLAY_DIR"],
         model_repo=full["MODEL_REPO"] or recipe.model_repo or "",
         model_revision=full["MODEL_REVISION"] or recipe.model_revision or "",
+        nccl_socket_ifname=full["NCCL_SOCKET_IFNAME"],
+        gloo_socket_ifname=full["GLOO_SOCKET_IFNAME"],
+        nccl_ib_hca=full["NCCL_IB_HCA"],
+        nccl_ib_gid_index=full["NCCL_IB_GID_INDEX"],
+        rdma_device_dir=full["RDMA_DEVICE_DIR"],
+        container_user=full["CONTAINER_USER"],
+        caches=MappingProxyType({v: full[v] for v in CACHE_VARS}),
+        nodes=nodes(full),
+        evidence_config=MappingProxyType(
+            {k: ("***" if derive.is_secret(k) and v else v) for k, v in full.values.items()}
+        ),
         api_key=full["VLLM_API_KEY"],
+        hf_token=full["HF_TOKEN"],
         placeholders=(values[0], values[1]),
         vllm_argv=(argvs[0], argvs[1]),
-        plan_hash=plan.plan_hash(argvs, envs, image),
+        plan_hash=derive.plan_hash(argvs, envs, image),
     )
 
 
 def warn_unknown(cfg: PairConfig, say: Callable[[str], None]) -> None:
     """Unknown variables in the env file: named, unless the name looks like a secret."""
     for k in cfg.unknown:
-        shown = "" if plan.is_secret(k) else f" ({k})"
+        shown = "" if derive.is_secret(k) else f" ({k})"
         say(f"WARN: {cfg.env_file}: unknown variable{shown} ignored; see .env.example")
 
 

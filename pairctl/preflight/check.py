@@ -15,7 +15,6 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pairctl.pair.config import PairConfig
 from pairctl.pair.recipe import Recipe
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
@@ -78,10 +77,6 @@ class View:
     def pair(self) -> ResolvedPair:
         self._need(Need.CONFIG)
         return self._in.pair
-
-    @property
-    def cfg(self) -> PairConfig:
-        return self.pair.cfg
 
     @property
     def recipe(self) -> Recipe:

@@ -63,7 +63,7 @@ def check_fabric_addr(
     pair: ResolvedPair, names: dict[str, str | None], evs: list[NodeEvidence]
 ) -> Check:
     """``evs``: the probes of the nodes that answered, index = rank."""
-    spec = pair.cfg["NCCL_SOCKET_IFNAME"]
+    spec = pair.nccl_socket_ifname
     if spec.startswith("^"):
         return PF_FABRIC_ADDR.verdict(
             WARN, f"NCCL_SOCKET_IFNAME={spec} is an exclusion list: it names no interface"

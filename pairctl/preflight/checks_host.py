@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pairctl.pair.config import PairConfig
-from pairctl.pair.plan import CACHE_VARS, LABEL_PAIR
+from collections.abc import Mapping
+
+from pairctl.pair.config import CACHE_VARS
+from pairctl.pair.plan import LABEL_PAIR
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
 from pairctl.preflight.evidence import NodeEvidence
 
@@ -51,7 +53,9 @@ PF_NCCL_IFACE = CheckSpec(
     "rules: = exact, a ^ exclusion list is not checked)",
     remedy="set them to the RoCE link's netdev (ip -br link) on both nodes",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_ifaces(v.cfg, v.rank0, v.rank1),
+    decide=lambda v: check_ifaces(
+        v.pair.nccl_socket_ifname, v.pair.gloo_socket_ifname, v.rank0, v.rank1
+    ),
 )
 
 
@@ -69,18 +73,17 @@ def iface_present(spec: str, netdevs: list[str]) -> list[str]:
     return missing
 
 
-def check_ifaces(cfg: PairConfig, n0: NodeEvidence, n1: NodeEvidence) -> Check:
+def check_ifaces(nccl: str, gloo: str, n0: NodeEvidence, n1: NodeEvidence) -> Check:
+    """NCCL_SOCKET_IFNAME (``nccl``) and GLOO_SOCKET_IFNAME (``gloo``) on both nodes."""
     probs = []
     for rank, ev in ((0, n0), (1, n1)):
-        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-            miss = iface_present(cfg.values[var], ev.netdevs)
+        for var, spec in (("NCCL_SOCKET_IFNAME", nccl), ("GLOO_SOCKET_IFNAME", gloo)):
+            miss = iface_present(spec, ev.netdevs)
             if miss:
                 probs.append(f"rank {rank}: {var} {','.join(miss)} not found")
     if probs:
         return PF_NCCL_IFACE.verdict(FAIL, "; ".join(probs))
-    return PF_NCCL_IFACE.verdict(
-        PASS, f"{cfg['NCCL_SOCKET_IFNAME']}/{cfg['GLOO_SOCKET_IFNAME']} present on both"
-    )
+    return PF_NCCL_IFACE.verdict(PASS, f"{nccl}/{gloo} present on both")
 
 
 PF_TILELANG_CACHE = CheckSpec(
@@ -88,7 +91,7 @@ PF_TILELANG_CACHE = CheckSpec(
     title="TILELANG_CACHE_DIR exists (the probe creates it) and is writable on both nodes",
     remedy="mkdir -p TILELANG_CACHE_DIR and fix its owner on that node",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_tilelang(v.cfg["TILELANG_CACHE_DIR"], v.rank0, v.rank1),
+    decide=lambda v: check_tilelang(v.pair.tilelang_cache_dir, v.rank0, v.rank1),
 )
 
 
@@ -106,16 +109,17 @@ PF_JIT_CACHES = CheckSpec(
     remedy="mkdir -p the directory named and fix its owner on that node, or point the "
     "variable in the env file at a writable directory",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_jit_caches(v.cfg, v.rank0, v.rank1),
+    decide=lambda v: check_jit_caches(v.pair.caches, v.rank0, v.rank1),
 )
 
 
-def check_jit_caches(cfg: PairConfig, n0: NodeEvidence, n1: NodeEvidence) -> Check:
+def check_jit_caches(caches: Mapping[str, str], n0: NodeEvidence, n1: NodeEvidence) -> Check:
+    """``caches``: each of CACHE_VARS and its host dir."""
     bad = []
     for rank, ev in ((0, n0), (1, n1)):
         for var in CACHE_VARS[1:]:  # the TileLang cache is PF-TILELANG-CACHE's
             if not ev.cache_dirs.get(var, False):
-                bad.append(f"rank {rank}: {var}={cfg.values[var]} not writable")
+                bad.append(f"rank {rank}: {var}={caches[var]} not writable")
     if bad:
         return PF_JIT_CACHES.verdict(FAIL, "; ".join(bad))
     return PF_JIT_CACHES.verdict(PASS, f"{len(CACHE_VARS) - 1} cache dirs ready on both")

@@ -107,7 +107,7 @@ PF_FOREIGN_PAIR = CheckSpec(
     remedy="this env file points at another pair's node: fix SPARK1/SPARK2/PAIR_ID; "
     "never remove the other pair's containers from here",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_foreign(v.cfg["PAIR_ID"], v.rank0, v.rank1),
+    decide=lambda v: check_foreign(v.pair.pair_id, v.rank0, v.rank1),
 )
 
 

@@ -3,11 +3,24 @@ parser reads it, and an open endpoint."""
 
 from __future__ import annotations
 
-from pairctl.pair.config import PairConfig
+from typing import Protocol
+
 from pairctl.pair.plan import FORBIDDEN_ENV, build_rank
 from pairctl.pair.recipe import Recipe
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need, View
 from pairctl.preflight.evidence import ArgvCheck
+
+
+class EnvFile(Protocol):
+    """What PF-NO-COMPRESSED-MLA reads of an env file (a PairConfig and the resolved pair
+    both have it)."""
+
+    @property
+    def env_file(self) -> str: ...
+
+    @property
+    def unknown(self) -> tuple[str, ...]: ...
+
 
 PF_NO_COMPRESSED_MLA = CheckSpec(
     "PF-NO-COMPRESSED-MLA",
@@ -15,16 +28,18 @@ PF_NO_COMPRESSED_MLA = CheckSpec(
     remedy=f"remove {FORBIDDEN_ENV} from the recipe, env file and extra args "
     "(its toggle hang once wedged a host's unified memory)",
     needs=(Need.CONFIG,),
-    decide=lambda v: check_no_compressed_mla(v.cfg, v.recipe, v.passthrough),
+    decide=lambda v: check_no_compressed_mla(v.pair, v.recipe, v.passthrough),
 )
 
 
-def check_no_compressed_mla(cfg: PairConfig, recipe: Recipe, passthrough: list[str]) -> Check:
+def check_no_compressed_mla(env: EnvFile, recipe: Recipe, passthrough: list[str]) -> Check:
+    """``env``: the env file (a PairConfig or the resolved pair) and the variables it set
+    that pairctl does not know."""
     where = []
     if FORBIDDEN_ENV in recipe.env:
         where.append("recipe env")
-    if FORBIDDEN_ENV in cfg.unknown:
-        where.append(f"env file {cfg.env_file}")
+    if FORBIDDEN_ENV in env.unknown:
+        where.append(f"env file {env.env_file}")
     if any(FORBIDDEN_ENV in a for a in passthrough):
         where.append("extra vLLM args")
     if where:
@@ -106,7 +121,7 @@ def _api_key(v: View) -> Check:
             host = argv[i + 1]
         elif a.startswith("--host="):
             host = a.split("=", 1)[1]
-    return check_api_key(host, bool(v.cfg["VLLM_API_KEY"]))
+    return check_api_key(host, bool(v.pair.api_key))
 
 
 PF_API_KEY = CheckSpec(

@@ -58,7 +58,7 @@ PF_MODEL_MATCH = CheckSpec(
     remedy="run launch/dspark_launch.sh model fetch (downloads on rank 0, copies to rank 1 "
     "and verifies), or copy the model to the same path on both nodes, then re-run",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_model(v.cfg["MODEL_PATH"], v.rank0, v.rank1),
+    decide=lambda v: check_model(v.pair.model_path, v.rank0, v.rank1),
 )
 
 
@@ -93,7 +93,7 @@ PF_OVERLAYS = CheckSpec(
     "sha256-identical; other files there are ignored (WARN only)",
     remedy="run launch/dspark_launch.sh sync-overlays --env-file FILE",
     needs=(Need.CONFIG, Need.OVERLAY_SRC, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_overlays(v.cfg["OVERLAY_DIR"], v.overlay_want, v.rank0, v.rank1),
+    decide=lambda v: check_overlays(v.pair.overlay_dir, v.overlay_want, v.rank0, v.rank1),
 )
 
 

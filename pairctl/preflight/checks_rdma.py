@@ -21,7 +21,7 @@ PF_HCA_2RAIL = CheckSpec(
     remedy="list the RoCE devices of the cabled port only: the ones ibdev2netdev shows Up "
     "(both PCIe halves); devices of both ports (4 entries) fail with ibv_modify_qp ... 110",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1_IF_REACHED),
-    decide=lambda v: check_hca(v.cfg["NCCL_IB_HCA"], v.reached),
+    decide=lambda v: check_hca(v.pair.nccl_ib_hca, v.reached),
 )
 
 
@@ -108,7 +108,7 @@ PF_ROCE_GID = CheckSpec(
     remedy="unset NCCL_IB_GID_INDEX (NCCL picks RoCEv2) or set it to the index shown; "
     "check the port's netdev has its IPv4 address (ip -br addr)",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1_IF_REACHED),
-    decide=lambda v: check_roce_gid(v.cfg["NCCL_IB_HCA"], v.cfg["NCCL_IB_GID_INDEX"], v.reached),
+    decide=lambda v: check_roce_gid(v.pair.nccl_ib_hca, v.pair.nccl_ib_gid_index, v.reached),
 )
 
 
@@ -193,7 +193,7 @@ PF_RDMA_DEVICES = CheckSpec(
     remedy="load the RDMA drivers on that node (modprobe ib_uverbs mlx5_ib; rdma link shows "
     "the ports) or set RDMA_DEVICE_DIR to the directory holding uverbs*",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
-    decide=lambda v: check_rdma_devices(v.cfg["RDMA_DEVICE_DIR"], v.rank0, v.rank1),
+    decide=lambda v: check_rdma_devices(v.pair.rdma_device_dir, v.rank0, v.rank1),
 )
 
 
@@ -220,7 +220,7 @@ PF_ROCE_MTU = CheckSpec(
     "ip link set DEV up)",
     needs=(Need.CONFIG, Need.RANK0, Need.RANK1),
     decide=lambda v: check_roce_mtu(
-        v.cfg["NCCL_SOCKET_IFNAME"], v.cfg["NCCL_IB_HCA"], [v.rank0, v.rank1]
+        v.pair.nccl_socket_ifname, v.pair.nccl_ib_hca, [v.rank0, v.rank1]
     ),
 )
 

@@ -40,7 +40,7 @@ def _gib(kib: int) -> str:
 def _memory(v: View) -> Check:
     argv = list(v.pair.vllm_argv[0])
     raw = last_value(argv, "--gpu-memory-utilization")
-    return check_memory(raw, v.cfg["PAIR_ID"], v.reached)
+    return check_memory(raw, v.pair.pair_id, v.reached)
 
 
 PF_MEMORY = CheckSpec(
@@ -102,7 +102,7 @@ def unified(gpu: str) -> bool:
 def _floor(v: View) -> Check:
     argv = list(v.pair.vllm_argv[0])
     raw = last_value(argv, "--gpu-memory-utilization")
-    return check_memory_floor(raw, v.cfg["PAIR_ID"], v.reached)
+    return check_memory_floor(raw, v.pair.pair_id, v.reached)
 
 
 PF_MEMORY_FLOOR = CheckSpec(

@@ -21,9 +21,9 @@ from dataclasses import replace
 
 from pairctl.engine.image import parse_inspect
 from pairctl.nodes.docker import parse_ps
-from pairctl.nodes.ssh import SSH_CONNECT_TIMEOUT_S, Node, nodes
-from pairctl.pair.config import PairConfig
-from pairctl.pair.plan import CACHE_VARS, LABEL_PAIR, is_secret
+from pairctl.nodes.ssh import SSH_CONNECT_TIMEOUT_S, Node
+from pairctl.pair.config import CACHE_VARS
+from pairctl.pair.plan import LABEL_PAIR
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import argcheck, probe_host, reach
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
@@ -66,18 +66,18 @@ else echo "dir=no"; fi
 _SCRIPT += _ROCE_SECTION + probe_host.PROBE_SECTION + "sec end\n"
 
 
-def probe_script(cfg: PairConfig, image: str) -> str:
+def probe_script(pair: ResolvedPair) -> str:
     """The probe with this pair's values bound as shell variables (safely quoted)."""
     binds = {
         "LABEL": LABEL_PAIR,
-        "IMAGE": image,
-        "MODEL": cfg["MODEL_PATH"],
+        "IMAGE": pair.image,
+        "MODEL": pair.model_path,
         "MODEL_FILES": " ".join(MODEL_FILES),
-        "TL": cfg["TILELANG_CACHE_DIR"],
-        "OV": cfg["OVERLAY_DIR"],
-        "RDMA": cfg["RDMA_DEVICE_DIR"],
+        "TL": pair.tilelang_cache_dir,
+        "OV": pair.overlay_dir,
+        "RDMA": pair.rdma_device_dir,
         # the TileLang cache has its own section (PF-TILELANG-CACHE)
-        "CACHES": " ".join(f"{v}={cfg.values[v]}" for v in CACHE_VARS[1:]),
+        "CACHES": " ".join(f"{v}={pair.caches[v]}" for v in CACHE_VARS[1:]),
     }
     head = "".join(f"{k}={shlex.quote(v)}\n" for k, v in binds.items())
     return head + _SCRIPT
@@ -191,9 +191,9 @@ def parse_probe(text: str) -> NodeEvidence:
     )
 
 
-def collect(node: Node, cfg: PairConfig, image: str) -> NodeEvidence:
+def collect(node: Node, pair: ResolvedPair) -> NodeEvidence:
     """Run the probe on a node; evidence plus how the transport went."""
-    res = node.run_script(probe_script(cfg, image), timeout=60)
+    res = node.run_script(probe_script(pair), timeout=60)
     ev = parse_probe(res.out)
     return replace(
         ev,
@@ -254,20 +254,20 @@ def gather(
     once both probes are in and rank 1 answered.
     """
     say = progress or (lambda _msg: None)
-    cfg, image = pair.cfg, pair.image
-    n0, n1 = nodes(cfg)
+    image = pair.image
+    n0, n1 = pair.nodes
     say(
         f"resolving SPARK1 ({pair.spark1}), SPARK2 ({pair.spark2}), the fabric addresses and "
         "MASTER_ADDR on this machine"
     )
     ev = Evidence(
-        config={k: ("***" if is_secret(k) and v else v) for k, v in cfg.values.items()},
+        config=dict(pair.evidence_config),
         resolved={
-            "SPARK1": resolve(cfg["SPARK1"]),
-            "SPARK2": resolve(cfg["SPARK2"]),
+            "SPARK1": resolve(pair.spark1),
+            "SPARK2": resolve(pair.spark2),
             "FABRIC1": resolve(pair.fabric1),
             "FABRIC2": resolve(pair.fabric2),
-            "MASTER_ADDR": resolve(cfg.master_addr),
+            "MASTER_ADDR": resolve(pair.master_addr),
         },
         image=image,
     )
@@ -288,9 +288,9 @@ def gather(
     say("probing " + " and ".join(waits.values()))
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {pool.submit(collect, n0, cfg, image): RANK0}
+        futures = {pool.submit(collect, n0, pair): RANK0}
         if probe_rank1:
-            futures[pool.submit(collect, n1, cfg, image)] = RANK1
+            futures[pool.submit(collect, n1, pair)] = RANK1
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=HEARTBEAT_S, return_when=FIRST_COMPLETED)

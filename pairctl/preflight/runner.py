@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from pairctl.pair.config import PairConfig
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.check import PASS, SKIP, Check, CheckSpec, Inputs, Need
 from pairctl.preflight.evidence import ArgvCheck, Evidence
@@ -35,7 +34,7 @@ STAGE_OF: dict[Need, str] = {
 }
 
 
-def unresolved_skip(spec: CheckSpec, check: Check, cfg: PairConfig, ev: Evidence) -> Check:
+def unresolved_skip(spec: CheckSpec, check: Check, pair: ResolvedPair, ev: Evidence) -> Check:
     """A PASS judged on a node whose name does not resolve here becomes SKIP.
 
     Rank 0's probe runs on this machine whatever SPARK1 says, so with SPARK1 unresolvable
@@ -45,10 +44,10 @@ def unresolved_skip(spec: CheckSpec, check: Check, cfg: PairConfig, ev: Evidence
         return check
     names = []
     if Need.RANK0 in spec.needs and ev.resolved.get("SPARK1") is None:
-        names.append(f"SPARK1 ({cfg['SPARK1']})")
+        names.append(f"SPARK1 ({pair.spark1})")
     rank1 = {Need.RANK1, Need.RANK1_IF_REACHED} & set(spec.needs)
     if rank1 and ev.resolved.get("SPARK2") is None:
-        names.append(f"SPARK2 ({cfg['SPARK2']})")
+        names.append(f"SPARK2 ({pair.spark2})")
     if not names:
         return check
     return replace(
@@ -74,7 +73,6 @@ def run(
     The argv check (vLLM's parser) runs only when some spec needs it: ``local_argv`` when a
     local vLLM already read the argv, else the image's parser once rank 0 is probed.
     """
-    cfg = pair.cfg
     arrived: set[str] = set()
     verdicts: dict[str, Check] = {}
 
@@ -85,7 +83,7 @@ def run(
                 continue
             if not everything and any(STAGE_OF[n] not in arrived for n in spec.needs):
                 continue
-            check = unresolved_skip(spec, spec.run(inputs), cfg, ev)
+            check = unresolved_skip(spec, spec.run(inputs), pair, ev)
             verdicts[spec.id] = check
             emit(check)
 

@@ -22,7 +22,7 @@ from pairctl.sentinel.acceptance import (
 )
 from pairctl.sentinel.canary import run_against
 from pairctl.sentinel.monitors import MonitorConfig, Monitors, read_record, record_path
-from pairctl.status.metrics import Scrape
+from pairctl.status.metrics import Scrape, scrape
 
 
 def baseline_path(pair: ResolvedPair) -> Path:
@@ -40,8 +40,6 @@ def monitor_record(pair: ResolvedPair) -> Path:
 
 def pair_counters(pair: ResolvedPair) -> Counters | None:
     """The pair's spec-decode counters now (RuntimeError saying why when /metrics fails)."""
-    from pairctl.status.pair import scrape  # lazy: status imports this module too
-
     sample, err = scrape(pair.endpoint, api_key=pair.api_key)
     if sample is None:
         raise RuntimeError(err)

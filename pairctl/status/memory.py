@@ -12,11 +12,11 @@ relaunches (README troubleshooting: "Host wedged, ssh banner timeout").
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from pairctl.nodes.pressure import CRITICAL, NodeMemory
-from pairctl.nodes.ssh import Node, nodes
-from pairctl.pair.config import PairConfig
+from pairctl.nodes.ssh import Node
 from pairctl.preflight.probe import split_sections
 from pairctl.preflight.probe_host import EARLYOOM_SECTION, MEMINFO_SECTION, parse_meminfo
 
@@ -50,10 +50,10 @@ def read(node: Node, timeout: float = READ_TIMEOUT_S) -> NodeMemory:
     return parse(node.rank, node.addr, res.out)
 
 
-def sample(cfg: PairConfig) -> list[NodeMemory]:
+def sample(node_list: Sequence[Node]) -> list[NodeMemory]:
     """Both nodes at once (rank 1's ssh alongside rank 0's local read), in rank order."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(read, nodes(cfg)))
+        return list(pool.map(read, node_list))
 
 
 def ssh_lost(readings: list[NodeMemory]) -> str | None:

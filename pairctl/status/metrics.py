@@ -17,11 +17,16 @@ TTFT histogram, prefix cache) and vllm/v1/spec_decode/metrics.py (drafts, accept
 per position). The acceptance formulas are the PromQL ones documented on ``SpecDecodingProm``
 in that file: per position ``accepted_per_pos / drafts``, mean acceptance length
 ``1 + accepted / drafts`` (the bonus token included).
+
+``scrape`` is the pair's one GET of /metrics (status, the sentinel, the fleet): it lives
+beside the parser so that status and the sentinel both import it from here, not from each
+other.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -268,3 +273,26 @@ def figures(cur: Scrape, prev: Scrape | None = None, dt: float | None = None) ->
         window="interval" if interval else "lifetime",
         window_s=dt if interval else None,
     )
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One /metrics scrape and when it was taken (monotonic seconds)."""
+
+    scrape: Scrape
+    t: float
+
+
+def scrape(base: str, timeout: float = 3.0, api_key: str = "") -> tuple[MetricsSample | None, str]:
+    """GET /metrics once; (sample, "") or (None, what went wrong). No proxy, the pair's key."""
+    import requests  # lazy: only steps that talk HTTP pay for the import
+
+    from pairctl.lifecycle.steps import session  # lazy: the parser alone stays light
+
+    url = f"{base}/metrics"
+    try:
+        return MetricsSample(parse(fetch(session(api_key), base, timeout)), time.monotonic()), ""
+    except requests.RequestException as exc:
+        return None, f"GET {url}: {type(exc).__name__}: {exc}"[:300]
+    except MetricsParseError as exc:
+        return None, f"GET {url}: {exc}"[:300]

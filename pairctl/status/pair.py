@@ -29,23 +29,21 @@ from typing import Any
 
 from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_KEY, EXIT_OK
 from pairctl.contracts import DEFAULT_RECIPE, STATUS_TOKEN_PROBE_S
-from pairctl.lifecycle.steps import Health, probe_health, session
+from pairctl.lifecycle.steps import Health, probe_health
 from pairctl.nodes.docker import inspect, labelled_containers, pair_containers
 from pairctl.nodes.pressure import NodeMemory
-from pairctl.nodes.ssh import Node, nodes
+from pairctl.nodes.ssh import Node
 from pairctl.pair.plan import LABEL_PLAN, container_name
 from pairctl.pair.resolved import ResolvedPair, load
 from pairctl.sentinel.pair import status_extras
 from pairctl.status import memory
 from pairctl.status.metrics import (
     GENERATION,
-    MetricsParseError,
-    Scrape,
+    MetricsSample,
     ServingFigures,
-    fetch,
     figures,
     increase,
-    parse,
+    scrape,
 )
 from pairctl.status.watch import KeyRejected, probe_token
 
@@ -123,14 +121,6 @@ class PairStatus:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class MetricsSample:
-    """One /metrics scrape and when it was taken (monotonic seconds)."""
-
-    scrape: Scrape
-    t: float
-
-
 def parse_docker_time(text: str) -> datetime | None:
     """Docker's RFC 3339 time (nanoseconds allowed); None for its zero time or junk."""
     if not text or text.startswith("0001-"):
@@ -173,19 +163,6 @@ def rank_status(node: Node, pair_id: str, now: datetime) -> RankStatus:
     return RankStatus(
         node.rank, role, node.addr, True, "", name, mine.state, started, uptime, others, plan
     )
-
-
-def scrape(base: str, timeout: float = 3.0, api_key: str = "") -> tuple[MetricsSample | None, str]:
-    """GET /metrics once; (sample, "") or (None, what went wrong). No proxy, the pair's key."""
-    import requests  # lazy: only steps that talk HTTP pay for the import
-
-    url = f"{base}/metrics"
-    try:
-        return MetricsSample(parse(fetch(session(api_key), base, timeout)), time.monotonic()), ""
-    except requests.RequestException as exc:
-        return None, f"GET {url}: {type(exc).__name__}: {exc}"[:300]
-    except MetricsParseError as exc:
-        return None, f"GET {url}: {exc}"[:300]
 
 
 def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]]:
@@ -284,9 +261,9 @@ def collect(
     key = pair.api_key
     h = probe_health(base, api_key=key)
     now = datetime.now(UTC)
-    node_list = nodes(pair.cfg)
+    node_list = pair.nodes
     with ThreadPoolExecutor(max_workers=3) as pool:  # rank 1's ssh runs alongside rank 0
-        mem = pool.submit(memory.sample, pair.cfg)
+        mem = pool.submit(memory.sample, node_list)
         ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), node_list))
         readings = mem.result()
     ep = endpoint_status(base, h, ranks[0], node_list[0], pair.pair_id)

@@ -18,8 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from pairctl.sentinel import render as sentinel_render
-from pairctl.status.metrics import ServingFigures
-from pairctl.status.pair import HEALTHY, MetricsSample, PairStatus, RankStatus
+from pairctl.status.metrics import MetricsSample, ServingFigures
+from pairctl.status.pair import HEALTHY, PairStatus, RankStatus
 
 VERDICT_COLOUR = {
     "healthy": "bold green",

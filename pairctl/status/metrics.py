@@ -3,7 +3,8 @@
 Every reader of /metrics in the code fetches and parses it here (status, the fleet, the
 sentinel, the benches' guard, diffcheck, the twin's tests): ``fetch`` GETs the body with the
 caller's session and timeout. ``parse`` turns a body into a ``Scrape`` with prometheus_client's
-own text parser; ``family_shapes`` is diffcheck's view of the same text (each family's type and label names).
+own text parser; ``family_shapes`` is diffcheck's view of the same text (each family's type
+and label names).
 Only tests/test_real_pair.py's oracle parses on its own, with prometheus_client directly, so
 that it stays independent of this module.
 A scrape taken many times a second keeps only the families it needs (``families``): a real

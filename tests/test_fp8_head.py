@@ -8,6 +8,7 @@ tests/test_fp8_tune.py.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ from dsv4_flash_overlays import fp8_head as F
 from dsv4_flash_overlays.fp8_head import quant as Q
 
 from bench.kernels.fp8_tune import reference as R
+from tests.conftest import require
 
 E4M3_FINITE = [
     c
@@ -287,7 +289,7 @@ _INTERPRET_SCRIPT = textwrap.dedent(
 
 
 def test_both_triton_kernels_under_interpreter_ragged_shapes():
-    pytest.importorskip("triton")
+    require(importlib.util.find_spec("triton") is not None, "triton is not importable (vLLM's)")
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
         [sys.executable, "-c", _INTERPRET_SCRIPT],
@@ -322,7 +324,9 @@ def test_m_tiles_cover_m_with_little_padding():
 
 
 def test_eval_script_reports_every_path_on_a_real_safetensors_shard(tmp_path):
-    safetensors = pytest.importorskip("safetensors.torch")
+    require(importlib.util.find_spec("safetensors") is not None, "safetensors not importable")
+    import safetensors.torch as safetensors
+
     from bench.kernels import eval_fp8_head
 
     w = (torch.randn(300, 256) * 0.04).bfloat16()

@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from tests.conftest import require
 from tests.fakes.fakepair import FAKES, LAUNCHER, REPO, SECRET, Env
 
 
@@ -244,8 +245,7 @@ def test_logs_rank1_goes_over_ssh(pair: Env) -> None:
 
 def test_generated_docker_lines_parse_with_real_docker_client(pair: Env) -> None:
     docker = shutil.which("docker")
-    if docker is None:
-        pytest.skip("no docker client on PATH")
+    require(docker is not None, "no docker client on PATH (this machine kind ships one)")
     from pairctl.contracts import DEFAULT_RECIPE
     from pairctl.pair.plan import build_rank
     from pairctl.pair.resolved import load
@@ -282,8 +282,7 @@ def _assert_real_client_parses(docker: str, argv: list[str]) -> None:
 
 def test_shellcheck_clean() -> None:
     sc = shutil.which("shellcheck")
-    if sc is None:
-        pytest.skip("shellcheck not installed")
+    require(sc is not None, "shellcheck not installed (make system-deps)")
     scripts = [LAUNCHER, *sorted(FAKES.iterdir())]
     p = subprocess.run([sc, "-x", *map(str, scripts)], capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stdout

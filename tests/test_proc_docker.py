@@ -20,6 +20,7 @@ import pytest
 
 from sim.rehearsal.docker_args import verdict
 from sim.rehearsal.store import remove_created_paths
+from tests.conftest import require
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "sim" / "rehearsal" / "bin" / "docker"
@@ -446,8 +447,7 @@ FLAG_CORPUS = [
 
 @pytest.mark.parametrize("line", FLAG_CORPUS)
 def test_flag_verdicts_match_the_real_docker_cli(line: str) -> None:
-    if _real_docker() is None:
-        pytest.skip("no real docker CLI on PATH to compare with")
+    require(_real_docker() is not None, "no real docker CLI on PATH to compare with")
     argv = shlex.split(line)
     assert _our_verdict(argv) == _real_verdict(argv), line
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from sim.rehearsal import hosts, pairenv, provision
+from tests.conftest import require
 from tests.support.rehearsal import http_get_on, pair_fixture
 
 pair = pair_fixture("dsv4t")
@@ -207,8 +208,7 @@ def test_teardown_and_leftover_cleanup_remove_everything() -> None:
 @pytest.mark.needs_root
 def test_bin_shims_are_shellcheck_clean() -> None:
     # `make lint` checks *.sh files; these two are named like the commands they replace.
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck not installed")
+    require(shutil.which("shellcheck") is not None, "shellcheck not installed (make system-deps)")
     bins = sorted(str(p) for p in hosts.BIN_DIR.iterdir())
     res = subprocess.run(["shellcheck", *bins], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout

@@ -17,6 +17,7 @@ import pytest
 
 from pairctl import lock
 from pairctl.status import watch
+from tests.conftest import require
 from tests.support.twin import Twin, free_port, wait_http
 
 CFG = watch.WatchConfig(
@@ -196,8 +197,7 @@ def test_unit_has_no_secrets() -> None:
 
 def test_unit_verifies_with_systemd(tmp_path: Path) -> None:
     analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze not installed")
+    require(analyze is not None, "systemd-analyze not installed (Debian's systemd)")
     repo = str(UNIT.parents[1])
     unit = tmp_path / "dsv4-watch@pair-a.service"
     unit.write_text(UNIT.read_text().replace(UNIT_REPO, repo))

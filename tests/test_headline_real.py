@@ -24,6 +24,7 @@ from bench.realserver import (
     serve_argv,
     wait_all,
 )
+from tests.support.real_engine import SERVER_BOOT_LIMIT_S
 
 pytestmark = [pytest.mark.needs_engine]
 
@@ -52,7 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     )
     s.start()
     try:
-        wait_all([s], 240, lambda _msg: None)
+        wait_all([s], SERVER_BOOT_LIMIT_S, lambda _msg: None)  # 5x the idle boot
         yield s
     finally:
         s.stop()

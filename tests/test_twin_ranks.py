@@ -350,3 +350,39 @@ def test_handshake_rejects_a_worker_with_another_model():
         join_rendezvous("127.0.0.1", free_port(), "model-a", join_timeout=0.6)
     with pytest.raises(RendezvousError, match=r"waiting for clients\. 1/2 clients joined\."):
         serve_rendezvous("127.0.0.1", free_port(), "model-a", join_timeout=1.0)
+
+
+def test_a_worker_waits_for_a_slow_head_on_the_connection_it_made():
+    """A loaded head may take seconds to read the hello of a connection it accepted. The
+    worker waits on that connection (as torch's store client does) instead of hanging up
+    after 2 s and dialling again: that left the head holding a dead socket (ENOTCONN on its
+    next call) and the boot failed, in a CI run at load 9."""
+    import threading
+
+    from sim.twin.ranks import join_rendezvous
+
+    port, seen = free_port(), []
+    srv = socket.create_server(("127.0.0.1", port))
+
+    def slow_head():
+        conn, _ = srv.accept()
+        seen.append(conn)
+        time.sleep(3.0)  # past the worker's 2 s connect timeout
+        hello = json.loads(conn.makefile("r").readline())
+        assert hello["type"] == "hello"
+        conn.sendall(b'{"type": "welcome"}\n')
+        srv.settimeout(1.0)
+        try:
+            seen.append(srv.accept()[0])  # a second dial would land here
+        except TimeoutError:
+            pass
+
+    th = threading.Thread(target=slow_head)
+    th.start()
+    sock = join_rendezvous("127.0.0.1", port, "model-a", join_timeout=20)
+    th.join(10)
+    srv.close()
+    assert len(seen) == 1, "the worker hung up and dialled again"
+    assert sock.getpeername()[1] == port
+    sock.close()
+    seen[0].close()

@@ -103,6 +103,12 @@ class Link:
             self.on_peer_death(f"rank {self.peer_rank} is gone ({why})")
 
 
+# The hello/welcome exchange on a connected socket: as torch's TCPStore client, a connected
+# rank waits for the store's answer far longer than for a connection (its default store
+# timeout is minutes); 30 s covers any load these tests put on a box.
+HANDSHAKE_S = 30.0
+
+
 def serve_rendezvous(
     addr: str, port: int, model: str, join_timeout: float
 ) -> tuple[socket.socket, dict]:
@@ -129,10 +135,10 @@ def serve_rendezvous(
                     + TORCH_STORE["server_timeout"].format(int(join_timeout), 1, 2)
                 )
             try:
-                conn, _ = srv.accept()
+                conn, peer = srv.accept()
             except TimeoutError:
                 continue
-            conn.settimeout(5.0)
+            conn.settimeout(HANDSHAKE_S)
             try:
                 hello = json.loads(conn.makefile("r").readline() or "{}")
             except (OSError, ValueError):
@@ -147,7 +153,9 @@ def serve_rendezvous(
                 conn.close()
                 raise RendezvousError(why + "; both ranks need the same model path and args")
             conn.sendall((json.dumps({"type": "welcome"}) + "\n").encode())
-            return conn, hello
+            # the peer as accept() saw it: getpeername() on a socket whose peer has gone since
+            # raises ENOTCONN, and a lost peer is the Link's to report, not a crash here
+            return conn, {**hello, "peer": f"{peer[0]}:{peer[1]}"}
     finally:
         srv.close()
 
@@ -158,6 +166,10 @@ def join_rendezvous(addr: str, port: int, model: str, join_timeout: float) -> so
     while True:
         try:
             sock = socket.create_connection((addr, port), timeout=2.0)
+            # connected: rank 0 answers once its accept loop reads the hello, which on a loaded
+            # box can take seconds; giving up then (the old 2 s) left rank 0 holding a socket
+            # whose peer had gone, and both ranks started over
+            sock.settimeout(HANDSHAKE_S)
             sock.sendall((json.dumps({"type": "hello", "rank": 1, "model": model}) + "\n").encode())
             reply = json.loads(sock.makefile("r").readline() or "{}")
             if reply.get("type") == "welcome":

@@ -136,9 +136,11 @@ def _rendezvous(
     timeout = float(dist.get("join_timeout_s", 900))
     try:
         if rank == 0:
-            sock, _ = serve_rendezvous(args.master_addr, args.master_port, args.model, timeout)
+            sock, hello = serve_rendezvous(args.master_addr, args.master_port, args.model, timeout)
+            peer = hello["peer"]
         else:
             sock = join_rendezvous(args.master_addr, args.master_port, args.model, timeout)
+            peer = f"{args.master_addr}:{args.master_port}"
     except RendezvousError as exc:
         if str(exc).startswith("torch."):
             # how vLLM reports it: the worker's exception log, then the exception itself
@@ -149,8 +151,6 @@ def _rendezvous(
         raise  # unreachable; keeps type checkers happy
     boot.rank_assigned(args, rank)
     ROLE.joined = True
-    host, port = sock.getpeername()[:2]
-    peer = f"{host}:{port}"
     link = Link(
         sock,
         1 - rank,

@@ -199,10 +199,12 @@ def test_bench_interfere_runs_both_phases(tmp_path):
                 m.url,
                 "--prefill-tokens",
                 "4k",
+                # the decode stream must be going before the prefill is sent: its first token
+                # comes 20 ms in when idle; 500 ms of lead (a 1.5 s stream) holds at load 9
                 "--decode-tokens",
-                "80",
+                "300",
                 "--lead-ms",
-                "150",
+                "500",
                 "--json",
                 str(out),
                 *FAST,

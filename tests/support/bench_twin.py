@@ -145,10 +145,11 @@ def server_ttft_ms(rec: dict) -> float:
 
 
 # The twin's record stamps the modelled step end; its Python thread writes the token later, and
-# the client's thread reads it later still: 0.5 ms idle, up to ~10 ms measured on a loaded 2-core
-# box. Two processes' clocks are therefore compared by order (the client's interval holds the
-# server's) and with 3x headroom over that lag, never within a load-sized tolerance.
-LOADED_LAG_MS = 10.0
+# the client's thread reads it later still: 0.5 ms idle, ~10 ms on a loaded 2-core box, 32 ms
+# measured at load 9 (a CI run beside another test run, 2026-12-02). Two processes' clocks are
+# therefore compared by order (the client's interval holds the server's) and with 3x headroom
+# over the worst lag seen, never within a load-sized tolerance.
+LOADED_LAG_MS = 35.0
 HEADROOM = 3.0
 
 

@@ -41,8 +41,9 @@ from bench.benchlib.stats import median, request_metrics
 from bench.chat_ttft_probe import ask
 from bench.kernels.bench_tokenizer_cache import TraceText
 from pairctl.cli import argtypes
+from pairctl.home import project_root
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = project_root()
 OFFLINE_JSON = REPO / "bench/results/tokenizer_cache/tokenizer_cache_bench_idle_200k.json"
 HEADERS = ["turn", "prompt_tok", "A ttft_ms", "B ttft_ms", "A/B", "(A-B) ms/10k", "same", "status"]
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import sys
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from pairctl.home import project_root
+
+REPO = project_root()  # pairctl.home: a checkout, $DSPARK_HOME or the cwd
 DEFAULT_ENV = REPO / ".env"
 DEFAULT_RECIPE_REL = "recipes/dsv4-flash-dspark.yaml"
 DEFAULT_RECIPE = REPO / DEFAULT_RECIPE_REL

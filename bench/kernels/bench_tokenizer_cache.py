@@ -31,7 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from pairctl.home import project_root
+
+REPO = project_root()
 
 SCHEMA_VERSION = 1
 

@@ -35,10 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from pairctl.home import project_root
 from sim.engine import local
 from sim.rehearsal import chat, hosts, pairenv, provision
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = project_root()
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"
 T0 = time.monotonic()
 

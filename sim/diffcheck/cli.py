@@ -13,16 +13,24 @@ from typing import Any
 from sim.diffcheck import compare, logs, peerloss, probe
 from sim.diffcheck.pair import Pair, PairConfig
 
+DESCRIPTION = (
+    "Send one request corpus (OpenAI SDK shapes, `vllm bench serve` openai "
+    "and openai-chat payloads, bad requests) to the simulator and to a real vLLM server "
+    "and compare what clients depend on: status codes, response keys and types, error "
+    "bodies, SSE chunk shapes, /v1/models, /health, vllm: metric names and labels, and "
+    "the classes of boot/shutdown/peer-loss log lines."
+)
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m sim.diffcheck",
-        description="Send one request corpus (OpenAI SDK shapes, `vllm bench serve` openai "
-        "and openai-chat payloads, bad requests) to the simulator and to a real vLLM server "
-        "and compare what clients depend on: status codes, response keys and types, error "
-        "bodies, SSE chunk shapes, /v1/models, /health, vllm: metric names and labels, and "
-        "the classes of boot/shutdown/peer-loss log lines.",
-    )
+    p = argparse.ArgumentParser(prog="python -m sim.diffcheck", description=DESCRIPTION)
+    add_cli_args(p)
+    return p
+
+
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """record, compare, peer-loss and their flags onto ``p``."""
+    p.description = p.description or DESCRIPTION
     sub = p.add_subparsers(dest="cmd", required=True)
     rec = sub.add_parser("record", help="run the corpus against one server; write a snapshot")
     rec.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
@@ -80,7 +88,6 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--json", type=Path, default=None, help="write the findings here")
     cmp_.add_argument("--all", action="store_true", help="also print matching cases")
     cmp_.add_argument("--api-key", default=None)
-    return p
 
 
 def _progress(name: str) -> None:
@@ -155,8 +162,9 @@ def _peer_loss(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
+    """``argv``: the command line, or the Namespace ``dspark sim diffcheck`` parsed."""
+    args = argv if isinstance(argv, argparse.Namespace) else _parser().parse_args(argv)
     try:
         if args.cmd == "record":
             snap = probe.record(args.url, args.api_key, _progress)

@@ -14,7 +14,7 @@ from types import ModuleType
 
 from pairctl.cli import main as pair_main
 from pairctl.cli.registry import GROUPS, Command, summary
-from pairctl.contracts import EXIT_INTERRUPTED
+from pairctl.contracts import EXIT_INTERRUPTED, EXIT_USAGE
 
 PROG = "dspark"
 
@@ -63,8 +63,28 @@ def _parser(prog: str, entry: Command | dict[str, Command], chosen: str) -> argp
     return root
 
 
+# The pyproject extra that brings a group's third-party imports (`pip install .` has none).
+EXTRA = {"bench": "bench", "sim": "sim", "perfmodel": "perfmodel"}
+
+
 def run_group(name: str, argv: list[str], prog: str = PROG) -> int:
-    """``dspark NAME ARGS``: parse with the owning module's flags, run its ``main``."""
+    """``dspark NAME ARGS``: parse with the owning module's flags, run its ``main``; a
+    missing optional dependency is exit 2 naming the extra that installs it."""
+    try:
+        return _run_group(name, argv, prog)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top in ("pairctl", "bench", "sim", "perfmodel") or name not in EXTRA:
+            raise
+        print(
+            f"{prog} {name}: needs {top}, which the '{EXTRA[name]}' extra installs: "
+            f"pip install '.[{EXTRA[name]}]' (or make venv)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+
+def _run_group(name: str, argv: list[str], prog: str) -> int:
     entry = GROUPS[name]
     chosen = argv[0] if argv and isinstance(entry, dict) else ""
     cmd = entry.get(chosen) if isinstance(entry, dict) else entry
@@ -84,3 +104,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             print("interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
     return pair_main.main(argv, prog=prog, also=summary())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

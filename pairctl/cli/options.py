@@ -60,7 +60,6 @@ def namespace(
     back too (None for a given Namespace), for checks that report through ``error``."""
     if isinstance(args, argparse.Namespace):
         return args, getattr(args, "_parser", None)
-    parser_kw.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
     p = argparse.ArgumentParser(**parser_kw)
     add_cli_args(p)
     return p.parse_args(None if args is None else list(args)), p

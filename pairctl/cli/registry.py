@@ -36,32 +36,30 @@ BENCHES: dict[str, Command] = {
     "interfere": _bench("bench.bench_interfere", "decode slowdown under a long prefill"),
     "chat-ttft-ab": _bench("bench.chat_ttft_ab", "multi-turn chat TTFT, two servers A/B"),
     "chat-ttft-probe": _bench("bench.chat_ttft_probe", "multi-turn chat TTFT on one server"),
-    "router": Command("bench.bench_router", "the fleet router against its pairs", argv=True),
+    "router": Command("bench.bench_router", "the fleet router against its pairs"),
     "headline-real": Command(
         "bench.headline_real", "chat-ttft-ab on two real CPU engines", argv=True
     ),
     "quality-ref-dspark": Command(
         "bench.quality_ref_dspark", "record the quality gate's reference answers", argv=True
     ),
-    "fp8-head": Command("bench.kernels.bench_fp8_head", "FP8 LM-head kernel timing", argv=True),
-    "eval-fp8-head": Command(
-        "bench.kernels.eval_fp8_head", "FP8 LM-head accuracy on real rows", argv=True
-    ),
+    "fp8-head": Command("bench.kernels.bench_fp8_head", "FP8 LM-head kernel timing"),
+    "eval-fp8-head": Command("bench.kernels.eval_fp8_head", "FP8 LM-head accuracy on real rows"),
     "fp8-head-mtile-probe": Command(
-        "bench.kernels.fp8_head_mtile_probe", "FP8 LM-head M-tile shapes", argv=True
+        "bench.kernels.fp8_head_mtile_probe", "FP8 LM-head M-tile shapes"
     ),
     "fp8-smem-probe": Command(
-        "bench.kernels.fp8_smem_probe", "FP8 kernels' shared memory, compiled", argv=True
+        "bench.kernels.fp8_smem_probe", "FP8 kernels' shared memory, compiled"
     ),
-    "fp8-tune": Command("bench.kernels.fp8_tune.tune", "tune the FP8 LM-head table", argv=True),
+    "fp8-tune": Command("bench.kernels.fp8_tune.tune", "tune the FP8 LM-head table"),
     "tokenizer-cache": Command(
-        "bench.kernels.bench_tokenizer_cache", "chat-template tokenizer cache", argv=True
+        "bench.kernels.bench_tokenizer_cache", "chat-template tokenizer cache"
     ),
 }
 
 SIM: dict[str, Command] = {
     "twin": Command("sim.twin.__main__", "the spark twin simulator (serve|truth)", argv=True),
-    "rehearse": Command("sim.rehearsal.rehearse", "the offline netns rehearsal", argv=True),
+    "rehearse": Command("sim.rehearsal.rehearse", "the offline netns rehearsal"),
     "diffcheck": Command("sim.diffcheck.cli", "twin against a real server, metric by metric"),
 }
 

@@ -122,6 +122,7 @@ def parse_args(argv: argparse.Namespace | list[str] | None) -> argparse.Namespac
         prog="python -m pairctl.sentinel record",
         description="Record the acceptance baseline band of a recipe from the quality gate's "
         "prompts and live traffic, into the recipe's baseline file.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     if a.margin >= 1:
         options.usage_error(p, f"--margin must be below 1, got {a.margin}")

@@ -4,8 +4,8 @@
 ``dspark bench --help`` import nothing heavy, and ``dspark bench NAME`` imports NAME only.
 
 A ``Command`` with ``argv=True`` parses its own line (``main(argv)``): a line that is
-another program's (``sim twin serve`` takes ``vllm serve``'s), or a module whose flags
-are not yet split out into ``add_cli_args``.
+another program's (``sim twin serve`` takes ``vllm serve``'s; ``bench headline-real``
+hands the flags it does not know to ``bench chat-ttft-ab``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ BENCHES: dict[str, Command] = {
         "bench.headline_real", "chat-ttft-ab on two real CPU engines", argv=True
     ),
     "quality-ref-dspark": Command(
-        "bench.quality_ref_dspark", "record the quality gate's reference answers", argv=True
+        "bench.quality_ref_dspark", "the quality gate under the benches' name (as dspark gate)"
     ),
     "fp8-head": Command("bench.kernels.bench_fp8_head", "FP8 LM-head kernel timing"),
     "eval-fp8-head": Command("bench.kernels.eval_fp8_head", "FP8 LM-head accuracy on real rows"),

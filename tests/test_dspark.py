@@ -23,8 +23,15 @@ def _source(module: str) -> Path:
 
 
 def _functions(module: str) -> set[str]:
+    """The module's top-level functions, and names bound to one (``x = other.x``)."""
     tree = ast.parse(_source(module).read_text())
-    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Attribute):
+            names |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+        if isinstance(n, ast.ImportFrom):
+            names |= {a.asname or a.name for a in n.names}
+    return names
 
 
 def _commands() -> list[tuple[str, Command]]:

@@ -30,7 +30,6 @@ COMMANDS = (
 )
 # Commands that take an action word right after them (``image ship``, ``model fetch``).
 ACTIONS = {"image": ("ship",), "model": ("fetch", "verify")}
-PASSTHROUGH = "--"  # the key under which the extra vLLM args are checked
 
 
 def _whole_seconds(text: str) -> int:

@@ -123,10 +123,8 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
-    p = cli.base_parser(__doc__.split("\n\n")[0], prog=f"python -m {__spec__.name}")
-    add_cli_args(p)
-    args = p.parse_args(argv)
+def parse_args(argv: argparse.Namespace | list[str] | None) -> tuple[argparse.Namespace, list[int]]:
+    args, p = cli.parse(argv, __doc__, __spec__.name, add_cli_args)
     return args, list(args.concurrency)
 
 
@@ -213,7 +211,7 @@ def plot(path: str, summary: ConcSummary, model: str) -> None:
     report.plot(path, list(summary.levels), panels, "concurrent streams", f"bench_conc {model}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     args, levels = parse_args(argv)
     b = Bench("bench_conc", args)
 

@@ -62,10 +62,8 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline-requests", type=pos, default=3, help="baseline TTFT = median of")
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]]:
-    p = cli.base_parser(__doc__.split("\n\n")[0], prog=f"python -m {__spec__.name}")
-    add_cli_args(p)
-    args = p.parse_args(argv)
+def parse_args(argv: argparse.Namespace | list[str] | None) -> tuple[argparse.Namespace, list[int]]:
+    args, p = cli.parse(argv, __doc__, __spec__.name, add_cli_args)
     return args, list(args.depths)
 
 
@@ -238,7 +236,7 @@ def too_deep(depths: list[int], max_tokens: int, max_model_len: int | None) -> s
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     args, depths = parse_args(argv)
     b = Bench("bench_ctx", args)
 

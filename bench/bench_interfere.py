@@ -111,10 +111,8 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
-    p = cli.base_parser(__doc__.split("\n\n")[0], prog=f"python -m {__spec__.name}")
-    add_cli_args(p)
-    args = p.parse_args(argv)
+def parse_args(argv: argparse.Namespace | list[str] | None) -> tuple[argparse.Namespace, int]:
+    args, p = cli.parse(argv, __doc__, __spec__.name, add_cli_args)
     return args, args.prefill_tokens
 
 
@@ -258,7 +256,7 @@ def plot(path: str, summary: InterfereSummary, model: str, n_prefill: int) -> No
     report.bars(path, list(summary.phases), medians, "decode tok/s (median)", title)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     args, n_prefill = parse_args(argv)
     b = Bench("bench_interfere", args)
 

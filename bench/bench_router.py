@@ -51,6 +51,7 @@ from bench.benchlib.cli import entry, log
 from bench.benchlib.runner import git_sha
 from bench.benchlib.stats import summarize
 from pairctl.cli import argtypes as t
+from pairctl.cli import options
 from pairctl.contracts import BENCH_ROUTER_EXITS, exit_line
 from pairctl.endpoint import Endpoint, redacted_argv
 
@@ -75,12 +76,11 @@ def _pair_endpoints(text: str) -> list[Endpoint]:
     return eps
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        epilog=exit_line(BENCH_ROUTER_EXITS),
-    )
+EPILOG = exit_line(BENCH_ROUTER_EXITS)
+
+
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """This command's flags onto ``p`` (``python -m`` and ``dspark`` both)."""
     p.add_argument(
         "--pairs",
         required=True,
@@ -136,7 +136,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="write results JSON here (its directory must exist)",
     )
-    args = p.parse_args(argv)
+
+
+def parse_args(argv: argparse.Namespace | list[str] | None) -> argparse.Namespace:
+    args, p = options.namespace(
+        argv,
+        add_cli_args,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=EPILOG,
+    )
     args.pair_urls = args.pairs  # Endpoints; the result JSON records their base URLs
     return args
 
@@ -331,7 +340,7 @@ def _gap(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     args = parse_args(argv)
     sess = requests.Session()
     try:

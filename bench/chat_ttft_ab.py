@@ -40,9 +40,10 @@ from bench.benchlib.runner import Bench, git_sha
 from bench.benchlib.stats import median, request_metrics
 from bench.chat_ttft_probe import ask
 from bench.kernels.bench_tokenizer_cache import TraceText
-from pairctl.cli import argtypes
+from pairctl.cli import argtypes, options
+from pairctl.home import project_root
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = project_root()
 OFFLINE_JSON = REPO / "bench/results/tokenizer_cache/tokenizer_cache_bench_idle_200k.json"
 HEADERS = ["turn", "prompt_tok", "A ttft_ms", "B ttft_ms", "A/B", "(A-B) ms/10k", "same", "status"]
 
@@ -86,13 +87,11 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = cli.base_parser(__doc__.split("\n\n")[0], prog=f"python -m {__spec__.name}")
-    add_cli_args(p)
-    args = p.parse_args(argv)
+def parse_args(argv: argparse.Namespace | list[str] | None) -> argparse.Namespace:
+    args, p = cli.parse(argv, __doc__, __spec__.name, add_cli_args)
     labels = [s.strip() for s in args.labels.split(",")]
     if len(labels) != 2 or not all(labels) or labels[0] == labels[1]:
-        p.error("--labels needs two different names, e.g. off,on")
+        options.usage_error(p, "--labels needs two different names, e.g. off,on")
     args.labels = labels
     return args
 
@@ -400,7 +399,10 @@ def write_json(path: str | None, doc: dict[str, Any]) -> None:
         Path(path).write_text(relativize(text, prefixes))
 
 
-def main(argv: list[str] | None = None, extra: Callable[[], dict[str, Any]] | None = None) -> int:
+def main(
+    argv: argparse.Namespace | list[str] | None = None,
+    extra: Callable[[], dict[str, Any]] | None = None,
+) -> int:
     """extra: more top-level JSON keys, asked for after the run (the driver adds its servers)."""
     args = parse_args(argv)
     try:

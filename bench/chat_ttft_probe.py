@@ -42,11 +42,9 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=pos, default=64, help="reply length per turn")
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, int, int]:
+def parse_args(argv: argparse.Namespace | list[str] | None) -> tuple[argparse.Namespace, int, int]:
     """The flags, then the sizes of the first and of each later user message (tokens)."""
-    p = cli.base_parser(__doc__.split("\n\n")[0], prog=f"python -m {__spec__.name}")
-    add_cli_args(p)
-    args = p.parse_args(argv)
+    args, p = cli.parse(argv, __doc__, __spec__.name, add_cli_args)
     return args, args.first_tokens, args.turn_tokens
 
 
@@ -157,7 +155,7 @@ def plot(path: str, summary: ChatSummary, model: str) -> None:
     report.plot(path, list(summary.turns), [("TTFT ms", ttft)], "turn", f"chat_ttft_probe {model}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     args, first_n, turn_n = parse_args(argv)
     b = Bench("chat_ttft_probe", args)
 

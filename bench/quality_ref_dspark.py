@@ -19,14 +19,18 @@ Example: python -m bench.quality_ref_dspark --url http://HOST:8000
 
 from __future__ import annotations
 
+import argparse
+
 from bench.benchlib.cli import entry
 from pairctl.gate import cli
 from pairctl.gate.check import DEFAULT_PROMPTS, check, normalise
 
-__all__ = ["DEFAULT_PROMPTS", "check", "main", "normalise"]
+__all__ = ["DEFAULT_PROMPTS", "add_cli_args", "check", "main", "normalise"]
+
+add_cli_args = cli.add_cli_args  # the gate's flags, defined there once
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     return cli.main(argv, prog="python -m bench.quality_ref_dspark")
 
 

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import requests
 
-REPO = Path(__file__).resolve().parents[1]
+from pairctl.home import project_root
+
+REPO = project_root()
 OVERLAY_DIR = REPO / "mods/dsv4-flash-overlays"
 ACTIVE_LINE = "dsv4-flash-overlays: incremental-encode-cache active"
 # Logged by the overlay's encoder every VLLM_INCREMENTAL_ENCODE_LOG_INTERVAL_S

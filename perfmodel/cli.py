@@ -20,6 +20,7 @@ from pairctl.cli.argtypes import (
     positive_float,
     positive_int,
 )
+from pairctl.cli.options import usage_error
 from pairctl.contracts import PERFMODEL_EXITS, codes, exit_line
 from perfmodel import budget as B
 from perfmodel import report
@@ -74,14 +75,34 @@ def _ints(text: str) -> list[int]:
     return vals
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m perfmodel",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: python -m perfmodel --accept 0.85 --bw-gbs 273 --json model.json\n\n"
-        + exit_line(PERFMODEL_EXITS),
-    )
+EXAMPLE = "Example: python -m perfmodel --accept 0.85 --bw-gbs 273 --json model.json"
+EPILOG = EXAMPLE + "\n\n" + exit_line(PERFMODEL_EXITS)
+
+
+def parse_args(argv: argparse.Namespace | list[str] | None = None) -> argparse.Namespace:
+    """The flags (``add_cli_args``), checked; a Namespace ``dspark perfmodel`` parsed is
+    checked only."""
+    p = None
+    if isinstance(argv, argparse.Namespace):
+        a = argv
+    else:
+        p = argparse.ArgumentParser(
+            prog="python -m perfmodel",
+            description=__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            epilog=EPILOG,
+        )
+        add_cli_args(p)
+        a = p.parse_args(argv)
+    if len(a.accept) not in (1, a.gamma):
+        usage_error(
+            p or a._parser, f"--accept needs 1 or gamma={a.gamma} values, got {len(a.accept)}"
+        )
+    return a
+
+
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """The model's inputs and outputs as flags onto ``p``."""
     p.add_argument(
         "--bw-gbs",
         type=positive_float,
@@ -171,10 +192,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also write one JSON document to FILE (as every tool's --json FILE); '-' prints "
         "it on stdout instead of the tables",
     )
-    a = p.parse_args(argv)
-    if len(a.accept) not in (1, a.gamma):
-        p.error(f"--accept needs 1 or gamma={a.gamma} values, got {len(a.accept)}")
-    return a
 
 
 def acceptance(a: argparse.Namespace) -> B.Acceptance:
@@ -196,7 +213,7 @@ def inputs(a: argparse.Namespace) -> B.Inputs:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
         acc = acceptance(a)

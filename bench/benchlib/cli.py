@@ -100,6 +100,22 @@ def base_parser(description: str, prog: str | None = None) -> argparse.ArgumentP
     return p
 
 
+def parse(
+    argv: argparse.Namespace | list[str] | None,
+    doc: str,
+    module: str,
+    add_own: Callable[[argparse.ArgumentParser], None],
+) -> tuple[argparse.Namespace, argparse.ArgumentParser | None]:
+    """A bench's flags: ``argv`` parsed with the shared ones and ``add_own`` (``python -m
+    MODULE``), or the Namespace ``dspark bench NAME`` parsed already with both. The parser
+    comes back for checks that report through ``error`` (None: ``args._parser``)."""
+    if isinstance(argv, argparse.Namespace):
+        return argv, getattr(argv, "_parser", None)
+    p = base_parser(doc.split("\n\n")[0], prog=f"python -m {module}")
+    add_own(p)
+    return p.parse_args(argv), p
+
+
 endpoint_of = endpoint.endpoint_of
 
 

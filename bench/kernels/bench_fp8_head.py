@@ -41,6 +41,7 @@ from bench.kernels.fp8_tune import tune as T
 from bench.kernels.fp8_tune.reference import fp8_head_matmul_ref, w8a8_ref
 from bench.kernels.fp8_tune.table import merge_into_file, portable_command
 from bench.kernels.fp8_tune.timing import Problem, graph_time_us
+from pairctl.cli import options
 
 K = 4096
 NS = (129280, 64640)
@@ -49,8 +50,8 @@ DISPATCH_MS = (1, 3, 5, 8, 10, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 56, 64, 7
 DISPATCH_MS += (96, 104, 112, 120, 128, 136, 144, 152, 160)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """This command's flags onto ``p`` (``python -m`` and ``dspark`` both)."""
     p.add_argument("--json", type=Path, help="write all results here")
     p.add_argument("--n", type=int, nargs="+", default=list(NS))
     p.add_argument("--m", type=int, nargs="+", default=list(TUNE_MS), help="tuned M")
@@ -69,7 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=15, help="replays per timing while tuning")
     p.add_argument("--dispatch-reps", type=int, default=25, help="replays per final timing")
     p.add_argument("--configs-out", type=Path, default=C.CONFIG_PATH)
-    return p.parse_args(argv)
+
+
+def parse_args(argv: argparse.Namespace | list[str] | None = None) -> argparse.Namespace:
+    return options.namespace(
+        argv, add_cli_args, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )[0]
 
 
 def event_median_s(fn: Any, warmups: int = 3, reps: int = 15) -> float:
@@ -284,7 +290,7 @@ def print_dispatch(rows: list[dict[str, Any]], ceiling: float, title: str) -> No
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)

@@ -31,7 +31,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from pairctl.cli import options
+from pairctl.home import project_root
+
+REPO = project_root()
 
 SCHEMA_VERSION = 1
 
@@ -364,12 +367,8 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """This command's flags onto ``p`` (``python -m`` and ``dspark`` both)."""
     p.add_argument(
         "--max-tokens",
         type=int,
@@ -393,7 +392,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE", help="write the full result as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write a plot")
     p.add_argument("--quiet", action="store_true", help="no per-turn lines")
-    args = p.parse_args(argv)
+
+
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
+    args, p = options.namespace(
+        argv,
+        add_cli_args,
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     result = run(
         args.max_tokens,
         args.new_tokens,

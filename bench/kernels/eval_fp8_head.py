@@ -34,10 +34,11 @@ from bench.kernels.fp8_tune import reference as R
 from bench.kernels.fp8_tune.evalset import EvalSet, synthetic_weight
 from bench.kernels.fp8_tune.search import family_representatives
 from bench.kernels.fp8_tune.tune import AGREEMENT_SLACK
+from pairctl.cli import options
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """This command's flags onto ``p`` (``python -m`` and ``dspark`` both)."""
     p.add_argument("--weights", type=Path, help="safetensors file holding an lm_head shard")
     p.add_argument("--key", default="lm_head.weight", help="tensor name in --weights")
     p.add_argument("--n", type=int, default=129280, help="vocab rows (synthetic W)")
@@ -49,7 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path)
-    return p.parse_args(argv)
+
+
+def parse_args(argv: argparse.Namespace | list[str] | None = None) -> argparse.Namespace:
+    return options.namespace(
+        argv, add_cli_args, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )[0]
 
 
 def _emulated(choice: C.Choice) -> Callable[..., torch.Tensor]:
@@ -181,7 +187,7 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     args = parse_args(argv)
     res = evaluate(args)
     if args.json:

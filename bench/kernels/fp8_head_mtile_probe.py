@@ -38,6 +38,7 @@ from bench.kernels.fp8_tune.reference import dequantize_rowwise
 from bench.kernels.fp8_tune.search import precompile, w8a16_grid
 from bench.kernels.fp8_tune.table import portable_command
 from bench.kernels.fp8_tune.timing import Problem, graph_time_us
+from pairctl.cli import options
 
 if HAVE_TRITON:
     import triton
@@ -231,8 +232,8 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """This command's flags onto ``p`` (``python -m`` and ``dspark`` both)."""
     p.add_argument("--n", type=int, nargs="+", default=[129280, 64640])
     p.add_argument("--k", type=int, default=4096)
     p.add_argument("--m", type=int, nargs="+", default=[48, 64, 80, 96, 112, 128, 144, 160])
@@ -246,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         "copy-engine (tma) variant",
     )
     p.add_argument("--json", help="write every timing here (rewritten after each shape)")
-    args = p.parse_args(argv)
+
+
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
+    args, p = options.namespace(
+        argv, add_cli_args, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     if not (torch.cuda.is_available() and HAVE_TRITON):
         print("needs a CUDA GPU and Triton", file=sys.stderr)
         return 2

@@ -29,6 +29,8 @@ from dsv4_flash_overlays.fp8_head import w8a8, w8a8_once, w8a16
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from pairctl.cli import options
+
 SIGNATURE = {
     "a_ptr": "*bf16",
     "w_ptr": "*fp8e4nv",
@@ -109,8 +111,8 @@ def configs() -> list[C.W8A16Config | C.W8A8Config]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """This command's flags onto ``p`` (``python -m`` and ``dspark`` both)."""
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--m", type=int, nargs="+", default=[5, 40, 80, 144])
     p.add_argument("--sm", type=int, nargs="+", default=[90, 121], help="compute capabilities")
@@ -120,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         default="all-m",
         help="all-m: the W8A16 and W8A8 kernels (default); once: W8A8 quantizing once per launch",
     )
-    args = p.parse_args(argv)
+
+
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
+    args, p = options.namespace(
+        argv, add_cli_args, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     rows = []
     for cap in args.sm:
         for cfg in configs() if args.kernels == "all-m" else once_configs():

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from pairctl import contracts
 from pairctl import preflight as pf
 from pairctl.cli import argtypes, ops
-from pairctl.cli.frontdoor import Args, UsageError, parse, usage
+from pairctl.cli.frontdoor import Args, UsageError, parse
+from pairctl.cli.usage import LAUNCHER, usage
 from pairctl.contracts import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE
 from pairctl.engine.overlays import shipped_files
 from pairctl.lifecycle import steps as lc
@@ -27,6 +29,8 @@ from pairctl.pair.plan import render_plan
 from pairctl.pair.resolved import ResolvedPair, load
 from pairctl.preflight import argcheck, runner
 from pairctl.status import pair as pst
+
+Also = Sequence[tuple[str, str]]
 
 
 def writable_file(path: str, flag: str) -> None:
@@ -139,7 +143,9 @@ def dispatch(a: Args) -> int:
     raise AssertionError(a.cmd)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = LAUNCHER, also: Also = ()) -> int:
+    """The pair commands (``fleet`` and ``contracts`` handed on); ``prog`` and ``also``
+    are what --help names (``dspark`` passes its own name and its other command groups)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["fleet"]:
         from pairctl.fleet.cli import main as fleet_main
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a = parse(argv)
         if a.help:
-            sys.stdout.write(usage())
+            sys.stdout.write(usage(prog, also))
             return EXIT_OK
         return dispatch(a)
     except UsageError as exc:

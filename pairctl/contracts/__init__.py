@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from pairctl.contracts.commands import (  # noqa: F401 - re-exported
     BENCH_EXITS,
@@ -34,8 +33,9 @@ from pairctl.contracts.table import (  # noqa: F401 - re-exported
     exit_text,
 )
 from pairctl.contracts.table import meaning as _meaning
+from pairctl.home import project_root
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = project_root()  # pairctl.home: a checkout, $DSPARK_HOME or the cwd
 DEFAULT_ENV = REPO / ".env"
 DEFAULT_RECIPE_REL = "recipes/dsv4-flash-dspark.yaml"
 DEFAULT_RECIPE = REPO / DEFAULT_RECIPE_REL

@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_cli_args(p)
+    return p
+
+
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """The fleet's commands (plan, up, down, status, prometheus) and their flags onto ``p``."""
+    p.epilog = EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--inventory",
@@ -78,11 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="write it to this file instead of stdout (its directory must exist)",
     )
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
+    """``argv``: the command line, or the Namespace ``dspark fleet`` parsed already."""
+    args = argv if isinstance(argv, argparse.Namespace) else build_parser().parse_args(argv)
     if args.cmd == "up" and args.timeout < 1:
         print("fleet: --timeout must be at least 1 second", file=sys.stderr)
         return EXIT_USAGE

@@ -69,9 +69,12 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m pairctl.gate") -> int:
-    """Parse the flags (exit 2 on a bad one) and run the gate; its exit code."""
-    args = parse_args(argv, prog)
+def main(
+    argv: argparse.Namespace | list[str] | None = None, prog: str = "python -m pairctl.gate"
+) -> int:
+    """Parse the flags (exit 2 on a bad one) and run the gate; its exit code. ``argv``: the
+    command line, or the Namespace ``dspark gate`` parsed already with ``add_cli_args``."""
+    args = argv if isinstance(argv, argparse.Namespace) else parse_args(argv, prog)
     options = GateOptions(
         prompts=args.prompts,
         model=args.model,

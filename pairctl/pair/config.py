@@ -17,6 +17,8 @@ from pathlib import Path
 from dotenv import dotenv_values
 from dotenv.parser import parse_stream
 
+from pairctl import home
+
 
 class ConfigError(Exception):
     """A usage/configuration problem: the launcher exits 2 with this message."""
@@ -280,7 +282,8 @@ def load_env_file(path: str | Path, missing_hint: str = LAUNCHER_HINT) -> PairCo
     if p.is_dir():
         raise ConfigError(f"env file {p} is a directory; give the pair's env file inside it")
     if not p.is_file():
-        raise ConfigError(f"env file {p} not found; {missing_hint}")
+        where = "" if home.found() else f"; {home.hint()}"
+        raise ConfigError(f"env file {p} not found; {missing_hint}{where}")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

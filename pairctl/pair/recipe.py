@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from pairctl import home
 from pairctl.pair.config import ConfigError
 
 SUPPORTED_RECIPE_VERSIONS = (1,)
@@ -176,7 +177,8 @@ def load_recipe(path: str | Path) -> Recipe:
     """Read and validate a recipe file."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"recipe {p} not found (pass --recipe FILE)")
+        where = "" if home.found() else f"; {home.hint()}"
+        raise ConfigError(f"recipe {p} not found (pass --recipe FILE){where}")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:

@@ -23,13 +23,15 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from pairctl.endpoint import Endpoint, NotReady, wait_ready
 from pairctl.gate.check import ask, check, load_reference
 
-CANARY_PROMPTS = Path(__file__).resolve().parents[1] / "gate" / "canary_dspark.json"
+# Package data (pyproject package-data), read from the installed package, not the clone.
+CANARY_PROMPTS = Path(str(files("pairctl.gate") / "canary_dspark.json"))
 OK, WRONG, GARBLE, DRIFT, ERROR = "ok", "wrong", "garble", "drift", "error"
 EVENT_KINDS = (WRONG, GARBLE, DRIFT)
 LOOP = re.compile(r"(.{1,16}?)\1{5,}", re.DOTALL)  # a unit repeated 6+ times in a row

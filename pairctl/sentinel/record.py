@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pairctl.cli import argtypes
+from pairctl.cli import argtypes, options
 from pairctl.contracts import SENTINEL_EXITS, codes, exit_line
 from pairctl.endpoint import Endpoint, NotReady, endpoint_arg, wait_ready
 from pairctl.gate.check import DEFAULT_PROMPTS, ask, load_reference
@@ -110,16 +110,33 @@ def record(
     return obs, len(start.per_pos), ident.model, ident.simulator
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+def parse_args(argv: argparse.Namespace | list[str] | None) -> argparse.Namespace:
+    """The flags (``add_cli_args``) and the rules between them (exit 2 naming the fix)."""
+    a, p = options.namespace(
+        argv,
+        add_cli_args,
         prog="python -m pairctl.sentinel record",
         description="Record the acceptance baseline band of a recipe from the quality gate's "
         "prompts and live traffic, into the recipe's baseline file.",
-        epilog=EPILOG,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--env-file", default=None, help="the pair's env file: its endpoint and key")
-    p.add_argument("--recipe", default=None, help="the recipe (default: the launcher's)")
+    if a.margin >= 1:
+        options.usage_error(p, f"--margin must be below 1, got {a.margin}")
+    if a.gate_rounds == 0 and a.live_s == 0:
+        options.usage_error(p, "nothing to record: give --gate-rounds > 0 or --live-s > 0")
+    if (a.env_file is None) == (a.url is None):
+        options.usage_error(
+            p, "name the pair with --env-file FILE, or an endpoint with --url URL (one of them)"
+        )
+    return a
+
+
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """record's flags onto ``p`` (the exit codes as its epilog)."""
+    p.epilog = EPILOG
+    options.add_pair_files(
+        p, "the pair's env file: its endpoint and key", "the recipe (default: the launcher's)"
+    )
     p.add_argument("--url", type=endpoint_arg(), default=None, help="endpoint, without --env-file")
     p.add_argument(
         "--gate-rounds", type=argtypes.int_at_least(0), default=3, help="gate prompt rounds"
@@ -138,14 +155,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="write here (None: baselines/RECIPE_NAME.acceptance.json beside the recipe)",
     )
-    a = p.parse_args(argv)
-    if a.margin >= 1:
-        p.error(f"--margin must be below 1, got {a.margin}")
-    if a.gate_rounds == 0 and a.live_s == 0:
-        p.error("nothing to record: give --gate-rounds > 0 or --live-s > 0")
-    if (a.env_file is None) == (a.url is None):
-        p.error("name the pair with --env-file FILE, or an endpoint with --url URL (one of them)")
-    return a
 
 
 def endpoint_and_recipe(a: argparse.Namespace) -> tuple[Endpoint, str, str]:
@@ -165,7 +174,7 @@ def endpoint_and_recipe(a: argparse.Namespace) -> tuple[Endpoint, str, str]:
     return a.url.with_auth(os.environ.get("VLLM_API_KEY") or None), recipe.path, recipe.name
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     from pairctl.pair.config import ConfigError
 
     a = parse_args(argv)

@@ -17,18 +17,28 @@ from sim.diffcheck.pair import Pair, PairConfig
 _EXIT = codes(DIFFCHECK_EXITS)
 EXIT_OK, EXIT_DIFF = _EXIT["EXIT_OK"], _EXIT["EXIT_DIFF"]
 EXIT_USAGE, EXIT_INTERRUPTED = _EXIT["EXIT_USAGE"], _EXIT["EXIT_INTERRUPTED"]
+EPILOG = exit_line(DIFFCHECK_EXITS)
+
+DESCRIPTION = (
+    "Send one request corpus (OpenAI SDK shapes, `vllm bench serve` openai "
+    "and openai-chat payloads, bad requests) to the simulator and to a real vLLM server "
+    "and compare what clients depend on: status codes, response keys and types, error "
+    "bodies, SSE chunk shapes, /v1/models, /health, vllm: metric names and labels, and "
+    "the classes of boot/shutdown/peer-loss log lines."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m sim.diffcheck",
-        description="Send one request corpus (OpenAI SDK shapes, `vllm bench serve` openai "
-        "and openai-chat payloads, bad requests) to the simulator and to a real vLLM server "
-        "and compare what clients depend on: status codes, response keys and types, error "
-        "bodies, SSE chunk shapes, /v1/models, /health, vllm: metric names and labels, and "
-        "the classes of boot/shutdown/peer-loss log lines.",
-        epilog=exit_line(DIFFCHECK_EXITS),
+        prog="python -m sim.diffcheck", description=DESCRIPTION, epilog=EPILOG
     )
+    add_cli_args(p)
+    return p
+
+
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """record, compare, peer-loss and their flags onto ``p``."""
+    p.description = p.description or DESCRIPTION
     sub = p.add_subparsers(dest="cmd", required=True)
     rec = sub.add_parser("record", help="run the corpus against one server; write a snapshot")
     rec.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
@@ -86,7 +96,6 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--json", type=Path, default=None, help="write the findings here")
     cmp_.add_argument("--all", action="store_true", help="also print matching cases")
     cmp_.add_argument("--api-key", default=None)
-    return p
 
 
 def _progress(name: str) -> None:
@@ -161,8 +170,9 @@ def _peer_loss(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
+    """``argv``: the command line, or the Namespace ``dspark sim diffcheck`` parsed."""
+    args = argv if isinstance(argv, argparse.Namespace) else _parser().parse_args(argv)
     try:
         if args.cmd == "record":
             snap = probe.record(args.url, args.api_key, _progress)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from pairctl.home import project_root
+
+REPO = project_root()
 ENGINE_VENV = REPO / ".venv-engine"
 
 

@@ -27,10 +27,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pairctl.home import project_root
 from sim.engine import local
 from sim.rehearsal import hosts, pairenv, provision
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = project_root()
 SSH_PORT = 22
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 

@@ -33,10 +33,11 @@ from typing import Any
 
 import requests
 
+from pairctl.home import project_root
 from sim.engine import local
 from sim.rehearsal import hosts, pairenv, provision
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = project_root()
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"
 SCENARIOS = ("rank1-kill-idle", "rank1-kill-busy", "rank0-kill", "partition", "rank1-sigterm")
 WATCH_ARGS = ("--interval", "5", "--failures", "2", "--probe-timeout", "20", "--canary-every", "0")

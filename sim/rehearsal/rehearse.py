@@ -35,10 +35,12 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from pairctl.cli import options
+from pairctl.home import project_root
 from sim.engine import local
 from sim.rehearsal import chat, hosts, pairenv, provision
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = project_root()
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"
 T0 = time.monotonic()
 
@@ -176,56 +178,61 @@ def prepare_engine(engine: str) -> Path | None:
         raise hosts.HarnessError(f"{exc} (or rehearse the simulator: --engine sim)") from None
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m sim.rehearsal",
-        description="Offline rehearsal: the real launcher brings up a pair on two netns "
-        "test hosts over real ssh (real vLLM, CPU build, TP=2 across them; or the "
-        "simulator), one chat request, status, down, cleanup. Needs root.",
-        epilog="See docs/rehearsal.md for what this proves and what it cannot.",
-    )
-    ap.add_argument(
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """This command's flags onto ``p`` (``python -m`` and ``dspark`` both)."""
+    p.add_argument(
         "--prefix",
         default="dsv4r",
         help="name prefix for netns/links/temp dirs (default dsv4r); use another "
         "to run next to a kept pair or the tests",
     )
-    ap.add_argument("--pair-id", default="rehearsal", help="PAIR_ID in the env file")
-    ap.add_argument(
+    p.add_argument("--pair-id", default="rehearsal", help="PAIR_ID in the env file")
+    p.add_argument(
         "--engine",
         choices=pairenv.ENGINES,
         default="cpu",
         help="what the image's vllm is: cpu = real vLLM, CPU build, on a tiny model "
         "(default); sim = the spark twin simulator (GB10 timing, fault injection)",
     )
-    ap.add_argument(
+    p.add_argument(
         "--timeout",
         type=float,
         default=300,
         help="seconds for `up` to become healthy (default 300)",
     )
-    ap.add_argument(
+    p.add_argument(
         "--keep",
         action="store_true",
         help="leave the pair up after the chat request (skip down and cleanup)",
     )
-    ap.add_argument(
+    p.add_argument(
         "--clean",
         action="store_true",
         help="only remove what an earlier (kept or crashed) run left, then exit",
     )
-    ap.add_argument(
+    p.add_argument(
         "--on",
         type=int,
         choices=(1, 2),
         metavar="N",
         help="run the command after `--` on host N of a kept pair, then exit",
     )
-    ap.add_argument("command", nargs="*", help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    p.add_argument("command", nargs="*", help=argparse.SUPPRESS)
 
 
-def main(argv: list[str]) -> int:
+def parse_args(argv: argparse.Namespace | list[str] | None) -> argparse.Namespace:
+    return options.namespace(
+        argv,
+        add_cli_args,
+        prog="python -m sim.rehearsal",
+        description="Offline rehearsal: the real launcher brings up a pair on two netns "
+        "test hosts over real ssh (real vLLM, CPU build, TP=2 across them; or the "
+        "simulator), one chat request, status, down, cleanup. Needs root.",
+        epilog="See docs/rehearsal.md for what this proves and what it cannot.",
+    )[0]
+
+
+def main(argv: argparse.Namespace | list[str]) -> int:
     args = parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_interrupt)

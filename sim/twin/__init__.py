@@ -7,6 +7,7 @@ quality gate use, and times everything with a performance model driven by a prof
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
 
 LABEL = "SPARK-TWIN SIMULATOR"
@@ -16,5 +17,5 @@ HEADER = ("X-Spark-Twin", "simulator")
 # where a request went). Simulator-only: real vLLM has no such header; the twin sends it
 # only when told its pair (`--twin-pair-id` / env TWIN_PAIR_ID).
 PAIR_HEADER = "X-Spark-Pair"
-PROFILES_DIR = Path(__file__).resolve().parents[1] / "profiles"
+PROFILES_DIR = Path(str(files("sim") / "profiles"))  # package data
 DEFAULT_PROFILE = PROFILES_DIR / "spark-pair.yaml"

@@ -18,8 +18,10 @@ from typing import Any
 
 from dsv4_flash_overlays.fp8_head.configs import SCHEMA_VERSION
 
-# bench/kernels/fp8_tune/table.py -> the root of the clone
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from pairctl.home import project_root
+
+# the root of the clone (pairctl.home)
+REPO_ROOT = project_root()
 TUNE_MODULE = "bench.kernels.fp8_tune"
 NOTE = (
     f"written by python -m {TUNE_MODULE}; keys are "

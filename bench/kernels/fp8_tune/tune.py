@@ -50,6 +50,8 @@ from dsv4_flash_overlays.fp8_head.configs import (
 from dsv4_flash_overlays.fp8_head.dispatch import TUNE_COMMAND, run_choice
 from dsv4_flash_overlays.fp8_head.quant import quantize_rowwise
 
+from pairctl.cli import options
+
 from .evalset import EvalSet, synthetic_weight
 from .search import candidates, family_representatives, precompile
 from .table import TUNE_MODULE, merge_into_file, portable_command
@@ -64,12 +66,8 @@ FP8_WIN = 0.87
 REL_TOL = {"fp32": 4e-3, "fp8": 1.5e-2}  # vs the exact product of the quantized operands
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog=TUNE_COMMAND,
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_cli_args(p: argparse.ArgumentParser) -> None:
+    """This command's flags onto ``p`` (``python -m`` and ``dspark`` both)."""
     p.add_argument("--n", type=int, nargs="+", default=[64640], help="lm_head rows per rank")
     p.add_argument("--k", type=int, default=4096, help="hidden size")
     p.add_argument("--m", type=int, nargs="+", default=list(DEFAULT_MS), help="draft rows")
@@ -84,10 +82,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 1)))
     p.add_argument("--reps", type=int, default=9, help="graph replays per timing")
     p.add_argument("--dry-run", action="store_true", help="list the candidates, time nothing")
-    args = p.parse_args(argv)
+
+
+def parse_args(argv: argparse.Namespace | list[str] | None = None) -> argparse.Namespace:
+    args, p = options.namespace(
+        argv,
+        add_cli_args,
+        prog=TUNE_COMMAND,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     bad = [m for m in args.m if not 1 <= m <= 256]
     if bad or any(n < 16 for n in args.n) or args.k % 128:
-        p.error(f"need 1 <= M <= 256 (got {bad}), N >= 16 and K a multiple of 128")
+        options.usage_error(p, f"need 1 <= M <= 256 (got {bad}), N >= 16 and K a multiple of 128")
     return args
 
 
@@ -324,7 +331,7 @@ def env_info() -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         print(

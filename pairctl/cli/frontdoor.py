@@ -33,7 +33,12 @@ from pairctl.contracts import (
     CANARY_EVERY_S,
     DEFAULT_ENV,
     DEFAULT_RECIPE,
+    IMAGE_STAGE_DIR,
     OVERLAY_SRC,
+    WATCH_BACKOFF_MAX_S,
+    WATCH_BACKOFF_S,
+    WATCH_FAILURES,
+    WATCH_PROBE_TIMEOUT_S,
 )
 
 __all__ = ["COMMANDS", "OPTIONS", "Args", "UsageError", "add_cli_args", "parse", "usage"]
@@ -62,17 +67,17 @@ class Args:
     watch: bool = False
     interval: float | None = None
     count: int | None = None
-    failures: int = 3
-    probe_timeout: float = 60.0
-    backoff: float = 30.0
-    backoff_max: float = 600.0
+    failures: int = WATCH_FAILURES
+    probe_timeout: float = WATCH_PROBE_TIMEOUT_S
+    backoff: float = WATCH_BACKOFF_S
+    backoff_max: float = WATCH_BACKOFF_MAX_S
     canary_every: float = float(CANARY_EVERY_S)
     acceptance_window: float = float(ACCEPTANCE_WINDOW_S)
     catalogue_md: bool = False
     action: str = ""
     build: bool = False
     pull: bool = False
-    stage: str = "/var/tmp/dsv4-image"
+    stage: str = IMAGE_STAGE_DIR
     checksum: bool = False
     skip_download: bool = False
     downloader: str | None = None

@@ -14,7 +14,19 @@ from typing import Any
 
 from pairctl.cli import argtypes
 from pairctl.cli.options import ENV_FILE, INTERVAL, JSON, RECIPE
-from pairctl.contracts import ACCEPTANCE_WINDOW_S, BOOT_TIMEOUT_S, CANARY_EVERY_S
+from pairctl.contracts import (
+    ACCEPTANCE_WINDOW_S,
+    BOOT_TIMEOUT_S,
+    CANARY_EVERY_S,
+    IMAGE_STAGE_DIR,
+    STATUS_INTERVAL_S,
+    STATUS_REFRESH_S,
+    WATCH_BACKOFF_MAX_S,
+    WATCH_BACKOFF_S,
+    WATCH_FAILURES,
+    WATCH_INTERVAL_S,
+    WATCH_PROBE_TIMEOUT_S,
+)
 
 COMMANDS = (
     "up",
@@ -115,8 +127,9 @@ OPTIONS: tuple[Opt, ...] = (
         INTERVAL.flags,
         "interval",
         ("status", "watch"),
-        "status: seconds the rates are measured over (default 1; --watch: refresh, default "
-        "2); watch: seconds between probes (default 30)",
+        f"status: seconds the rates are measured over (default {STATUS_INTERVAL_S:g}; --watch: "
+        f"refresh, default {STATUS_REFRESH_S:g}); watch: seconds between probes (default "
+        f"{WATCH_INTERVAL_S:g})",
         argtypes.positive_float,
         "S",
     ),
@@ -133,7 +146,7 @@ OPTIONS: tuple[Opt, ...] = (
         ("--failures",),
         "failures",
         ("watch",),
-        "failed probes in a row before a restart (default 3)",
+        f"failed probes in a row before a restart (default {WATCH_FAILURES})",
         argtypes.positive_int,
         "K",
     ),
@@ -141,7 +154,7 @@ OPTIONS: tuple[Opt, ...] = (
         ("--probe-timeout",),
         "probe_timeout",
         ("watch",),
-        "seconds one probe may take (default 60)",
+        f"seconds one probe may take (default {WATCH_PROBE_TIMEOUT_S:g})",
         argtypes.positive_float,
         "S",
     ),
@@ -149,7 +162,7 @@ OPTIONS: tuple[Opt, ...] = (
         ("--backoff",),
         "backoff",
         ("watch",),
-        "wait after a failed restart, doubling up to --backoff-max (default 30)",
+        f"wait after a failed restart, doubling up to --backoff-max (default {WATCH_BACKOFF_S:g})",
         argtypes.positive_float,
         "S",
     ),
@@ -157,7 +170,7 @@ OPTIONS: tuple[Opt, ...] = (
         ("--backoff-max",),
         "backoff_max",
         ("watch",),
-        "cap of the doubling backoff (default 600)",
+        f"cap of the doubling backoff (default {WATCH_BACKOFF_MAX_S:g})",
         argtypes.positive_float,
         "S",
     ),
@@ -178,7 +191,7 @@ OPTIONS: tuple[Opt, ...] = (
         "stage",
         ("image",),
         "ship: where the image tar waits on both nodes while it is copied (default "
-        "/var/tmp/dsv4-image; needs the image's size free)",
+        f"{IMAGE_STAGE_DIR}; needs the image's size free)",
         str,
         "DIR",
     ),

@@ -146,6 +146,11 @@ STATUS_INTERVAL_S = 1.0
 STATUS_REFRESH_S = 2.0
 # `image ship`: where the image tar waits on both nodes while it is copied.
 IMAGE_STAGE_DIR = "/var/tmp/dsv4-image"
+# The quality gate (pairctl.gate, `up --gate`, bench.quality_ref_dspark): each greedy prompt may
+# take GATE_PROMPT_TIMEOUT_S; before the first, /v1/models must answer within
+# GATE_READY_TIMEOUT_S.
+GATE_PROMPT_TIMEOUT_S = 120
+GATE_READY_TIMEOUT_S = 30
 
 # Memory pressure on a node: `status`, `watch` and preflight's PF-MEMORY-FLOOR read each
 # node's MemAvailable / MemTotal against these bands (pairctl/status/memory.py).

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pairctl.contracts import GATE_EXITS, codes
+from pairctl.contracts import GATE_EXITS, GATE_PROMPT_TIMEOUT_S, GATE_READY_TIMEOUT_S, codes
 from pairctl.endpoint import Endpoint, NotReady, wait_ready
 from pairctl.gate.check import (
     DEFAULT_PROMPTS,
@@ -56,8 +56,8 @@ class GateOptions:
 
     prompts: dict[str, Any] | None = None  # a loaded reference file; None: DEFAULT_PROMPTS
     model: str | None = None  # None: the first of /v1/models
-    timeout_s: float = 120.0  # per prompt
-    ready_timeout_s: float = 30.0  # wait this long for /v1/models
+    timeout_s: float = GATE_PROMPT_TIMEOUT_S  # per prompt
+    ready_timeout_s: float = GATE_READY_TIMEOUT_S  # wait this long for /v1/models
     max_tokens: int | None = None  # None: the file's (4096 at least in thinking mode)
     thinking: bool = False
     json_path: str | None = None  # write the verdicts JSON here

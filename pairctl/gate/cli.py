@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from pairctl.cli import argtypes
-from pairctl.contracts import GATE_EXITS, exit_line
+from pairctl.contracts import GATE_EXITS, GATE_PROMPT_TIMEOUT_S, GATE_READY_TIMEOUT_S, exit_line
 from pairctl.endpoint import add_endpoint_args, endpoint_of
 from pairctl.gate import GateOptions, run_gate
 from pairctl.gate.check import DEFAULT_PROMPTS, load_reference
@@ -34,12 +34,15 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         help="reference prompts JSON",
     )
     p.add_argument(
-        "--timeout-s", type=argtypes.float_above(0.0), default=120, help="per-prompt timeout"
+        "--timeout-s",
+        type=argtypes.float_above(0.0),
+        default=GATE_PROMPT_TIMEOUT_S,
+        help="per-prompt timeout",
     )
     p.add_argument(
         "--ready-timeout-s",
         type=argtypes.float_above(0.0),
-        default=30,
+        default=GATE_READY_TIMEOUT_S,
         help="wait this long for /v1/models (progress on stderr)",
     )
     p.add_argument(

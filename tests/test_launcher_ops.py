@@ -215,6 +215,19 @@ def test_status_json_is_the_documented_document(pair: Env) -> None:
     assert doc["running_plan"] == doc["current_plan"]
 
 
+def test_status_says_when_a_long_rate_window_starts(pair: Env) -> None:
+    """A rate window of seconds is a wait a person notices: once the first /metrics scrape
+    is in, status says on stderr that it is measuring (stdout stays the one document); a
+    short one says nothing."""
+    assert pair.run("up").returncode == 0
+    p = pair.run("status", "--json", "--interval", "3")
+    assert p.returncode == 0, p.stderr
+    assert "status: measuring the serving rates over 3 s..." in p.stderr
+    assert json.loads(p.stdout)["serving"]["window_s"] >= 3
+    quick = pair.run("status", "--json", "--interval", "0.2")
+    assert "measuring" not in quick.stderr
+
+
 def test_status_watch_json_streams_readings(pair: Env) -> None:
     assert pair.run("up").returncode == 0
     env = dict(

@@ -65,8 +65,16 @@ class Served:
         return r.json()
 
 
+# One boot per module, whatever happens: pytest sets a module fixture up again for the next
+# test after its setup failed, and each try of a real boot is minutes (a loaded CI run tried
+# three times). A failed boot is recorded here, and every later test fails with it at once.
+BOOT_FAILED: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def served(pair: hosts.Pair) -> Served:
+    if BOOT_FAILED:
+        pytest.fail(f"the module's one boot failed (see its first test):\n{BOOT_FAILED[0]}")
     pairenv.copy_overlays(pair, REPO)
     shm_before = set(os.listdir("/dev/shm"))
     t0 = time.monotonic()
@@ -77,6 +85,8 @@ def served(pair: hosts.Pair) -> Served:
     boot_s = time.monotonic() - t0
     # the launcher's own lines first (the phase that was slow, the FAIL), then the log tails
     own = [ln for ln in (res.stdout + res.stderr).splitlines() if not ln.lstrip().startswith("|")]
+    if res.returncode != 0:
+        BOOT_FAILED.append(f"up exited {res.returncode}: " + "\n".join(own[-12:]))
     assert res.returncode == 0, "\n".join(own[-40:]) + "\n" + res.stderr[-3000:]
     print(f"\nreal pair: up (preflight + boot) took {boot_s:.1f} s")
     return Served(pair, boot_s, shm_before)
@@ -167,9 +177,19 @@ def test_status_figures_equal_the_real_counters_over_the_same_window(served):
         ],
         cwd=str(REPO / "launch"),
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(6.0)  # status has taken its first scrape (it starts in ~1-3 s)
+    # the burst goes in once status says its window runs (its first scrape is in): order,
+    # not a guess of how long status takes to start on a loaded box (6 s was not enough)
+    assert proc.stderr is not None
+    early = []
+    for line in iter(proc.stderr.readline, ""):
+        early.append(line)
+        if "status: measuring the serving rates" in line:
+            break
+    else:
+        raise AssertionError("status never started its window:\n" + "".join(early))
     prompt = "the quick brown fox jumps over the lazy dog " * 40
     for i in range(4):
         served.complete(f"{i} {prompt}", 48)

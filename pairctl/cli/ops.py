@@ -58,10 +58,20 @@ def status(a: Args, pair: ResolvedPair) -> int:
 
         return status_view.watch(reading, interval, a.count, as_json=a.json)
     interval = a.interval if a.interval is not None else STATUS_INTERVAL_S
-    st = pst.pair_status(pair, interval_s=interval)
+    st = pst.pair_status(pair, interval_s=interval, on_window=window_started)
     text = status_view.render_json(st) + "\n" if a.json else status_view.render_text(st)
     sys.stdout.write(text)
     return st.exit_code
+
+
+# A rate window this long is a wait a person notices: status says when it starts.
+STATUS_SAY_WINDOW_S = 3.0
+
+
+def window_started(interval_s: float) -> None:
+    """Progress on a long wait: the first /metrics scrape is in, the window runs now."""
+    if interval_s >= STATUS_SAY_WINDOW_S:
+        log(f"status: measuring the serving rates over {interval_s:g} s...")
 
 
 def sync_overlays(a: Args, pair: ResolvedPair) -> int:

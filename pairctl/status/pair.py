@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -251,9 +252,12 @@ def collect(
     pair: ResolvedPair,
     previous: MetricsSample | None = None,
     interval_s: float = 0.0,
+    on_window: Callable[[float], None] | None = None,
 ) -> tuple[PairStatus, MetricsSample | None]:
     """One status reading; serving rates cover the time since ``previous`` (if given), or
     ``interval_s`` seconds between two scrapes taken now (0: lifetime figures only).
+    ``on_window(interval_s)`` is called once the first of those two scrapes is taken, before
+    the wait (the window's start: ``status`` says so on stderr for a long one).
 
     Returns the status and the newest /metrics sample (pass it back as ``previous``).
     """
@@ -273,6 +277,8 @@ def collect(
         if prev is None and interval_s > 0:
             prev, err = scrape(base, api_key=key)
             if prev is not None:
+                if on_window is not None:
+                    on_window(interval_s)
                 time.sleep(interval_s)
         last, err = scrape(base, api_key=key)
         if last is not None:
@@ -314,13 +320,17 @@ def collect(
     return status, last
 
 
-def pair_status(pair: ResolvedPair, interval_s: float = 1.0) -> PairStatus:
+def pair_status(
+    pair: ResolvedPair,
+    interval_s: float = 1.0,
+    on_window: Callable[[float], None] | None = None,
+) -> PairStatus:
     """The pair's status now; rates over ``interval_s`` seconds (0 = lifetime figures).
 
     ``pair`` is the resolved pair (``pairctl.pair.resolved.load``); ``pair_status_of`` builds it
-    from the files.
+    from the files. ``on_window``: see ``collect``.
     """
-    return collect(pair, None, interval_s)[0]
+    return collect(pair, None, interval_s, on_window)[0]
 
 
 def pair_status_of(

@@ -177,6 +177,7 @@ def test_each_commands_help_prints_its_table(capsys) -> None:
     from pairctl.sentinel import record
     from perfmodel import cli as perf_cli
     from sim.diffcheck import cli as diff_cli
+    from sim.rehearsal import leaks, real_faults, rehearse
 
     parsers = {
         "gate": lambda argv: gate_cli.parse_args(argv),
@@ -185,6 +186,9 @@ def test_each_commands_help_prints_its_table(capsys) -> None:
         "bench-router": bench_router.parse_args,
         "diffcheck": lambda argv: diff_cli._parser().parse_args(argv),
         "perfmodel": perf_cli.parse_args,
+        "rehearse": rehearse.parse_args,
+        "leaks": leaks.main,
+        "real-faults": real_faults.main,
     }
     assert parsers.keys() == COMMAND_TABLES.keys()
     for which, parse in parsers.items():
@@ -198,6 +202,7 @@ def test_commands_bind_the_tables_numbers() -> None:
     from pairctl.sentinel import record
     from perfmodel import cli as perf_cli
     from sim.diffcheck import cli as diff_cli
+    from sim.rehearsal import leaks, real_faults, rehearse
 
     for which, module in (
         ("bench", benchlib),
@@ -205,6 +210,9 @@ def test_commands_bind_the_tables_numbers() -> None:
         ("sentinel", record),
         ("perfmodel", perf_cli),
         ("diffcheck", diff_cli),
+        ("rehearse", rehearse),
+        ("leaks", leaks),
+        ("real-faults", real_faults),
     ):
         for name, code in codes(COMMAND_TABLES[which]).items():
             assert getattr(module, name, code) == code, (which, name)

@@ -22,7 +22,11 @@ from pairctl.contracts.commands import (  # noqa: F401 - re-exported
     COMMAND_TABLES,
     DIFFCHECK_EXITS,
     GATE_EXITS,
+    LEAKS_EXITS,
     PERFMODEL_EXITS,
+    REAL_FAULTS_EXITS,
+    REHEARSE_EXITS,
+    REHEARSE_PASSES_ON,
     SENTINEL_EXITS,
 )
 from pairctl.contracts.table import (  # noqa: F401 - re-exported

@@ -107,6 +107,42 @@ PERFMODEL_EXITS: tuple[ExitCode, ...] = (
     ExitCode(2, "EXIT_USAGE", "usage: a bad flag or an impossible acceptance input", "usage"),
 )
 
+# python -m sim.rehearsal (make rehearse): a failing launcher step passes its own code on.
+REHEARSE_EXITS: tuple[ExitCode, ...] = (
+    ExitCode(0, "EXIT_OK", "every step passed (or --clean, --on finished)", "every step passed"),
+    ExitCode(
+        1,
+        "EXIT_FAILED",
+        "the test hosts could not be built, or a step failed without a launcher code",
+        "hosts not built or a step failed",
+    ),
+    ExitCode(2, "EXIT_USAGE", "usage (a command after `--` without --on N)", "usage"),
+    ExitCode(
+        130,
+        "EXIT_INTERRUPTED",
+        "interrupted (Ctrl-C, SIGTERM, SIGHUP): the test hosts were removed first",
+        "interrupted (hosts removed)",
+    ),
+)
+# The code of a failed launcher step (up's 3, 4, 5, ...) is rehearse's exit code as well.
+REHEARSE_PASSES_ON = "Any other code: the failing launcher step's own (the pair commands' table)."
+
+# python -m sim.rehearsal.leaks: down/up cycles, then the verdict.
+LEAKS_EXITS: tuple[ExitCode, ...] = (
+    ExitCode(0, "EXIT_OK", "no leak after the cycles", "no leak"),
+    ExitCode(1, "EXIT_LEAKS", "leaks found (each printed as a LEAK line)", "leaks found"),
+    ExitCode(2, "EXIT_USAGE", "usage, or the real engine is not installed", "usage"),
+    ExitCode(130, "EXIT_INTERRUPTED", "interrupted (the pair is removed)", "interrupted"),
+)
+
+# python -m sim.rehearsal.real_faults: the real engine's failures measured.
+REAL_FAULTS_EXITS: tuple[ExitCode, ...] = (
+    ExitCode(0, "EXIT_OK", "every scenario measured, the results written", "measured"),
+    ExitCode(1, "EXIT_FAILED", "the real pair did not come up", "the pair did not come up"),
+    ExitCode(2, "EXIT_USAGE", "usage, an unwritable --json, or no engine", "usage"),
+    ExitCode(130, "EXIT_INTERRUPTED", "interrupted (the test hosts are removed)", "interrupted"),
+)
+
 COMMAND_TABLES: dict[str, tuple[ExitCode, ...]] = {
     "gate": GATE_EXITS,
     "sentinel": SENTINEL_EXITS,
@@ -114,4 +150,7 @@ COMMAND_TABLES: dict[str, tuple[ExitCode, ...]] = {
     "bench-router": BENCH_ROUTER_EXITS,
     "diffcheck": DIFFCHECK_EXITS,
     "perfmodel": PERFMODEL_EXITS,
+    "rehearse": REHEARSE_EXITS,
+    "leaks": LEAKS_EXITS,
+    "real-faults": REAL_FAULTS_EXITS,
 }

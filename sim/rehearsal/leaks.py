@@ -27,9 +27,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pairctl.contracts import LEAKS_EXITS, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
 from sim.rehearsal import hosts, pairenv, provision
+
+_EXIT = codes(LEAKS_EXITS)
+EXIT_OK, EXIT_LEAKS = _EXIT["EXIT_OK"], _EXIT["EXIT_LEAKS"]
+EXIT_USAGE, EXIT_INTERRUPTED = _EXIT["EXIT_USAGE"], _EXIT["EXIT_INTERRUPTED"]
 
 REPO = project_root()
 SSH_PORT = 22
@@ -278,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Build a rehearsal pair (netns hosts, needs root), run N down/up cycles "
         "of the launcher against the simulator or the real CPU engine (--engine), print a "
         "table per cycle and the leaks found (orphan containers, processes, ports, /dev/shm "
-        "files, a held lock, memory not back to its baseline). Exit 0 when none, 1 when "
-        "some, 130 on Ctrl-C.",
+        "files, a held lock, memory not back to its baseline).",
+        epilog=exit_line(LEAKS_EXITS),
     )
     ap.add_argument("--cycles", type=int, default=10, help="down/up cycles (default 10)")
     ap.add_argument("--json", metavar="FILE", help="write every snapshot and verdict here")
@@ -308,10 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         base, ups, downs = cycles(pair, a.cycles, say=lambda s: print(s, flush=True))
     except KeyboardInterrupt:
         print("interrupted: the rehearsal pair is removed", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except local.EngineMissing as exc:
         print(f"leaks: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     finally:
         if pair is not None:
             provision.teardown(pair)
@@ -321,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in doc["leaks"]:
         print(f"LEAK: {line}")
     print(f"{len(downs)} cycles: {'no leak' if not doc['leaks'] else 'LEAKS FOUND'}")
-    return 1 if doc["leaks"] else 0
+    return EXIT_LEAKS if doc["leaks"] else EXIT_OK
 
 
 if __name__ == "__main__":

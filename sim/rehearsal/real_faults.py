@@ -33,6 +33,7 @@ from typing import Any
 
 import requests
 
+from pairctl.contracts import REAL_FAULTS_EXITS, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
 from sim.rehearsal import hosts, pairenv, provision
@@ -41,6 +42,10 @@ REPO = project_root()
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"
 SCENARIOS = ("rank1-kill-idle", "rank1-kill-busy", "rank0-kill", "partition", "rank1-sigterm")
 WATCH_ARGS = ("--interval", "5", "--failures", "2", "--probe-timeout", "20", "--canary-every", "0")
+
+_EXIT = codes(REAL_FAULTS_EXITS)
+EXIT_OK, EXIT_FAILED = _EXIT["EXIT_OK"], _EXIT["EXIT_FAILED"]
+EXIT_USAGE, EXIT_INTERRUPTED = _EXIT["EXIT_USAGE"], _EXIT["EXIT_INTERRUPTED"]
 
 
 def say(msg: str) -> None:
@@ -258,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m sim.rehearsal.real_faults",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=exit_line(REAL_FAULTS_EXITS),
     )
     ap.add_argument("--json", type=Path, required=True, help="write the results here")
     ap.add_argument(
@@ -278,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         model = local.built_model()
     except (OSError, local.EngineMissing) as exc:
         print(f"real_faults: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     shm_before = set(os.listdir("/dev/shm"))
     pair = provision.build_free_pair(args.prefix)
     rows: list[dict[str, Any]] = []
@@ -295,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if up.returncode != 0:
             print(up.stdout[-3000:] + up.stderr[-3000:], file=sys.stderr)
-            return 1
+            return EXIT_FAILED
         boot = time.monotonic() - t0
         say(f"pair up in {boot:.1f} s")
         for name in names:
@@ -319,10 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(table(rows))
         print(f"after down: {doc['after_down']}")
-        return 0
+        return EXIT_OK
     except KeyboardInterrupt:
         print("real_faults: interrupted; removing the test hosts", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         if not doc:
             doc = {"partial": True, "scenarios": rows}

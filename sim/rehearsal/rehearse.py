@@ -36,9 +36,14 @@ from pathlib import Path
 from types import FrameType
 
 from pairctl.cli import options
+from pairctl.contracts import REHEARSE_EXITS, REHEARSE_PASSES_ON, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
 from sim.rehearsal import chat, hosts, pairenv, provision
+
+_EXIT = codes(REHEARSE_EXITS)
+EXIT_OK, EXIT_FAILED = _EXIT["EXIT_OK"], _EXIT["EXIT_FAILED"]
+EXIT_USAGE, EXIT_INTERRUPTED = _EXIT["EXIT_USAGE"], _EXIT["EXIT_INTERRUPTED"]
 
 REPO = project_root()
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"
@@ -57,6 +62,9 @@ class StepFailed(RuntimeError):
         self.code = code
 
 
+EPILOG = exit_line(REHEARSE_EXITS) + " " + REHEARSE_PASSES_ON
+
+
 def run_steps(pair: hosts.Pair, steps: Callable[[], bool]) -> int:
     """Run a rehearsal's steps on its hosts; its exit status. Whatever happens (a failed
     step, Ctrl-C, SIGTERM/SIGHUP, a bug), the hosts are removed afterwards, unless the steps
@@ -64,16 +72,16 @@ def run_steps(pair: hosts.Pair, steps: Callable[[], bool]) -> int:
     keep = False
     try:
         keep = steps()
-        return 0
+        return EXIT_OK
     except StepFailed as exc:
         say(f"FAILED: {exc}")
         return exc.code
     except KeyboardInterrupt:
         say("interrupted: cleaning up")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - report, then always clean up
         say(f"FAILED: {type(exc).__name__}: {exc}")
-        return 1
+        return EXIT_FAILED
     finally:
         if not keep:
             provision.teardown(pair, say)
@@ -228,7 +236,7 @@ def parse_args(argv: argparse.Namespace | list[str] | None) -> argparse.Namespac
         description="Offline rehearsal: the real launcher brings up a pair on two netns "
         "test hosts over real ssh (real vLLM, CPU build, TP=2 across them; or the "
         "simulator), one chat request, status, down, cleanup. Needs root.",
-        epilog="See docs/rehearsal.md for what this proves and what it cannot.",
+        epilog="See docs/rehearsal.md for what this proves and what it cannot.\n" + EPILOG,
     )[0]
 
 
@@ -242,17 +250,17 @@ def main(argv: argparse.Namespace | list[str]) -> int:
             return run_on(args.prefix, args.on, args.command)
         if args.command:
             print("rehearse: a command after `--` needs --on N (see --help)", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         if args.clean:
             removed = provision.clean_prefix(args.prefix, say)
             say(f"removed {len(removed)} leftover item(s) with prefix {args.prefix}")
-            return 0
+            return EXIT_OK
         model = prepare_engine(args.engine)
         say("building two test hosts (netns + veth + bridge, an sshd each)")
         pair = provision.build_pair(args.prefix, say)
     except hosts.HarnessError as exc:
         print(f"rehearse: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
     def steps() -> bool:
         pair.env_file = pairenv.prepare(pair, args.pair_id, args.engine, model)

@@ -101,10 +101,12 @@ def normalise(doc):
     return doc
 
 
+# Runs long enough that no rate comes out null on a loaded box (a 16-token stream at 5 ms steps
+# gave bench_conc a null aggregate one run in three): 20 ms steps, 64 tokens or more.
 BENCHES = {
-    "bench_ctx": ["--depths", "1k", "--max-tokens", "16", "--baseline-requests", "1"],
-    "bench_conc": ["--concurrency", "1,2", "--max-tokens", "16"],
-    "bench_interfere": ["--prefill-tokens", "2k", "--decode-tokens", "40", "--lead-ms", "100"],
+    "bench_ctx": ["--depths", "8k", "--max-tokens", "64", "--baseline-requests", "1"],
+    "bench_conc": ["--concurrency", "1,2", "--max-tokens", "64"],
+    "bench_interfere": ["--prefill-tokens", "4k", "--decode-tokens", "150", "--lead-ms", "400"],
     "chat_ttft_probe": ["--turns", "2", "--first-tokens", "1k", "--turn-tokens", "256"],
 }
 FAST = [
@@ -123,7 +125,7 @@ FAST = [
 
 
 def benches(out: Path, tmp: Path) -> None:
-    with MockServer(MockConfig(ttft_s=0.02, step_s=0.005, spec_metrics=True)) as server:
+    with MockServer(MockConfig(ttft_s=0.02, step_s=0.02, prefill_tok_s=20_000, spec_metrics=True)) as server:
         for name, args in BENCHES.items():
             res = tmp / f"{name}.json"
             argv = [sys.executable, "-m", f"bench.{name}", "--url", server.url, *args, *FAST]

@@ -60,15 +60,19 @@ def test_watch_lines_are_stamped_on_stdout(capsys) -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ watch pa: probe ok\n", out), out
 
 
-def test_no_module_defines_its_own_log_or_lock() -> None:
-    files = subprocess.run(
+def _shipped_sources() -> list[str]:
+    """Every Python file of the project's packages, as git tracks them."""
+    return subprocess.run(
         ["git", "ls-files", "pairctl/*.py", "bench/*.py", "sim/*.py", "perfmodel/*.py"],
         cwd=REPO,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
-    for rel in files:
+
+
+def test_no_module_defines_its_own_log_or_lock() -> None:
+    for rel in _shipped_sources():
         if rel in ("pairctl/log.py", "pairctl/lock.py"):
             continue
         code = (REPO / rel).read_text()
@@ -80,16 +84,9 @@ def test_only_the_metrics_module_asks_a_server_for_its_metrics_page() -> None:
     """One place fetches /metrics (pairctl/status/metrics.py `fetch`): a GET of the page
     anywhere else in the shipped code would be a second fetcher with its own session,
     timeout and error wording. The simulator serves the page; it does not fetch it."""
-    files = subprocess.run(
-        ["git", "ls-files", "pairctl/*.py", "bench/*.py", "sim/*.py", "perfmodel/*.py"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
     fetchers = [
         rel
-        for rel in files
+        for rel in _shipped_sources()
         if rel != "pairctl/status/metrics.py"
         and re.search(r"\.get\([^)\n]*/metrics", (REPO / rel).read_text())
     ]

@@ -125,7 +125,8 @@ FAST = [
 
 
 def benches(out: Path, tmp: Path) -> None:
-    with MockServer(MockConfig(ttft_s=0.02, step_s=0.02, prefill_tok_s=20_000, spec_metrics=True)) as server:
+    cfg = MockConfig(ttft_s=0.02, step_s=0.02, prefill_tok_s=20_000, spec_metrics=True)
+    with MockServer(cfg) as server:
         for name, args in BENCHES.items():
             res = tmp / f"{name}.json"
             argv = [sys.executable, "-m", f"bench.{name}", "--url", server.url, *args, *FAST]

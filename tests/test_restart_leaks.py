@@ -27,6 +27,18 @@ CYCLES = int(os.environ.get("DSV4_LEAK_CYCLES", "10"))
 pair = pair_fixture("dsv4k")
 
 
+# A snapshot's fields when nothing of the pair is left (memory figures given per test).
+NOTHING_LEFT = dict(
+    containers={},
+    processes={},
+    ports={},
+    shm=[],
+    lock_held=False,
+    lock_files=[],
+    netns_rss_kib=0,
+)
+
+
 def test_verdicts_see_each_kind_of_leak() -> None:
     """The judge is not vacuous: each leak kind in a made-up series is reported."""
     mem = {"mem_available_kib": 10_000_000, "mem_total_kib": 20_000_000}
@@ -67,16 +79,7 @@ def test_memory_is_judged_against_the_first_down_and_the_first_boot_is_bounded()
     """The real engine's shape (bench/results/rehearsal/leaks_real.json): the first boot
     leaves ~0.5 GiB of kernel caches behind once, then MemAvailable stays flat: no leak. A
     loop that loses memory on every cycle is one, though each cycle loses little."""
-    clean = dict(
-        containers={},
-        processes={},
-        ports={},
-        shm=[],
-        lock_held=False,
-        lock_files=[],
-        netns_rss_kib=0,
-        mem_total_kib=24_000_000,
-    )
+    clean = dict(NOTHING_LEFT, mem_total_kib=24_000_000)
     base = leaks.Snapshot("baseline", mem_available_kib=23_000_000, **clean)
     flat = [
         leaks.Snapshot(f"down {i}", mem_available_kib=22_450_000 - 30_000 * (i % 3), **clean)
@@ -111,15 +114,7 @@ def test_ten_down_up_cycles_leave_nothing_behind(pair: hosts.Pair, tmp_path: Pat
 
 def test_a_shared_box_leaves_out_only_the_machine_wide_verdicts() -> None:
     """On a shared box the MemAvailable verdicts are left out; the pair's own stay."""
-    clean = dict(
-        containers={},
-        processes={},
-        ports={},
-        shm=[],
-        lock_held=False,
-        lock_files=[],
-        netns_rss_kib=1_000,
-    )
+    clean = dict(NOTHING_LEFT, netns_rss_kib=1_000)
     base = leaks.Snapshot(
         "baseline", mem_available_kib=15_000_000, mem_total_kib=24_000_000, **clean
     )

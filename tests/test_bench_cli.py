@@ -16,10 +16,9 @@ import pytest
 from bench import bench_conc, bench_ctx, bench_interfere, chat_ttft_probe
 from bench import quality_ref_dspark as gate
 from bench.benchlib import EXIT_ERROR, EXIT_USAGE, endpoint
-from tests.fakes.mock_openai import MockConfig, MockServer
+from tests.fakes.mock_openai import FAST_BENCH_FLAGS, MockConfig, MockServer
 
-FAST = ["--warmups", "0", "--guard-interval-ms", "30", "--guard-grace-ms", "200"]
-FAST += ["--backoff-s", "0.05", "--settle-ms", "5", "--no-progress"]
+FAST = FAST_BENCH_FLAGS
 MAINS = {
     "bench_conc": bench_conc.main,
     "bench_ctx": bench_ctx.main,

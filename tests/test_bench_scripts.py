@@ -16,21 +16,9 @@ import pytest
 
 from bench import bench_conc, bench_ctx, bench_interfere, chat_ttft_probe
 from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR
-from tests.fakes.mock_openai import MockConfig, MockServer
+from tests.fakes.mock_openai import FAST_BENCH_FLAGS, MockConfig, MockServer
 
-FAST = [
-    "--warmups",
-    "0",
-    "--guard-interval-ms",
-    "30",
-    "--guard-grace-ms",
-    "200",
-    "--backoff-s",
-    "0.05",
-    "--settle-ms",
-    "5",
-    "--no-progress",
-]
+FAST = FAST_BENCH_FLAGS
 
 
 @pytest.fixture(autouse=True)

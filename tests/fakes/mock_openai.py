@@ -22,6 +22,22 @@ from typing import Any
 
 from pairctl.endpoint import Endpoint
 
+# The bench flags every test against this server uses: no warmups, a fast guard (its mock
+# requests last tens of ms), no progress bar.
+FAST_BENCH_FLAGS = [
+    "--warmups",
+    "0",
+    "--guard-interval-ms",
+    "30",
+    "--guard-grace-ms",
+    "200",
+    "--backoff-s",
+    "0.05",
+    "--settle-ms",
+    "5",
+    "--no-progress",
+]
+
 
 @dataclass
 class MockConfig:

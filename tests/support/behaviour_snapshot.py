@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fakes.mock_openai import MockConfig, MockServer
+from tests.fakes.mock_openai import FAST_BENCH_FLAGS, MockConfig, MockServer
 
 REPO = Path(__file__).resolve().parents[2]
 VOLATILE = re.compile(
@@ -109,19 +109,7 @@ BENCHES = {
     "bench_interfere": ["--prefill-tokens", "4k", "--decode-tokens", "150", "--lead-ms", "400"],
     "chat_ttft_probe": ["--turns", "2", "--first-tokens", "1k", "--turn-tokens", "256"],
 }
-FAST = [
-    "--warmups",
-    "0",
-    "--guard-interval-ms",
-    "30",
-    "--guard-grace-ms",
-    "200",
-    "--backoff-s",
-    "0.05",
-    "--settle-ms",
-    "5",
-    "--no-progress",
-]
+FAST = FAST_BENCH_FLAGS
 
 
 def benches(out: Path, tmp: Path) -> None:

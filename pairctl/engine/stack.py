@@ -11,6 +11,7 @@ known-bad component versions. Nothing else in the code names a stack's paths or 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,9 @@ from pairctl.pair.config import ConfigError
 
 SUPPORTED_STACK_VERSIONS = (1,)
 DEFAULT_STACK = "fork"
+# The container variable that carries the stack's overlay hook points to the plugin (which
+# runs inside the image and cannot read recipes/stacks/): JSON, see Stack.hooks_json.
+HOOKS_ENV = "DSV4_OVERLAY_HOOKS"
 STACKS_DIR = Path("recipes") / "stacks"
 TOP_KEYS = {
     "stack_version",
@@ -154,6 +158,16 @@ class Stack:
 
     def hook_points(self, overlay: str) -> tuple[HookPoint, ...]:
         return tuple(h for h in self.overlays if h.overlay == overlay)
+
+    def hooks_json(self) -> str:
+        """The value of HOOKS_ENV: ``{"stack": NAME, "hooks": [{overlay, module, qualname,
+        anchors}, ...]}``, compact, in declaration order."""
+        hooks = [
+            {"overlay": h.overlay, "module": h.module, "qualname": h.qualname,
+             "anchors": list(h.anchors)}
+            for h in self.overlays
+        ]
+        return json.dumps({"stack": self.name, "hooks": hooks}, separators=(",", ":"))
 
 
 def _err(path: str, msg: str) -> ConfigError:

@@ -14,7 +14,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, peerloss, shapes
+from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, peerloss, shapes, thinking
 from sim.twin.engine import Engine
 from sim.twin.errors import NOT_FOUND, error, json_invalid, permission, sanitized
 from sim.twin.generation import Generation, merge_logprobs
@@ -60,6 +60,8 @@ class TwinServer(ThreadingHTTPServer):
         self.injector = Injector(self.fire_foreign)
         self.open_streams = 0  # SSE responses being written (peer-loss shutdown timing)
         self.prompt_details = bool(serve_args.get("enable_prompt_tokens_details"))
+        # --reasoning-parser deepseek_v4: chat replies split into reasoning and content
+        self.splits = serve_args.get("reasoning_parser") in thinking.MODELLED_PARSERS
         tp = int(serve_args.get("tensor_parallel_size") or 1)
         digest = hashlib.sha256(json.dumps(serve_args, sort_keys=True, default=str).encode())
         self.fingerprint = shapes.fingerprint(tp, digest.hexdigest())
@@ -293,8 +295,19 @@ class Handler(BaseHTTPRequestHandler):
         ids = [rid] if p.n == 1 else [f"{i}_{rid}" for i in range(p.n)]
         reqs = [srv.builder.build(prompt, p, received_ns, cid, i) for i, cid in enumerate(ids)]
         shape = shapes.Shape(rid, model, chat, int(time.time()), srv.fingerprint)
+        parser = None
+        if chat and srv.splits:  # the parser's start state (sim/twin/thinking.py)
+            parser = thinking.parser_thinking(thinking.template_kwargs(body))
         gen = Generation(
-            reqs, p, shape, srv.engine, srv.injector, srv.spec_metrics, srv.prompt_details
+            reqs,
+            p,
+            shape,
+            srv.engine,
+            srv.injector,
+            srv.spec_metrics,
+            srv.prompt_details,
+            parser,
+            body.get("include_reasoning") is not False,
         )
         for r in reqs:
             srv.engine.submit(r)
@@ -305,12 +318,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def _collect(self, gen: Generation) -> None:
         n = len(gen.reqs)
-        text: list[list[str]] = [[] for _ in range(n)]
+        pieces: list[list[str]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
         lps: list[list[dict[str, Any]]] = [[] for _ in range(n)]
         for i, ev in gen.events():
             if ev[0] == "tokens":
-                text[i].append(ev[1])
+                pieces[i] += gen.pieces(ev)
                 if gen.p.logprobs is not None:
                     lps[i].append(gen.logprobs(i, ev))
             elif ev[0] == "finish":
@@ -318,9 +331,11 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._json(500, error(ev[1], 500, "InternalServerError"))
                 return
-        choices = [
-            ("".join(text[i]), reasons[i], merge_logprobs(lps[i], gen.shape.chat)) for i in range(n)
-        ]
+        choices = []
+        for i in range(n):
+            reasoning, content = gen.whole(i, pieces[i])
+            lp = None if gen.hide_logprobs else merge_logprobs(lps[i], gen.shape.chat)
+            choices.append((content, reasons[i], lp, reasoning))
         body = gen.shape.full(choices, gen.usage(full=True), gen.metrics())
         self._json(200, body, headers={"X-Request-Id": gen.rid})
 
@@ -338,6 +353,9 @@ class Handler(BaseHTTPRequestHandler):
             if shape.chat:
                 for i in range(len(gen.reqs)):
                     self._sse(gen.with_usage(shape.first_chat_chunk(i)))
+            if gen.splits is not None:
+                self._stream_split(gen)
+                return
             open_ = len(gen.reqs)
             for i, ev in gen.events():
                 if ev[0] == "tokens":
@@ -367,6 +385,44 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             self.server.open_streams -= 1
+
+    def _stream_split(self, gen: Generation) -> None:
+        """The token and finish chunks of a chat stream split by the reasoning parser.
+
+        As vllm/entrypoints/openai/chat_completion/serving.py streams them: each output's
+        delta from the parser; an output the parser turns into nothing (``</think>`` alone,
+        held-back whitespace) sends no chunk unless it carries logprobs; a request's last
+        tokens ride in its finish chunk (one RequestOutput), whose delta is ``{}`` when
+        they parse to nothing (``DeltaMessage()``)."""
+        shape, open_ = gen.shape, len(gen.reqs)
+        pending: dict[int, tuple[dict[str, Any] | None, Any]] = {}
+        want_lp = gen.p.logprobs is not None
+        for i, ev in gen.events():
+            if ev[0] == "tokens":
+                delta = gen.delta(i, ev)
+                lp = gen.logprobs(i, ev) if want_lp else None
+                if gen.hide_logprobs:
+                    lp = None
+                if len(ev) > 4 and ev[4]:  # its finish comes next: one chunk for both
+                    pending[i] = (delta, lp)
+                elif delta is not None or lp is not None:
+                    self._sse(gen.with_usage(shape.chunk(delta or {}, None, i, lp), i))
+            elif ev[0] == "finish":
+                open_ -= 1
+                delta, lp = pending.pop(i, (None, None))
+                if lp is None and want_lp and not gen.hide_logprobs:
+                    lp = gen.no_logprobs()
+                last = open_ == 0 and not gen.p.include_usage
+                self._sse(gen.with_usage(shape.chunk(delta or {}, ev[1], i, lp, last=last), i))
+            else:
+                if self.server.engine.peer_lost is not None:
+                    peerloss.stream_failed(shape.chat)
+                self._sse(error(ev[1], 500, "InternalServerError"))
+                break
+        if gen.p.include_usage:
+            self._sse(shape.usage_chunk(gen.usage(), gen.metrics()))
+        self._sse(b"[DONE]")
+        self._chunk(b"")
 
 
 class _NotFound(Exception):

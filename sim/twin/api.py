@@ -14,7 +14,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, peerloss, shapes, thinking
+from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, shapes, streaming, thinking
 from sim.twin.engine import Engine
 from sim.twin.errors import NOT_FOUND, error, json_invalid, permission, sanitized
 from sim.twin.generation import Generation, merge_logprobs
@@ -353,31 +353,8 @@ class Handler(BaseHTTPRequestHandler):
             if shape.chat:
                 for i in range(len(gen.reqs)):
                     self._sse(gen.with_usage(shape.first_chat_chunk(i)))
-            if gen.splits is not None:
-                self._stream_split(gen)
-                return
-            open_ = len(gen.reqs)
-            for i, ev in gen.events():
-                if ev[0] == "tokens":
-                    if ev[1] or not shape.chat:
-                        lp = gen.logprobs(i, ev) if gen.p.logprobs is not None else None
-                        self._sse(gen.with_usage(shape.chunk(ev[1], None, i, lp)))
-                    else:
-                        gen.logprobs(i, ev)  # keep the token count of choice i right
-                elif ev[0] == "finish":
-                    open_ -= 1
-                    delta = "" if not shape.chat else {"content": ""}
-                    lp = gen.no_logprobs() if gen.p.logprobs is not None else None
-                    last = open_ == 0 and not gen.p.include_usage
-                    self._sse(gen.with_usage(shape.chunk(delta, ev[1], i, lp, last=last)))
-                else:
-                    if self.server.engine.peer_lost is not None:
-                        peerloss.stream_failed(shape.chat)
-                    self._sse(error(ev[1], 500, "InternalServerError"))
-                    break
-            if gen.p.include_usage:
-                self._sse(shape.usage_chunk(gen.usage(), gen.metrics()))
-            self._sse(b"[DONE]")
+            events = streaming.split if gen.splits is not None else streaming.plain
+            events(gen, self._sse, lambda: self.server.engine.peer_lost is not None)
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             for r in gen.reqs:
@@ -385,44 +362,6 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         finally:
             self.server.open_streams -= 1
-
-    def _stream_split(self, gen: Generation) -> None:
-        """The token and finish chunks of a chat stream split by the reasoning parser.
-
-        As vllm/entrypoints/openai/chat_completion/serving.py streams them: each output's
-        delta from the parser; an output the parser turns into nothing (``</think>`` alone,
-        held-back whitespace) sends no chunk unless it carries logprobs; a request's last
-        tokens ride in its finish chunk (one RequestOutput), whose delta is ``{}`` when
-        they parse to nothing (``DeltaMessage()``)."""
-        shape, open_ = gen.shape, len(gen.reqs)
-        pending: dict[int, tuple[dict[str, Any] | None, Any]] = {}
-        want_lp = gen.p.logprobs is not None
-        for i, ev in gen.events():
-            if ev[0] == "tokens":
-                delta = gen.delta(i, ev)
-                lp = gen.logprobs(i, ev) if want_lp else None
-                if gen.hide_logprobs:
-                    lp = None
-                if len(ev) > 4 and ev[4]:  # its finish comes next: one chunk for both
-                    pending[i] = (delta, lp)
-                elif delta is not None or lp is not None:
-                    self._sse(gen.with_usage(shape.chunk(delta or {}, None, i, lp), i))
-            elif ev[0] == "finish":
-                open_ -= 1
-                delta, lp = pending.pop(i, (None, None))
-                if lp is None and want_lp and not gen.hide_logprobs:
-                    lp = gen.no_logprobs()
-                last = open_ == 0 and not gen.p.include_usage
-                self._sse(gen.with_usage(shape.chunk(delta or {}, ev[1], i, lp, last=last), i))
-            else:
-                if self.server.engine.peer_lost is not None:
-                    peerloss.stream_failed(shape.chat)
-                self._sse(error(ev[1], 500, "InternalServerError"))
-                break
-        if gen.p.include_usage:
-            self._sse(shape.usage_chunk(gen.usage(), gen.metrics()))
-        self._sse(b"[DONE]")
-        self._chunk(b"")
 
 
 class _NotFound(Exception):

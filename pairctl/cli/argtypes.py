@@ -137,6 +137,21 @@ def seconds(
     return parse
 
 
+def whole_seconds(text: str) -> int:
+    """A whole number of seconds, 1 to a week (a deadline handed to another command)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of seconds (at least 1), got '{text}'"
+        )
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 second, got '{text}'")
+    if int(text) > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_SECONDS:g} seconds (a week), got '{text}'"
+        )
+    return int(text)
+
+
 def port_list(count: int) -> Callable[[str], list[int]]:
     """``count`` different TCP ports, comma-separated ('8101,8102'), each 1-65535."""
 
@@ -144,8 +159,9 @@ def port_list(count: int) -> Callable[[str], list[int]]:
         items = [t.strip() for t in text.split(",") if t.strip()]
         out = [port(t) for t in items]
         if len(out) != count or len(set(out)) != count:
+            n = {2: "two", 3: "three"}.get(count, str(count))
             raise argparse.ArgumentTypeError(
-                f"needs {count} different ports 1-65535, comma-separated, got {text!r}"
+                f"needs {n} different ports 1-65535, comma-separated, got {text!r}"
             )
         return out
 

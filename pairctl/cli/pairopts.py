@@ -46,16 +46,6 @@ COMMANDS = (
 ACTIONS = {"image": ("ship",), "model": ("fetch", "verify")}
 
 
-def _whole_seconds(text: str) -> int:
-    if not text.isdigit():
-        raise Bad(f"must be a whole number of seconds (at least 1), got '{text}'")
-    if int(text) < 1:
-        raise Bad(f"must be at least 1 second, got '{text}'")
-    if int(text) > argtypes.MAX_SECONDS:
-        raise Bad(f"must be at most {argtypes.MAX_SECONDS:g} seconds (a week), got '{text}'")
-    return int(text)
-
-
 def _rank(text: str) -> int:
     if text not in ("0", "1"):
         raise Bad(f"must be 0 or 1, got '{text}'")
@@ -114,7 +104,7 @@ OPTIONS: tuple[Opt, ...] = (
         f"backstop on the whole health wait in seconds (default {BOOT_TIMEOUT_S}); each boot "
         "phase has its own limit, longer on a first boot (~10 min), and a stalled phase ends "
         "the boot first. A whole number >= 1",
-        _whole_seconds,
+        argtypes.whole_seconds,
         "S",
     ),
     Opt(("--gate",), "gate", ("up",), "run the quality gate against the endpoint when healthy"),

@@ -287,7 +287,8 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
     ExitCode(
         130,
         "EXIT_INTERRUPTED",
-        "interrupted (Ctrl-C, SIGTERM, SIGHUP); a boot in progress was torn down first",
+        "interrupted (Ctrl-C, SIGTERM, SIGHUP); a boot in progress was torn down first "
+        "(`watch` on SIGTERM, systemd's stop, exits 0)",
         "interrupted",
     ),
 )

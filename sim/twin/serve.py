@@ -28,6 +28,7 @@ from sim.twin.lifecycle import (
 )
 from sim.twin.prompting import PromptEncoder
 from sim.twin.ranks import Link, RendezvousError, join_rendezvous, serve_rendezvous
+from sim.twin.thinking import MODELLED_PARSERS
 from sim.twin.vllm_log import emit
 
 log = logging.getLogger("twin")
@@ -56,6 +57,12 @@ def run(argv: list[str]) -> int:
         log.warning("ignoring unknown flag %s (the twin accepts it; vLLM might not)", flag)
     for key in args.config_unknown:
         log.warning("ignoring unknown key %r in --config %s", key, args.config)
+    if args.reasoning_parser and args.reasoning_parser not in MODELLED_PARSERS:
+        log.warning(
+            "--reasoning-parser %s: the twin models only %s's split; replies are not split",
+            args.reasoning_parser,
+            "/".join(MODELLED_PARSERS),
+        )
     warm = warm_boot()
     log.info(
         "profile %s (%s); TileLang cache %s: %s boot",
@@ -87,7 +94,9 @@ def run(argv: list[str]) -> int:
         (prof.section("boot").get("warm" if warm else "cold") or {}).get("compiling_s", 0.0)
     )
     boot.engine_ready(time.monotonic() - t0, compile_s * faults.slow_boot)
-    return start_server(args, prof, faults, warm, encoder.result() if encoder else None, sock[0])
+    return start_server(
+        args, prof, faults, warm, encoder.result() if encoder else None, sock[0], link
+    )
 
 
 def bind_port(args: ServeArgs) -> socket.socket:
@@ -155,7 +164,6 @@ def _rendezvous(
         sock,
         1 - rank,
         float(dist.get("heartbeat_interval_s", 0.5)),
-        float(dist.get("heartbeat_timeout_s", 10.0)),
         lambda why: _peer_gone(why, peer),
     )
     link.start()
@@ -163,8 +171,8 @@ def _rendezvous(
 
 
 def _peer_gone(why: str, peer: str) -> None:
-    """The other rank's socket closed (or went silent), as vLLM 0.32 reacts (measured; see
-    docs/simulator.md "Peer loss and shutdown"):
+    """The other rank's socket closed (a frozen rank's does not: ranks.py), as vLLM 0.32
+    reacts (measured; see docs/simulator.md "Peer loss and shutdown"):
     - headless rank 1: nothing. Its worker waits on the head's message queue forever; the
       process never exits (vllm/v1/executor/multiproc_executor.py, the headless worker
       loop has no peer check).

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from pairctl.cli import options
+from pairctl.cli import argtypes, options
 from pairctl.contracts import REHEARSE_EXITS, REHEARSE_PASSES_ON, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
@@ -204,7 +204,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=argtypes.seconds(0),
         default=300,
         help="seconds for `up` to become healthy (default 300)",
     )

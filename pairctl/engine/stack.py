@@ -101,6 +101,19 @@ class HookPoint:
     # Substrings the method's source must contain for the overlay's rewrite to be valid
     # (an anchor that moved means the overlay must not apply).
     anchors: tuple[str, ...] = ()
+    # What the overlay does there (mods/dsv4-flash-overlays/dsv4_flash_overlays/hooks.py
+    # ROLES: factory, draft-logits, draft-head-arg, loader, check); "" reads as check.
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class OverlayGap:
+    """An overlay this stack cannot carry at all (``overlays: {NAME: {unavailable, source}}``):
+    the plugin reports ``why`` instead of resolving anything."""
+
+    overlay: str
+    why: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -152,6 +165,7 @@ class Stack:
     components: dict[str, str] = field(default_factory=dict)  # expected versions, by name
     known_bad: tuple[KnownBad, ...] = ()
     tradeoffs: str = ""
+    overlay_gaps: tuple[OverlayGap, ...] = ()
 
     def env_map(self) -> dict[str, str]:
         return {v.name: v.value for v in self.env}
@@ -161,13 +175,23 @@ class Stack:
 
     def hooks_json(self) -> str:
         """The value of HOOKS_ENV: ``{"stack": NAME, "hooks": [{overlay, module, qualname,
-        anchors}, ...]}``, compact, in declaration order."""
-        hooks = [
-            {"overlay": h.overlay, "module": h.module, "qualname": h.qualname,
-             "anchors": list(h.anchors)}
-            for h in self.overlays
-        ]
-        return json.dumps({"stack": self.name, "hooks": hooks}, separators=(",", ":"))
+        anchors[, role]}, ...][, "unavailable": {overlay: why}]}``, compact, in declaration
+        order (role and unavailable only where declared)."""
+        hooks = []
+        for h in self.overlays:
+            entry: dict[str, Any] = {
+                "overlay": h.overlay,
+                "module": h.module,
+                "qualname": h.qualname,
+                "anchors": list(h.anchors),
+            }
+            if h.role:
+                entry["role"] = h.role
+            hooks.append(entry)
+        out: dict[str, Any] = {"stack": self.name, "hooks": hooks}
+        if self.overlay_gaps:
+            out["unavailable"] = {g.overlay: g.why for g in self.overlay_gaps}
+        return json.dumps(out, separators=(",", ":"))
 
 
 def _err(path: str, msg: str) -> ConfigError:
@@ -187,6 +211,36 @@ def _sourced(raw: Any, where: str, path: str) -> str:
     if not isinstance(raw, dict) or not str(raw.get("source") or "").strip():
         raise _err(path, f"{where}: every entry needs a source (a public file, PR or doc)")
     return " ".join(str(raw["source"]).split())
+
+
+def _overlays(raw_overlays: Any, path: str) -> tuple[tuple[HookPoint, ...], tuple[OverlayGap, ...]]:
+    """``overlays:``: each overlay maps to a list of hook points, or to
+    ``{unavailable: why, source: ...}`` when this stack cannot carry it."""
+    overlays = raw_overlays or {}
+    if not isinstance(overlays, dict):
+        raise _err(path, "overlays must map an overlay name to its hook points")
+    hooks: list[HookPoint] = []
+    gaps: list[OverlayGap] = []
+    for overlay, points in overlays.items():
+        if isinstance(points, dict):
+            src = _sourced(points, f"overlays.{overlay}", path)
+            why = " ".join(str(points.get("unavailable") or "").split())
+            if not why or set(points) - {"unavailable", "source"}:
+                raise _err(path, f"overlays.{overlay}: a mapping says unavailable: WHY, source")
+            gaps.append(OverlayGap(str(overlay), why, src))
+            continue
+        for raw in points or []:
+            src = _sourced(raw, f"overlays.{overlay}", path)
+            if not raw.get("module") or not raw.get("qualname"):
+                raise _err(path, f"overlays.{overlay}: each hook point needs module and qualname")
+            role = str(raw.get("role") or "")
+            if role and not _NAME_RE.match(role):
+                raise _err(path, f"overlays.{overlay}: role {role!r} must be a lower-case name")
+            anchors = tuple(str(a) for a in raw.get("anchors") or ())
+            hooks.append(
+                HookPoint(str(overlay), raw["module"], raw["qualname"], src, anchors, role)
+            )
+    return tuple(hooks), tuple(gaps)
 
 
 def parse_stack(data: Any, path: str = "<stack>") -> Stack:
@@ -239,17 +293,7 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
     ]
     if len(markers) != len(data.get("boot_markers") or []):
         raise _err(path, "boot_markers entries need text, phase and source")
-    hooks: list[HookPoint] = []
-    overlays = data.get("overlays") or {}
-    if not isinstance(overlays, dict):
-        raise _err(path, "overlays must map an overlay name to its hook points")
-    for overlay, points in overlays.items():
-        for raw in points or []:
-            src = _sourced(raw, f"overlays.{overlay}", path)
-            if not raw.get("module") or not raw.get("qualname"):
-                raise _err(path, f"overlays.{overlay}: each hook point needs module and qualname")
-            anchors = tuple(str(a) for a in raw.get("anchors") or ())
-            hooks.append(HookPoint(str(overlay), raw["module"], raw["qualname"], src, anchors))
+    hooks, gaps = _overlays(data.get("overlays"), path)
     timeouts = data.get("timeouts") or {}
     if not isinstance(timeouts, dict) or set(timeouts) - TIMEOUT_KEYS:
         raise _err(path, f"timeouts must be a mapping with keys {sorted(TIMEOUT_KEYS)}")
@@ -315,6 +359,7 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
         components={str(k): str(v) for k, v in components.items()},
         known_bad=tuple(known_bad),
         tradeoffs=" ".join(str(data.get("tradeoffs") or "").split()),
+        overlay_gaps=gaps,
     )
 
 

@@ -105,6 +105,25 @@ def test_the_fork_table_is_what_the_fingerprint_records() -> None:
         assert not set(h.anchors) & set(sym.get("anchors_absent", [])), h
 
 
+def test_fidelity_doc_lists_exactly_the_stacks_hook_points() -> None:
+    """docs/FIDELITY.md's hook-point table is every stack's overlays: section, row for row."""
+    doc = (REPO / "docs" / "FIDELITY.md").read_text()
+    section = doc.split("## Overlay hook points, stack by stack", 1)[1].split("\n## ", 1)[0]
+    rows = set()
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0] in stack.names():
+            rows.add((cells[0], cells[1], cells[2].strip("`"), cells[3]))
+    want = set()
+    for name in stack.names():
+        st = stack.load_stack(name)
+        want |= {
+            (name, h.overlay, f"{h.module}:{h.qualname}", h.role or "check") for h in st.overlays
+        }
+        want |= {(name, g.overlay, f"unavailable: {g.why}", "-") for g in st.overlay_gaps}
+    assert rows == want
+
+
 # -------------------------------------------------------- the fork, on its fingerprint tree
 @pytest.fixture
 def fork_tree(tmp_path: Path) -> Path:
@@ -134,7 +153,7 @@ def test_fork_hook_points_resolve_on_the_fork(fork_tree: Path) -> None:
 
 
 def test_upstream_hook_points_never_resolve_on_the_fork(fork_tree: Path) -> None:
-    """Finding 4 of issue 29: the hard-coded 0.33 hook points (today's built-in table) find
+    """The 0.33 hook points the overlays used to hard-code (now the built-in table) find
     nothing to attach to in the seed's engine; each overlay says so in one line."""
     _need_transformers()
     for env in ({}, {hooks.HOOKS_ENV: stack.load_stack("upstream").hooks_json()}):

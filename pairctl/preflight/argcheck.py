@@ -70,8 +70,8 @@ try:
             cli = None
     if cli is None:
         raise ImportError("no vLLM serve parser module among @@PARSER_MODULES@@")
-    make_arg_parser, validate_parsed_serve_args = cli.make_arg_parser, cli.validate_parsed_serve_args
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    validate_parsed_serve_args = cli.validate_parsed_serve_args
+    parser = cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 except Exception as exc:
     out["error"] = "cannot build vLLM's serve parser: %s: %s" % (type(exc).__name__, exc)
 else:

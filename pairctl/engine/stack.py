@@ -36,6 +36,7 @@ TOP_KEYS = {
     "image",
     "interpreter",
     "entrypoint",
+    "paths_source",
     "env",
     "flags",
     "kv_cache_dtype",
@@ -52,7 +53,7 @@ TOP_KEYS = {
 IMAGE_KEYS = {"default", "obtain", "dockerfile", "pull", "source"}
 OBTAIN = ("build", "pull", "rehearsal")
 FLAG_ACTIONS = ("set", "add", "drop")
-TIMEOUT_KEYS = {"engine_ready_s", "first_boot_s"}
+TIMEOUT_KEYS = {"engine_ready_s", "first_boot_s", "source"}
 CONCURRENCY_KEYS = {"max_num_seqs", "requires_patch", "without_patch", "source"}
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -159,6 +160,9 @@ class Stack:
     components: dict[str, str] = field(default_factory=dict)  # expected versions, by name
     known_bad: tuple[KnownBad, ...] = ()
     tradeoffs: str = ""
+    # Where the interpreter and entrypoint paths come from, and the timeouts.
+    paths_source: str = ""
+    timeouts_source: str = ""
     # True: ``boot_markers`` are this vLLM's whole list; False (default): they are added to
     # pairctl.engine.bootlog's vLLM 0.33 needles, a marker with a needle's text replacing it.
     boot_markers_replace: bool = False
@@ -345,6 +349,8 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
         known_bad=tuple(known_bad),
         tradeoffs=" ".join(str(data.get("tradeoffs") or "").split()),
         boot_markers_replace=replace,
+        paths_source=" ".join(str(data.get("paths_source") or "").split()),
+        timeouts_source=" ".join(str(timeouts.get("source") or "").split()),
     )
 
 

@@ -5,13 +5,12 @@ needle in the installed file it names."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 from dotenv import dotenv_values
-
-import json
 
 from pairctl.engine.bootlog import NEEDLES
 from pairctl.engine.stack import Stack, load_stack, names
@@ -158,7 +157,8 @@ def _stack_items(stack: Stack) -> list[tuple[str, str, str]]:
         conc = "no cap, no patch needed"
     rows.append(("concurrency", conc, c.source or "-"))
     for k in stack.known_bad:
-        rows.append((f"known bad `{k.component}`", ", ".join(f"`{v}`" for v in k.versions), k.source))
+        versions = ", ".join(f"`{v}`" for v in k.versions)
+        rows.append((f"known bad `{k.component}`", versions, k.source))
     return rows
 
 

@@ -109,7 +109,9 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
     logs = (proc.stdout + proc.stderr).splitlines()
     ours = [x for x in logs if "dsv4-flash-overlays: incremental-encode-cache" in x]
     # one line, naming the stack and the vLLM version (the second register() logs nothing)
-    assert len(ours) == 1 and "applied (stack upstream, vLLM 0.33." in ours[0], ours
+    assert (
+        len(ours) == 1 and "incremental-encode-cache active (stack upstream, vLLM 0.33." in ours[0]
+    ), ours
     assert any("first real call" in x for x in logs)
 
 
@@ -213,7 +215,7 @@ def test_without_the_variable_the_line_names_the_builtin_table(fresh_register, m
         fresh_register.register()
     lines = [r.getMessage() for r in caplog.records if "incremental-encode-cache" in r.getMessage()]
     assert len(lines) == 1
-    assert "applied (built-in upstream table (DSV4_OVERLAY_HOOKS unset), vLLM 0.33." in lines[0]
+    assert "active (built-in upstream table (DSV4_OVERLAY_HOOKS unset), vLLM 0.33." in lines[0]
 
 
 def test_flag_registry_and_catalogue() -> None:

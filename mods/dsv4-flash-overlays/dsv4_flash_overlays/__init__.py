@@ -67,7 +67,7 @@ def _outcome_line(name: str, table_label: str, version: str, reason: str) -> Non
         )
     else:
         logger.info(
-            "dsv4-flash-overlays: %s applied (%s, vLLM %s, pid %d)",
+            "dsv4-flash-overlays: %s active (%s, vLLM %s, pid %d)",
             name,
             table_label,
             version,

@@ -70,7 +70,7 @@ def usage(prog: str = LAUNCHER, also: Sequence[tuple[str, str]] = ()) -> str:
         " " * len(f"Usage: {prog} ") + "[options] [-- VLLM_ARGS...]",
         f"       {prog} image ship [--build|--pull] [--stage DIR] [options]",
         f"       {prog} model fetch|verify [--checksum] [options]",
-        f"       {prog} fleet plan|up|down|status|prometheus [options]   (--help there)",
+        f"       {prog} fleet plan|up|down|status|prometheus|alert-floors [options]  (--help)",
         "",
         "Run on the rank-0 Spark (SPARK1). One OpenAI endpoint at http://SPARK1:PORT/v1.",
         "",

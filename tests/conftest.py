@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture(autouse=True)
+def _undo_weight_guard():
+    """register() installs the plugin's default-on weight guard on vLLM's loader in the
+    test process; undone after each test, so no test runs under another's patch."""
+    yield
+    guard = sys.modules.get("dsv4_flash_overlays.weight_guard")
+    if guard is not None:
+        guard.remove()
 
 
 # Tests that boot real engines (three Python processes importing torch per rank) or netns

@@ -150,6 +150,12 @@ def test_fork_hook_points_resolve_on_the_fork(fork_tree: Path) -> None:
     }
     assert out["overlays"]["incremental-encode-cache"]["resolvable"] is True
     assert out["overlays"]["incremental-encode-cache"]["enabled"] is False
+    assert out["overlays"]["weight-guard"] == {  # on by default
+        "flag": "VLLM_DSV4_WEIGHT_GUARD",
+        "enabled": True,
+        "resolvable": True,
+        "reason": None,
+    }
 
 
 def test_upstream_hook_points_never_resolve_on_the_fork(fork_tree: Path) -> None:
@@ -275,7 +281,8 @@ def test_the_fork_table_does_not_resolve_in_vllm_033_and_says_where() -> None:
 
 @pytest.mark.needs_engine
 def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
-    """The rehearsal's engine: the tokenizer cache resolves, the fp8 head says why not."""
+    """The rehearsal's engine: the tokenizer cache and the weight guard resolve, the fp8
+    head says why not."""
     proc, out = run_check(
         {
             hooks.HOOKS_ENV: stack.load_stack("cpu").hooks_json(),
@@ -293,3 +300,9 @@ def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
     }
     fp8 = out["overlays"]["fp8-draft-head"]
     assert fp8["resolvable"] is False and fp8["reason"].startswith("stack cpu: the CPU engine")
+    assert out["overlays"]["weight-guard"] == {
+        "flag": "VLLM_DSV4_WEIGHT_GUARD",
+        "enabled": True,
+        "resolvable": True,
+        "reason": None,
+    }

@@ -100,7 +100,12 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
     # Found through the static dist-info on PYTHONPATH, once (no duplicate entry point).
     assert Path(out["dist_path"]) == DIST_INFO
     assert out["ours"] == ["dsv4_flash_overlays:register"]
-    assert out["off_applied"] == {"incremental-encode-cache": False, "fp8-draft-head": False}
+    # the weight guard is on by default: it is applied too (tests/test_weight_guard.py)
+    assert out["off_applied"] == {
+        "incremental-encode-cache": False,
+        "fp8-draft-head": False,
+        "weight-guard": True,
+    }
     assert out["off_hook_imported"] is False
     assert out["on_applied"]["incremental-encode-cache"] is True
     assert out["patched"] and out["idempotent"]
@@ -140,13 +145,18 @@ def _from_pretrained():
 
 
 @pytest.mark.needs_vllm
-def test_flag_off_changes_nothing(fresh_register) -> None:
+def test_flag_off_changes_nothing(fresh_register, monkeypatch) -> None:
     import vllm.tokenizers.deepseek_v4 as dsv4
     import vllm.tokenizers.hf as hf
 
+    monkeypatch.setenv("VLLM_DSV4_WEIGHT_GUARD", "0")  # the one overlay on by default
     before = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
     fresh_register.register()
-    assert fresh_register.applied() == {"incremental-encode-cache": False, "fp8-draft-head": False}
+    assert fresh_register.applied() == {
+        "incremental-encode-cache": False,
+        "fp8-draft-head": False,
+        "weight-guard": False,
+    }
     after = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
     assert all(a is b for a, b in zip(before, after, strict=True))
 
@@ -235,6 +245,19 @@ def test_flag_registry_and_catalogue() -> None:
         "VLLM_INCREMENTAL_ENCODE_CACHE",
         "VLLM_INCREMENTAL_ENCODE_VERIFY_RATE",
     ]
+
+
+def test_the_weight_guard_is_on_unless_set_to_0() -> None:
+    """Its default is 1: unset, empty or an invalid value (warned about) mean on."""
+    g = "VLLM_DSV4_WEIGHT_GUARD"
+    assert [f.default for f in flags.FLAGS if f.name == g] == ["1"]
+    assert flags.flag_enabled(g, {}) and flags.flag_enabled(g, {g: ""})
+    assert flags.flag_enabled(g, {g: "1"}) and not flags.flag_enabled(g, {g: "0"})
+    assert flags.flag_enabled(g, {g: "off"}) and flags.invalid_flags({g: "off"}) == [g]
+    assert not flags.flag_enabled(g, {flags.KILL_SWITCH: "1"})
+    # an invalid value of a default-off flag stays off, as before
+    fp8 = "VLLM_DSPARK_FP8_DRAFT_HEAD"
+    assert not flags.flag_enabled(fp8, {fp8: "on"})
 
 
 def test_static_dist_info_matches_pyproject() -> None:

@@ -50,6 +50,7 @@ def test_seed_tuned_values_present() -> None:
     assert e["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "600"
     assert e["VLLM_INCREMENTAL_ENCODE_CACHE"] == "1"
     assert e["VLLM_DSPARK_FP8_DRAFT_HEAD"] == "1"
+    assert e["VLLM_DSV4_WEIGHT_GUARD"] == "1"
     assert e["TILELANG_CACHE_DIR"] == "${TILELANG_CACHE_DIR}"
     assert "VLLM_DSV4_B12X_COMPRESSED_MLA" not in e
 
@@ -62,6 +63,7 @@ def test_each_tuned_value_is_commented_with_what_it_bought() -> None:
         ("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "300 s"),
         ("VLLM_INCREMENTAL_ENCODE_CACHE", "0.92 s -> 0.47 s"),
         ("VLLM_DSPARK_FP8_DRAFT_HEAD", "+3-5%"),
+        ("VLLM_DSV4_WEIGHT_GUARD", "60% -> 26%"),
         ("TILELANG_CACHE_DIR", "6-10 s"),
     ):
         idx = text.index(f"  {key}:")

@@ -42,10 +42,20 @@ def tiny_model() -> Path:
 class RealServer:
     """`vllm serve` in its own process group, so stop() ends its engine and workers too."""
 
-    def __init__(self, port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        port: int,
+        log_path: Path,
+        *,
+        model: Path | None = None,
+        flags: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """The tiny model with SERVE_FLAGS unless ``model``/``flags`` say otherwise;
+        ``env`` is added last (the overlays' flags, DSV4_OVERLAY_HOOKS)."""
         self.port, self.log_path = port, log_path
-        env = dict(os.environ)
-        env.update(
+        full_env = dict(os.environ)
+        full_env.update(
             TORCH_COMPILE_DISABLE="1",
             VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_HOST_IP="127.0.0.1",
@@ -53,11 +63,13 @@ class RealServer:
             VLLM_NO_USAGE_STATS="1",
             PYTHONPATH=str(REPO / "mods" / "dsv4-flash-overlays"),
         )
-        argv = [str(ENGINE_PY.parent / "vllm"), "serve", str(tiny_model()), *SERVE_FLAGS]
+        full_env.update(env or {})
+        served = str(model or tiny_model())
+        argv = [str(ENGINE_PY.parent / "vllm"), "serve", served, *(flags or SERVE_FLAGS)]
         argv += ["--host", "127.0.0.1", "--port", str(port)]
         self._fh = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            argv, stdout=self._fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            argv, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
         )
 
     @property
@@ -76,6 +88,21 @@ class RealServer:
                 pass
             time.sleep(1)
         raise AssertionError(f"vllm not up in {timeout} s:\n{self.log()[-3000:]}")
+
+    def wait_exit(self, timeout: float = SERVER_BOOT_LIMIT_S) -> int:
+        """For a boot that must fail: its exit code; AssertionError if it served or hung."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            rc = self.proc.poll()
+            if rc is not None:
+                return rc
+            try:
+                if requests.get(self.base + "/health", timeout=2).status_code == 200:
+                    raise AssertionError(f"vllm came up:\n{self.log()[-3000:]}")
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"vllm neither up nor exited in {timeout} s:\n{self.log()[-3000:]}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

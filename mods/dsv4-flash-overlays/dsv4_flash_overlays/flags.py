@@ -2,7 +2,9 @@
 
 Every variable the plugin reads is listed in ``FLAGS`` (default, meaning, validation);
 every patch in ``OVERLAYS`` (why, how, upstream, removal plan). The README's tables are
-written from these two.
+written from these two. An overlay flag whose default is ``1`` is on unless set to ``0``
+(the weight guard: it changes nothing on a load that filled every parameter); the
+others are off unless set to ``1``.
 
 Our flags are not part of vLLM's torch.compile cache key: when A/B-testing a flag that
 changes the model graph, use ``VLLM_DISABLE_COMPILE_CACHE=1`` or a separate
@@ -93,6 +95,13 @@ FLAGS: tuple[Flag, ...] = (
         "1 = DSpark draft logits from an fp8 copy of the local lm_head shard",
         _is_01,
     ),
+    Flag(
+        "VLLM_DSV4_WEIGHT_GUARD",
+        "1",
+        "1 = refuse to serve when a parameter of the model or of the speculative draft was "
+        "not filled from the checkpoint (0 = serve anyway)",
+        _is_01,
+    ),
 )
 
 OVERLAYS: tuple[Overlay, ...] = (
@@ -115,15 +124,37 @@ OVERLAYS: tuple[Overlay, ...] = (
         upstream="vllm-project/vllm#47584 (PR)",
         removal="drop if upstream DSpark gains a low-precision draft head",
     ),
+    Overlay(
+        name="weight-guard",
+        flag="VLLM_DSV4_WEIGHT_GUARD",
+        module="weight_guard",
+        why="a loader that drops checkpoint tensors serves anyway: on the 0731 checkpoint "
+        "the DSpark draft's shared experts stayed unfilled, decode halved, output unchanged "
+        "(tonyd2wild's Patch 4); vLLM checks only unquantized models, and there only "
+        "parameters of layers without a quant method",
+        how="wraps DefaultModelLoader.load_weights: the names model.load_weights reports "
+        "loaded are compared with the model's parameters (vLLM's quantized-model exemptions; "
+        "a draft's embed_tokens/lm_head may be the target's, re-checked after the draft "
+        "loader); any other unfilled parameter fails the boot, naming it",
+        upstream="vllm-project/vllm#57108 (the quantized-model check behind "
+        "enable_weights_track), #41086 (enable_weights_track)",
+        removal="drop once vLLM checks every load by default, quantized models and drafts included",
+    ),
 )
 
 
 def flag_enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """True only for the exact value ``1``; anything else (unset, 0, true) is off."""
+    """On for the exact value ``1``, off for ``0``. Unset, empty or invalid (true, yes)
+    means the flag's default (register() warns about an invalid one): off for every
+    overlay but the weight guard. The kill switch wins."""
     env = os.environ if environ is None else environ
     if env.get(KILL_SWITCH, "") == "1":
         return False
-    return env.get(name, "") == "1"
+    value = env.get(name, "")
+    flag = next((f for f in FLAGS if f.name == name), None)
+    if flag is not None and (value == "" or not flag.valid(value)):
+        value = flag.default
+    return value == "1"
 
 
 def invalid_flags(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -37,22 +37,32 @@ BUILTIN_STACK = "upstream"
 #   draft-logits    ``(self, hidden_states) -> logits``, replaced by the fp8 draft head
 #   draft-head-arg  a draft function taking the head as ``lm_head``: wrapped, and called
 #                   with the fp8 stand-in in its place
-#   loader          wrapped: after it returns, the fp8 copy is built (before capture)
+#   loader          the speculative draft's loader, wrapped: after it returns, the overlay
+#                   acts on the loaded draft (fp8 head: builds its copy before capture;
+#                   weight guard: re-checks the parameters left to the target's aliases)
+#   weights         ``load_weights(self, model, model_config)`` of the checkpoint loader,
+#                   wrapped: what ``model.load_weights`` reports loaded is compared with
+#                   the model's parameters
+#   exempt          a quant-method class: parameters of a module using it need not come
+#                   from the checkpoint (vLLM's KV-cache scales)
 #   check           not patched: its anchors must hold for the rewrite to be valid
-ROLES = ("factory", "draft-logits", "draft-head-arg", "loader", "check")
+ROLES = ("factory", "draft-logits", "draft-head-arg", "loader", "weights", "exempt", "check")
 # Per overlay: the roles it may use, and groups of which exactly one hook must be given.
 ALLOWED: dict[str, frozenset[str]] = {
     "incremental-encode-cache": frozenset({"factory", "check"}),
     "fp8-draft-head": frozenset({"draft-logits", "draft-head-arg", "loader", "check"}),
+    "weight-guard": frozenset({"weights", "loader", "exempt", "check"}),
 }
 REQUIRED: dict[str, tuple[frozenset[str], ...]] = {
     "incremental-encode-cache": (frozenset({"factory"}),),
     "fp8-draft-head": (frozenset({"draft-logits", "draft-head-arg"}),),
+    "weight-guard": (frozenset({"weights"}),),
 }
 # Parameters a role's function must take (the rewrite passes or replaces them by name).
 ROLE_PARAMS: dict[str, tuple[str, ...]] = {
     "draft-logits": ("self", "hidden_states"),
     "draft-head-arg": ("lm_head", "logits_processor"),
+    "weights": ("self", "model", "model_config"),
 }
 
 
@@ -75,9 +85,12 @@ _T = "vllm.tokenizers.deepseek_v4"
 _D = "vllm.models.deepseek_v4.nvidia.dspark"
 _L = "vllm.model_executor.layers.logits_processor"
 _S = "vllm.v1.worker.gpu.spec_decode.dspark.speculator"
+_W = "vllm.model_executor.model_loader.default_loader"
 # Upstream's hook points (vLLM 0.33 ``vllm/tokenizers/deepseek_v4.py``,
 # ``vllm/models/deepseek_v4/nvidia/dspark.py``, ``vllm/model_executor/layers/
-# logits_processor.py``, ``vllm/v1/worker/gpu/spec_decode/dspark/speculator.py``).
+# logits_processor.py``, ``vllm/v1/worker/gpu/spec_decode/dspark/speculator.py`` and
+# ``utils.py``, ``vllm/model_executor/model_loader/default_loader.py``,
+# ``vllm/model_executor/layers/quantization/kv_cache.py``).
 # tests/test_overlay_hooks.py keeps this equal to recipes/stacks/upstream.yaml.
 BUILTIN: tuple[Hook, ...] = (
     Hook(
@@ -135,6 +148,33 @@ BUILTIN: tuple[Hook, ...] = (
         ("self.model.compute_draft_logits(",),
     ),
     Hook("fp8-draft-head", _S, "DSparkSpeculator.load_draft_model", "loader"),
+    Hook(
+        "weight-guard",
+        _W,
+        "DefaultModelLoader.load_weights",
+        "weights",
+        ("model.load_weights(self.get_all_weights(",),
+    ),
+    Hook(
+        "weight-guard",
+        "vllm.model_executor.layers.quantization.kv_cache",
+        "BaseKVCacheMethod",
+        "exempt",
+    ),
+    Hook(
+        "weight-guard",
+        _S,
+        "DSparkSpeculator.load_draft_model",
+        "loader",
+        ("load_dspark_model(",),
+    ),
+    Hook(
+        "weight-guard",
+        "vllm.v1.worker.gpu.spec_decode.dspark.utils",
+        "load_dspark_model",
+        "check",
+        ("draft_model.lm_head = target_lm_head",),
+    ),
 )
 
 
@@ -241,6 +281,8 @@ def resolve_hook(hook: Hook) -> Target:
     func = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
     if hook.role == "factory" and not isinstance(raw, classmethod):
         raise HookError("is not a classmethod")
+    if hook.role == "exempt" and not isinstance(raw, type):
+        raise HookError("is not a class")
     if hook.role in ROLE_PARAMS:
         try:
             params = inspect.signature(func).parameters

@@ -93,6 +93,8 @@ def test_flag_off_leaves_vllm_untouched(vllm_mods, monkeypatch):
         vllm_mods.spec.DSparkSpeculator.load_draft_model,
     )
     monkeypatch.delenv("VLLM_DSPARK_FP8_DRAFT_HEAD", raising=False)
+    # the weight guard (on by default) wraps the same loader: off, so only fp8's flag counts
+    monkeypatch.setenv("VLLM_DSV4_WEIGHT_GUARD", "0")
     monkeypatch.setattr(plugin, "_APPLIED", {})
     plugin.register()
     assert plugin.applied()["fp8-draft-head"] is False

@@ -213,6 +213,22 @@ def test_an_inherited_loader_is_checked_in_the_base_class(tmp_path: Path) -> Non
     assert "DSparkProposer.load_model (loader)" in reason and "_maybe_share_lm_head" in reason
 
 
+def test_a_loader_that_no_longer_hands_over_what_it_loaded_disables_the_guard(
+    tmp_path: Path,
+) -> None:
+    """The guard reads what model.load_weights returns inside the checkpoint loader: a
+    loader that stopped calling it that way must not be guarded on a wrong premise."""
+    _need_transformers()
+    tree = _mutated_tree(tmp_path, "DefaultModelLoader.load_weights", anchors_present=[])
+    _, out = run_check({hooks.HOOKS_ENV: stack.load_stack("fork").hooks_json()}, [tree])
+    assert out["overlays"]["weight-guard"]["reason"] == (
+        "stack fork: hook vllm.model_executor.model_loader.default_loader:"
+        "DefaultModelLoader.load_weights (weights): does not contain "
+        "'model.load_weights(self.get_all_weights('"
+    )
+    assert out["overlays"]["fp8-draft-head"]["resolvable"] is True
+
+
 # ------------------------------------------------------------------ the table and the check
 def test_a_table_that_is_not_json_is_reported_for_every_overlay() -> None:
     table = hooks.load_table({hooks.HOOKS_ENV: "{not json"})

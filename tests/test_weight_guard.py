@@ -226,6 +226,21 @@ def test_a_model_that_reports_nothing_is_let_through_with_a_warning(loader, guar
     ]
 
 
+def test_a_bug_in_the_check_itself_never_fails_a_boot(loader, guard, monkeypatch, caplog):
+    from dsv4_flash_overlays import weight_check
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(weight_check, "exemptions", broken)
+    with caplog.at_level(logging.WARNING, logger="dsv4_flash_overlays"):
+        T.load(loader(), T.TinyDSparkDraftGap(), T.draft_checkpoint(), T.model_config("draft"))
+    assert _lines(caplog) == [
+        "weight guard: draft TinyDSparkDraftGap not checked: the check failed (RuntimeError: "
+        f"boom) (pid {_pid()})"
+    ]
+
+
 def test_the_recorder_leaves_the_model_as_it_was(loader, guard) -> None:
     model = T.TinyTarget()
     T.load(loader(), model, T.target_checkpoint(), T.model_config("generate"))
@@ -271,3 +286,27 @@ def test_off_leaves_the_loader_untouched(fresh, monkeypatch, env) -> None:
     fresh.register()
     assert fresh.applied()["weight-guard"] is False
     assert _load_weights() is before
+
+
+def test_beside_the_fp8_head_on_one_loader_removal_leaves_vllm_as_it_was(monkeypatch) -> None:
+    """Both overlays wrap DSparkSpeculator.load_draft_model (fp8 first, as register()
+    applies them); whichever is removed first, none of the two is left behind."""
+    from dsv4_flash_overlays import dspark_nvidia as D
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+
+    original = DSparkSpeculator.__dict__["load_draft_model"]
+    monkeypatch.setattr(D, "device_reason", lambda device=None: None)
+    table = hooks.parse_table(load_stack("upstream").hooks_json())
+    try:
+        assert D.apply(hooks.resolve("fp8-draft-head", table))
+        assert weight_guard.apply(hooks.resolve("weight-guard", table))
+        both = DSparkSpeculator.__dict__["load_draft_model"]
+        assert both.__wrapped__.__wrapped__ is original
+        assert weight_guard.apply(hooks.resolve("weight-guard", table))  # idempotent
+        assert DSparkSpeculator.__dict__["load_draft_model"] is both
+        D.remove()  # puts the original back under the guard's wrapper
+        weight_guard.remove()  # must not put the fp8 wrapper back
+        assert DSparkSpeculator.__dict__["load_draft_model"] is original
+    finally:
+        D.remove()
+        weight_guard.remove()

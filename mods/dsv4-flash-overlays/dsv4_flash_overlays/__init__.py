@@ -1,12 +1,14 @@
 """vLLM general plugin: env-gated overlays for DeepSeek-V4-Flash + DSpark.
 
 vLLM calls ``register()`` once in every process (API server, engine core, each worker,
-the headless rank-1 node too). Each overlay is off unless its env flag is ``1``
-(see ``flags.py``); ``DSV4_OVERLAYS_DISABLE=1`` turns all of them off. Where an overlay
+the headless rank-1 node too). Each overlay is off unless its env flag is ``1``, but the
+weight guard, which is on unless its flag is ``0`` (see ``flags.py``);
+``DSV4_OVERLAYS_DISABLE=1`` turns all of them off. Where an overlay
 attaches depends on the engine stack (the seed's vLLM 0.21 fork, upstream, the CPU
 build): ``hooks.py`` resolves the stack's hook points from ``DSV4_OVERLAY_HOOKS``. Each
 enabled overlay logs one line, applied or not, naming the stack and the vLLM version; one
-that cannot apply leaves vLLM untouched, so a plugin problem never breaks a boot.
+that cannot apply leaves vLLM untouched, so a plugin problem never breaks a boot (the
+weight guard fails one on purpose, and only for a parameter the checkpoint did not fill).
 Overlay modules are imported lazily, only when their flag is on.
 """
 

@@ -48,7 +48,8 @@ PATCH_MARK = "_dsv4_weight_guard_patch"
 # On a draft, until its loader returns: (checkpoint, {name: weakref to the unfilled param}).
 DEFERRED_ATTR = "_dsv4_weight_guard_deferred"
 
-_installed: list[tuple[Any, str, bool, Any]] = []  # (owner, attr, had_own, previous raw)
+# (owner, attr, had_own, previous raw, our wrapper)
+_installed: list[tuple[Any, str, bool, Any, Any]] = []
 _lock = threading.Lock()
 
 
@@ -203,16 +204,20 @@ def apply(res: hooks.Resolution | None = None) -> hooks.Applied:
             else:
                 wrapper = _loader_patch(t.func)
             setattr(wrapper, PATCH_MARK, True)
-            _installed.append((t.owner, t.attr, t.attr in vars(t.owner), t.raw))
+            _installed.append((t.owner, t.attr, t.attr in vars(t.owner), t.raw, wrapper))
             setattr(t.owner, t.attr, wrapper)
         return hooks.Applied()
 
 
 def remove() -> None:
-    """Undo ``apply`` (tests; also a manual off switch in a live process)."""
+    """Undo ``apply`` (tests; also a manual off switch in a live process). A hook point
+    someone else has re-patched or restored since (the fp8 head wraps the same DSpark
+    loader) is left as it is: putting our ``raw`` back would resurrect their old patch."""
     with _lock:
         while _installed:
-            owner, attr, had_own, raw = _installed.pop()
+            owner, attr, had_own, raw, wrapper = _installed.pop()
+            if vars(owner).get(attr) is not wrapper:
+                continue
             if had_own:
                 setattr(owner, attr, raw)
             else:

@@ -110,7 +110,8 @@ class HookPoint:
     # (an anchor that moved means the overlay must not apply).
     anchors: tuple[str, ...] = ()
     # What the overlay does there (mods/dsv4-flash-overlays/dsv4_flash_overlays/hooks.py
-    # ROLES: factory, draft-logits, draft-head-arg, loader, check); "" reads as check.
+    # ROLES: factory, draft-logits, draft-head-arg, loader, weights, exempt, check); ""
+    # reads as check.
     role: str = ""
 
 

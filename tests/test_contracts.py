@@ -272,11 +272,27 @@ def test_watchs_defaults_are_the_contracts() -> None:
         c.WATCH_BACKOFF_MAX_S,
     )
     assert monitors.MonitorConfig().canary_every_s == c.CANARY_EVERY_S
-    assert monitors.MonitorConfig().window_s == c.ACCEPTANCE_WINDOW_S
+    assert monitors.MonitorConfig().probe_every_s == c.PROBE_EVERY_S
 
 
-def test_watch_start_line_shows_the_acceptance_window(monkeypatch) -> None:
-    """The start line says the window in seconds (it once printed the format literal)."""
+def test_the_probes_margins_and_repeats_are_the_contracts() -> None:
+    from pairctl.sentinel import judgement, record
+
+    c = contracts
+    assert judgement.Margins() == judgement.Margins(
+        c.PROBE_ABSOLUTE_MARGIN, c.PROBE_RELATIVE_MARGIN
+    )
+    a = record.parse_args(["--url", "http://127.0.0.1:9", "--out", "/tmp/x.json"])
+    assert (a.repeats, a.absolute_margin, a.relative_margin) == (
+        c.PROBE_REPEATS,
+        c.PROBE_ABSOLUTE_MARGIN,
+        c.PROBE_RELATIVE_MARGIN,
+    )
+
+
+def test_watch_start_line_shows_the_probe_schedule(monkeypatch) -> None:
+    """The start line says the probe's period in seconds (it once printed the format
+    literal)."""
     from types import SimpleNamespace
 
     from pairctl.cli import ops
@@ -286,8 +302,8 @@ def test_watch_start_line_shows_the_acceptance_window(monkeypatch) -> None:
     monkeypatch.setattr(ops, "NodeWatch", lambda *a: None)
     monkeypatch.setattr(ops.watch, "serve", lambda dog, what: seen.append(what) or 0)
     pair = SimpleNamespace(pair_id="p", endpoint="http://127.0.0.1:9", api_key="", cfg={})
-    a = frontdoor.Args(cmd="watch", acceptance_window=321.0, canary_every=0.0)
+    a = frontdoor.Args(cmd="watch", probe_every=321.0, canary_every=0.0)
     assert ops.watchdog(a, pair, lambda: 0) == 0
     (what,) = seen
-    assert "Acceptance sentinel over 321 s windows" in what, what
+    assert "Acceptance probe every 321 s" in what, what
     assert "{" not in what and "output canary off" in what

@@ -389,44 +389,6 @@ def test_the_real_ranks_talk_over_the_fabric_only(served):
     ), engine
 
 
-def test_the_acceptance_sentinel_on_real_ngram_drafts_does_not_fire_on_a_mix_change(served):
-    """The sentinel's statistic on the real engine's counters: a band recorded from two
-    kinds of traffic (a counting loop, prose), then a window mixing them. The mix moves the
-    mean acceptance length, not the shape the sentinel judges, so nothing fires. (The
-    collapse it must catch, later positions falling while output stays right, cannot be
-    produced with ngram drafts; tests/test_sentinel_twin.py injects it in the simulator.)"""
-    from pairctl.sentinel.acceptance import counters_of, judge, shape
-    from pairctl.sentinel.baseline import band_from, observation
-    from pairctl.status.metrics import parse
-
-    loop = [f"{i} " + "one two three four " * 30 for i in range(4)]
-    prose = [f"Tell me, in plain words, about harbour number {i} at dawn." for i in range(4)]
-
-    def window(prompts: list[str]):
-        before = counters_of(parse(served.metrics()))
-        t0 = time.monotonic()
-        for text in prompts:
-            served.complete(text, 96)
-        after = counters_of(parse(served.metrics()))
-        assert before is not None and after is not None, "no spec-decode counters"
-        return before, after, time.monotonic() - t0
-
-    observations = []
-    for prompts in (loop, prose):
-        before, after, secs = window(prompts)
-        sh = shape(after.minus(before))
-        assert sh.drafts > 0 and len(sh.per_pos) == 5, sh
-        observations.append(observation("live", sh, secs))
-    band = band_from(observations, positions=5, min_drafts=50, min_trials=20)
-    before, after, _ = window([x for pair in zip(loop, prose, strict=True) for x in pair])
-    reading = judge(before, after, band, "mixed window")
-    print(
-        f"\nsentinel on real ngram drafts: band R >= {band.depth_ratio_floor}, mixed R "
-        f"{reading.depth_ratio}, mean length {reading.mean_length}: {reading.state}"
-    )
-    assert reading.state == "ok" and not reading.event, reading.detail
-
-
 def test_down_leaves_no_process_no_container_and_no_shm_segment(served):
     """Last: `down` (docker rm -f of both ranks, i.e. SIGKILL of the engines). The ranks'
     private /dev/shm goes with them: no new segment appears in the machine's /dev/shm."""

@@ -129,10 +129,17 @@ def phase_table_md() -> str:
 
 # The boot-phase poll of `up` (docker inspect + log tail per rank, then /health).
 BOOT_POLL_S = 2.0
-# watch's output canary and acceptance sentinel (pairctl/sentinel): seconds between canary
-# runs (5 short greedy answers: seconds of load an hour) and the sentinel's window.
+# watch's output canary and acceptance probe (pairctl/sentinel): seconds between canary
+# runs (5 short greedy answers: seconds of load an hour) and between probe rounds (3
+# greedy prompts of 256 tokens, asked only while the pair is idle: ~15 s of decode a round).
 CANARY_EVERY_S = 15 * 60
-ACCEPTANCE_WINDOW_S = 10 * 60
+PROBE_EVERY_S = 15 * 60
+# The probe's record: each prompt read PROBE_REPEATS times on a pair known to be good; a
+# reading FAULTs below mean - spread - max(PROBE_ABSOLUTE_MARGIN, PROBE_RELATIVE_MARGIN x
+# mean) at any draft position (pairctl/sentinel/judgement.py says what that catches).
+PROBE_REPEATS = 3
+PROBE_ABSOLUTE_MARGIN = 0.10
+PROBE_RELATIVE_MARGIN = 0.25
 
 # watch (pairctl.status.watch): one 1-token completion every WATCH_INTERVAL_S, each allowed
 # WATCH_PROBE_TIMEOUT_S (queueing included); WATCH_FAILURES failed probes in a row restart
@@ -256,8 +263,9 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
     ExitCode(
         6,
         "EXIT_GATE",
-        "the post-`up` quality gate (`--gate`) failed (endpoint left running)",
-        "quality gate failed",
+        "the post-`up` quality gate (`--gate`) failed, or the acceptance probe after it "
+        "fell below its record (endpoint left running)",
+        "quality gate or acceptance probe failed",
     ),
     ExitCode(
         7,

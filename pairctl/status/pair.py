@@ -111,9 +111,10 @@ class PairStatus:
     # Why the engine did not generate a token though /health answers ("" = it generates, or
     # the endpoint was not healthy enough to ask): see ``engine_generates``.
     engine_error: str = ""
-    # The acceptance sentinel's reading and what `watch` recorded (sentinel + output canary),
-    # and their events, one line each (pairctl.sentinel; docs/INTERFACES.md). Events do not
-    # change the verdict or the exit code.
+    # The acceptance probe's last round and the output canary's last run, as `watch`
+    # recorded them, and their events, one line each (pairctl.sentinel; docs/INTERFACES.md).
+    # Live acceptance is `serving`'s display only. Events do not change the verdict or the
+    # exit code.
     acceptance: dict[str, Any] | None = None
     watch_record: dict[str, Any] | None = None
     events: list[str] = field(default_factory=list)
@@ -298,8 +299,7 @@ def collect(
     if memory.reasons(readings):  # a node about to wedge is not a healthy pair
         reasons += memory.reasons(readings)
         name = DEGRADED if name == HEALTHY else name
-    window = f"last {serving.window_s:.1f} s" if serving and serving.window_s else "since start"
-    extras = status_extras(pair, prev and prev.scrape, last and last.scrape, window)
+    extras = status_extras(pair)
     status = PairStatus(
         schema_version=SCHEMA_VERSION,
         pair_id=pair.pair_id,

@@ -42,7 +42,11 @@ def tiny_model() -> Path:
 class RealServer:
     """`vllm serve` in its own process group, so stop() ends its engine and workers too."""
 
-    def __init__(self, port: int, log_path: Path) -> None:
+    def __init__(
+        self, port: int, log_path: Path, spec: str = SPEC, extra: tuple[str, ...] = ()
+    ) -> None:
+        """``spec``: the --speculative-config (default the recorded snapshot's ngram one);
+        ``extra``: more `vllm serve` flags."""
         self.port, self.log_path = port, log_path
         env = dict(os.environ)
         env.update(
@@ -53,7 +57,8 @@ class RealServer:
             VLLM_NO_USAGE_STATS="1",
             PYTHONPATH=str(REPO / "mods" / "dsv4-flash-overlays"),
         )
-        argv = [str(ENGINE_PY.parent / "vllm"), "serve", str(tiny_model()), *SERVE_FLAGS]
+        flags = [*SERVE_FLAGS[:-1], spec, *extra]  # SERVE_FLAGS ends with the spec config
+        argv = [str(ENGINE_PY.parent / "vllm"), "serve", str(tiny_model()), *flags]
         argv += ["--host", "127.0.0.1", "--port", str(port)]
         self._fh = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

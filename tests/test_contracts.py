@@ -252,6 +252,12 @@ def test_docs_state_watchs_defaults_as_the_contract() -> None:
         f"`--backoff` seconds (default {c.WATCH_BACKOFF_S:g}, doubling up to "
         f"{c.WATCH_BACKOFF_MAX_S:g} s)" in text
     )
+    assert f"`--probe-every S` (default {c.PROBE_EVERY_S};" in text
+    assert (
+        f"`mean - spread - max({c.PROBE_ABSOLUTE_MARGIN:.2f}, {c.PROBE_RELATIVE_MARGIN:g} x mean)`"
+        in text
+    )
+    assert f"`--repeats` times (default {c.PROBE_REPEATS})" in text
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (
         f"one token every {c.WATCH_INTERVAL_S:g} s and, after {c.WATCH_FAILURES} failures" in readme

@@ -369,3 +369,21 @@ def test_steps_follow_the_marginals() -> None:
     drafts, a = from_histogram(hist(js))
     assert [x / drafts for x in a] == pytest.approx(cum(SHAPES["steep"]), abs=0.01)
     assert len(a) == K
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ([], "name the pair with --env-file FILE, or an endpoint with --url URL"),
+        (["--url", "http://127.0.0.1:9"], "with --url, say where the record goes: --out FILE"),
+        (["--env-file", "x.env", "--stack", "cpu"], "--stack and --revision go with --url"),
+        (["--url", "h:1", "--out", "/tmp/r.json", "--relative-margin", "1"], "below 1"),
+        (["--url", "h:1", "--out", "/tmp/r.json", "--repeats", "1"], "--repeats"),
+    ],
+)
+def test_record_refuses_a_command_line_it_cannot_keep(argv, says, capsys) -> None:
+    from pairctl.sentinel import record
+
+    with pytest.raises(SystemExit) as exc:
+        record.parse_args(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err

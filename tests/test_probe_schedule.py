@@ -162,9 +162,11 @@ def probefile_scrape_without_spec():
 def test_an_error_is_an_event_and_a_raising_probe_too(tmp_path: Path) -> None:
     server = FakeServer(healthy())
     rig = Rig(tmp_path, server)
-    server.ask = lambda p: "POST /v1/chat/completions: HTTP 500: boom"  # type: ignore[method-assign]
+    asked = []
+    server.ask = lambda p: asked.append(p.name) or "POST /v1/chat/completions: HTTP 500: boom"  # type: ignore[method-assign]
     rig.at(0)
     assert rig.lines[0].startswith("ACCEPTANCE PROBE ERROR (no restart): prose not read (error)")
+    assert asked == ["prose"]  # the round ends at the first failed request
     rig2 = Rig(tmp_path, server, record=lambda: (_ for _ in ()).throw(OSError("disk gone")))
     rig2.at(0)
     assert rig2.lines[0].startswith("ACCEPTANCE PROBE ERROR (no restart): the probe could not")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pairctl.contracts import WATCH_PROBE_TIMEOUT_S
 from pairctl.endpoint import Endpoint, cause
 from pairctl.sentinel.probe import (
     ERROR,
@@ -27,7 +28,11 @@ from pairctl.sentinel.probe import (
 from pairctl.status.metrics import Scrape, fetch, parse
 
 CHAT_PATH = "/v1/chat/completions"
-PROMPT_TIMEOUT_S = 300.0
+# One probe reply (256 tokens): ~5 s on a healthy Spark pair, twice that with a broken
+# draft, ~15 s on the loaded CPU rehearsal; longer is an ERROR (an event, and the round
+# ends there), the same limit as watch's token probe, so a hung engine holds the
+# watchdog's tick up at most this long.
+PROMPT_TIMEOUT_S = float(WATCH_PROBE_TIMEOUT_S)
 
 
 @dataclass

@@ -48,8 +48,8 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     add = p.add_argument
     add("--url", type=endpoint_arg(), default=None, help="endpoint, without --env-file")
-    add("--stack", default=None, help="with --url: the record key's engine stack (default: fork)")
-    add("--revision", default=None, help="with --url: the record key's checkpoint revision")
+    add("--stack", default=None, help="with --url: the record key's engine stack; None = fork")
+    add("--revision", default=None, help="with --url: the key's revision; None = the recipe's")
     add("--repeats", type=argtypes.int_at_least(2), default=PROBE_REPEATS, help="per prompt")
     add("--prompts", default=str(PROBE_PROMPTS), help="the probe prompts file")
     margin = argtypes.float_above(0, True)
@@ -80,7 +80,7 @@ def parse_args(argv: argparse.Namespace | list[str] | None) -> argparse.Namespac
         options.usage_error(
             p, "name the pair with --env-file FILE, or an endpoint with --url URL (one of them)"
         )
-    if a.env_file is not None and (a.stack or a.revision):
+    if a.env_file is not None and (a.stack is not None or a.revision is not None):
         options.usage_error(p, "--stack and --revision go with --url (the env file names them)")
     if a.url is not None and a.out is None:
         options.usage_error(p, "with --url, say where the record goes: --out FILE")

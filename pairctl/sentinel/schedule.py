@@ -1,7 +1,9 @@
 """``watch``'s acceptance probe rounds: every ``every_s`` seconds each probe prompt is read
 once and judged against its own record (pairctl.sentinel.judgement).
 
-A round runs after the watchdog's good token probes, one prompt after the other. A reading
+A round runs after the watchdog's good token probes, one prompt after the other (a prompt
+that cannot be read ends the round at once: the watchdog's next token probe judges an
+engine that stopped answering, and no tick waits on more than one failed request). A reading
 the pair's traffic would contaminate is not taken (``BUSY``: requests running, or other
 tokens generated during it, pairctl.sentinel.probe): that prompt waits for the next tick,
 and a round still unfinished after ``give_up_s`` ends as ``busy`` (not judged; with
@@ -109,11 +111,11 @@ class ProbeSchedule:
                     return self._end(now, busy=True)
                 return None
             self.pending.pop(0)
-            if isinstance(got, Skip):
+            if isinstance(got, Skip):  # an error: the round ends, the next tick probes tokens
                 self.skipped[p.name] = got
-            else:
-                self.skipped.pop(p.name, None)
-                self.verdicts[p.name] = got
+                break
+            self.skipped.pop(p.name, None)
+            self.verdicts[p.name] = got
         return self._end(now)
 
     def _read(self, p: ProbePrompt, rec: ProbeRecord) -> PromptVerdict | Skip:

@@ -373,3 +373,15 @@ def test_the_throwaway_is_labelled_isolated_and_carries_no_secret() -> None:
     assert "/ov:/opt/dsv4-flash-overlays:ro" in head and "A=1" in head
     assert head[-3:] == ["--entrypoint", "/opt/env/bin/python", "img:1"]
     assert argv[-1] == imageprobe.SCRIPT
+
+
+def test_stack_files_may_spell_components_their_way() -> None:
+    spelled = make_stack(
+        "upstream",
+        "0.27.1",
+        [dict(CUTLASS_BAD, component="cutlass_dsl")],
+        components={"flashinfer": "0.6.18", "deep_gemm": "2.1.1"},
+    )
+    assert check_versions(spelled, probes()).status == PASS
+    bad = check_versions(spelled, probes(replace(GOOD, cutlass_dsl="4.6.0")))
+    assert bad.status == FAIL and "cutlass_dsl 4.6.0" in bad.detail

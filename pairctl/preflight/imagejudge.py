@@ -37,6 +37,19 @@ YES, NO = "yes", "no"
 # Components whose value is a property the probe may fail to read (None: unknown), unlike
 # a version (None: not installed, so nothing bad is installed).
 PROPERTIES = ("flashinfer-topk256-decode", "flashinfer-topk256-prefill", "torch-matches-vllm")
+# Other spellings a stack file may use for the same component.
+ALIASES = {
+    "flashinfer": "flashinfer-python",
+    "cutlass-dsl": "nvidia-cutlass-dsl",
+    "deepgemm": "deep-gemm",
+    "nvidia-nccl": "nccl",
+}
+
+
+def canonical(name: str) -> str:
+    """A component name as the judge spells it (``deep_gemm`` -> ``deep-gemm``)."""
+    key = name.strip().lower().replace("_", "-")
+    return ALIASES.get(key, key)
 
 
 @dataclass(frozen=True)
@@ -130,12 +143,13 @@ def known_bad_hits(f: ImageFindings, stack: Stack) -> tuple[list[Hit], list[str]
     comps = components(f)
     hits, unknown = [], []
     for bad in stack.known_bad:
-        readings = comps.get(bad.component)
+        name = canonical(bad.component)
+        readings = comps.get(name)
         if readings is None:
             unknown.append(f"{bad.component}: not a probed component ({', '.join(sorted(comps))})")
             continue
-        if not readings and bad.component in PROPERTIES:
-            unknown.append(f"{bad.component} not read: {_how(f, bad.component)}")
+        if not readings and name in PROPERTIES:
+            unknown.append(f"{bad.component} not read: {_how(f, name)}")
             continue
         for r in readings:
             if any(pep440.matches(r.value, v) for v in bad.versions):
@@ -156,7 +170,7 @@ def drift(f: ImageFindings, stack: Stack) -> list[str]:
     comps = components(f)
     out = []
     for name, want in sorted(stack.components.items()):
-        readings = comps.get(name, [])
+        readings = comps.get(canonical(name), [])
         values = [r.value for r in readings]
         if not readings:
             out.append(f"{name}: stack {stack.name} declares {want}, the image has none")

@@ -8,10 +8,11 @@ inspect``), preflight runs ONE throwaway container::
         --entrypoint STACK.INTERPRETER IMAGE -c SCRIPT
 
 ``SCRIPT`` is ``pairctl.preflight.inimage`` (stdlib only); its one ``MARK`` line becomes an
-``ImageFindings``. The env is the rank's container env as ``up`` would set it, secrets left
-out (the overlay plugin's check reads its feature flags and the stack's hook points from
-it; vLLM's NCCL lookup reads ``VLLM_NCCL_SO_PATH`` and ``LD_LIBRARY_PATH``). No GPU and no
-network: nothing it reads needs either.
+``ImageFindings``. The env (``pairctl.preflight.probe.probe_env``) is what of the rank's
+container env can change an answer: the recipe's fixed values (the overlay plugin's check
+reads its feature flags there), the stack's env (vLLM's NCCL lookup reads
+``VLLM_NCCL_SO_PATH`` and ``LD_LIBRARY_PATH``), PYTHONPATH with the overlays and the stack's
+hook points; never a secret. No GPU and no network: nothing it reads needs either.
 
 A finished probe is remembered (``$XDG_CACHE_HOME/dsv4-flash-spark/imageprobe/KEY.json``)
 under the image ID plus everything else that changes its answer: the script, the

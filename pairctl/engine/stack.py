@@ -41,6 +41,7 @@ TOP_KEYS = {
     "kv_cache_dtype",
     "moe_backend",
     "boot_markers",
+    "boot_markers_replace",
     "overlays",
     "timeouts",
     "concurrency",
@@ -60,11 +61,17 @@ _FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 @dataclass(frozen=True)
 class EnvVar:
-    """One container variable the stack needs, and where a peer (or vLLM) says so."""
+    """One container variable the stack needs, and where a peer (or vLLM) says so.
+
+    ``prepend``: the value goes in front of the image's own value of the variable (``PATH``,
+    ``LD_LIBRARY_PATH``: peers ``export PATH=/opt/env/bin:...:$PATH``), joined with ``:``;
+    the image's value is read on the node (``docker image inspect``), like PYTHONPATH's.
+    """
 
     name: str
     value: str
     source: str
+    prepend: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,16 @@ class Stack:
     components: dict[str, str] = field(default_factory=dict)  # expected versions, by name
     known_bad: tuple[KnownBad, ...] = ()
     tradeoffs: str = ""
+    # True: ``boot_markers`` are this vLLM's whole list; False (default): they are added to
+    # pairctl.engine.bootlog's vLLM 0.33 needles, a marker with a needle's text replacing it.
+    boot_markers_replace: bool = False
+
+    def summary(self) -> str:
+        """One line for ``plan``: which vLLM runs, and how the container starts it."""
+        return (
+            f"stack {self.name} ({self.path}): vLLM {self.vllm}, entrypoint "
+            f"{self.entrypoint}, interpreter {self.interpreter}"
+        )
 
     def env_map(self) -> dict[str, str]:
         return {v.name: v.value for v in self.env}
@@ -163,8 +180,12 @@ class Stack:
         """The value of HOOKS_ENV: ``{"stack": NAME, "hooks": [{overlay, module, qualname,
         anchors}, ...]}``, compact, in declaration order."""
         hooks = [
-            {"overlay": h.overlay, "module": h.module, "qualname": h.qualname,
-             "anchors": list(h.anchors)}
+            {
+                "overlay": h.overlay,
+                "module": h.module,
+                "qualname": h.qualname,
+                "anchors": list(h.anchors),
+            }
             for h in self.overlays
         ]
         return json.dumps({"stack": self.name, "hooks": hooks}, separators=(",", ":"))
@@ -218,7 +239,12 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
         key = raw.get("name")
         if not isinstance(key, str) or not _ENV_RE.match(key) or raw.get("value") is None:
             raise _err(path, f"env entry {raw!r} needs a variable name and a value")
-        env.append(EnvVar(key, str(raw["value"]), src))
+        if set(raw) - {"name", "value", "source", "prepend"}:
+            raise _err(path, f"env {key}: keys are name, value, source and prepend")
+        prepend = raw.get("prepend", False)
+        if not isinstance(prepend, bool):
+            raise _err(path, f"env {key}: prepend must be true or false")
+        env.append(EnvVar(key, str(raw["value"]), src, prepend))
     if len({v.name for v in env}) != len(env):
         raise _err(path, "env names a variable twice")
     flags: list[FlagChange] = []
@@ -239,6 +265,9 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
     ]
     if len(markers) != len(data.get("boot_markers") or []):
         raise _err(path, "boot_markers entries need text, phase and source")
+    replace = data.get("boot_markers_replace", False)
+    if not isinstance(replace, bool):
+        raise _err(path, "boot_markers_replace must be true or false")
     hooks: list[HookPoint] = []
     overlays = data.get("overlays") or {}
     if not isinstance(overlays, dict):
@@ -315,6 +344,7 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
         components={str(k): str(v) for k, v in components.items()},
         known_bad=tuple(known_bad),
         tradeoffs=" ".join(str(data.get("tradeoffs") or "").split()),
+        boot_markers_replace=replace,
     )
 
 

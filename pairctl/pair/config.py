@@ -65,6 +65,12 @@ VARS: tuple[Var, ...] = (
         "image_or_empty",
         "container image; empty = the recipe's container.image (same ID needed on both nodes)",
     ),
+    Var(
+        "ENGINE_STACK",
+        "",
+        "stack_or_empty",
+        "engine stack (recipes/stacks/NAME.yaml: fork, upstream, cpu); empty = the recipe's",
+    ),
     Var("MODEL_PATH", None, "abspath", "model directory, same path on both nodes"),
     Var("OVERLAY_DIR", "/home/bird/vllm-overlays", "abspath", "overlay copy on both nodes"),
     Var(
@@ -184,6 +190,9 @@ def _check(kind: str, value: str) -> str | None:
     if kind == "user":
         ok = re.fullmatch(r"\d+(?::\d+)?", value)
         return None if ok else "must be UID:GID in numbers, e.g. 1000:1000 (id -u, id -g)"
+    if kind == "stack":
+        ok = re.fullmatch(r"[a-z][a-z0-9-]*", value)
+        return None if ok else "must be a stack name (recipes/stacks/NAME.yaml), e.g. fork"
     if kind == "hf_repo":
         return None if _HF_REPO_RE.match(value) else "must be a Hugging Face repo id (owner/name)"
     if kind == "token":

@@ -114,9 +114,10 @@ def test_the_recipes_stack_passes_and_names_the_version() -> None:
 def test_recipe_fork_with_an_upstream_image_is_refused_naming_both_and_the_fix() -> None:
     c = check_stack("vllm/vllm-openai:v0.27.1", FORK, DECLARED, probes())
     assert c.status == FAIL
-    assert "the recipe's stack fork runs vLLM 0.21.1rc1.dev339+g1967a5627bc3" in c.detail
+    assert "the pair's stack fork runs vLLM 0.21.1rc1.dev339+g1967a5627bc3" in c.detail
     assert "vllm/vllm-openai:v0.27.1 runs vLLM 0.27.1" in c.detail
-    assert "which is stack upstream: set `stack: upstream` in the recipe" in c.detail
+    assert "which is stack upstream: set ENGINE_STACK=upstream in the env file" in c.detail
+    assert "(or stack: upstream in the recipe)" in c.detail
     assert "IMAGE= an image of stack fork (img-fork:1)" in c.detail
     assert c.remedy  # the generic fix is printed under it
 
@@ -385,3 +386,50 @@ def test_stack_files_may_spell_components_their_way() -> None:
     assert check_versions(spelled, probes()).status == PASS
     bad = check_versions(spelled, probes(replace(GOOD, cutlass_dsl="4.6.0")))
     assert bad.status == FAIL and "cutlass_dsl 4.6.0" in bad.detail
+
+
+def test_a_wider_pattern_admits_later_releases_but_an_exact_stack_wins() -> None:
+    line = make_stack("upstream", "0.27.1", [], vllm_match=">=0.27.1")
+    declared = [CPU, FORK, line]
+    later = check_stack("img:1", line, declared, probes(replace(GOOD, vllm="0.33.0")))
+    assert later.status == PASS and "stack upstream (its vllm_match >=0.27.1)" in later.detail
+    # 0.32.0 is >= 0.27.1, but it is the cpu stack's own version: that is what the image is
+    cpu_image = check_stack("img:1", line, declared, probes(replace(GOOD, vllm="0.32.0")))
+    assert cpu_image.status == FAIL
+    assert "which is stack cpu: set ENGINE_STACK=cpu" in cpu_image.detail
+    # and the other way round: stack cpu with a 0.33 image names the stack that admits it
+    sim = check_stack("img:1", CPU, declared, probes(replace(GOOD, vllm="0.33.0")))
+    assert sim.status == FAIL and "which is stack upstream: set ENGINE_STACK=upstream" in sim.detail
+    assert "the pair's stack cpu runs vLLM 0.32.0" in sim.detail
+
+
+def test_a_vllm_match_that_is_no_specifier_is_a_config_error() -> None:
+    from pairctl.pair.config import ConfigError
+
+    with pytest.raises(ConfigError, match="vllm_match '0.27' must be PEP 440 specifiers"):
+        make_stack("upstream", "0.27.1", [], vllm_match="0.27")
+    with pytest.raises(ConfigError, match="vllm_match"):
+        make_stack("upstream", "0.27.1", [], vllm_match=">=0.27.1,<<1")
+
+
+@pytest.mark.parametrize("name", ["fork", "upstream", "cpu"])
+def test_each_declared_stack_accepts_an_image_of_its_own_components(name: str) -> None:
+    """recipes/stacks/NAME.yaml: an image carrying exactly what the stack declares is that
+    stack and is not refused by its own known-bad list (a rule that refuses the stack's own
+    image, like cutlass-dsl 4.6.0 on upstream 0.27.1 which pins it, fails here)."""
+    from pairctl.engine.stack import load_stack
+    from pairctl.preflight.checks_image import declared_stacks
+
+    st = load_stack(name)
+    torch = st.components.get("torch")
+    own = ImageFindings(
+        vllm=st.components.get("vllm", st.vllm),
+        torch=torch,
+        torch_required=[f"=={torch}"] if torch else None,
+        flashinfer=st.components.get("flashinfer"),
+        topk256_decode=True,
+        topk256_prefill=True,
+        cutlass_dsl="4.6.0" if name == "upstream" else None,
+    )
+    assert check_stack(st.image_default, st, declared_stacks(), probes(own)).status == PASS
+    assert check_versions(st, probes(own)).status in (PASS, WARN)

@@ -102,3 +102,10 @@ def test_bad_input_is_an_error_not_a_guess() -> None:
         pep440.contains("2.28.9", "=>2.28")
     with pytest.raises(pep440.InvalidVersion):
         pep440.contains("2.28.9", "~=2")
+
+
+def test_check_specifiers_reads_every_part() -> None:
+    pep440.check_specifiers(">=0.27.1,<0.34")
+    for bad in (">=0.27.1,<<1", "0.27", "~=1", "<1.0+cpu"):
+        with pytest.raises(pep440.InvalidVersion):
+            pep440.check_specifiers(bad)

@@ -200,6 +200,16 @@ def is_specifier(text: str) -> bool:
     return text.strip().startswith(OPERATORS)
 
 
+def check_specifiers(specifiers: str) -> None:
+    """Raise InvalidVersion unless every comma-separated part is a PEP 440 specifier."""
+    for part in (p for p in specifiers.split(",") if p.strip()):
+        m = _SPEC_RE.match(part)
+        if not m:
+            raise InvalidVersion(f"not a PEP 440 specifier: {part.strip()!r}")
+        if m[1] != "===":
+            _one(parse("0"), "0", m[1], m[2])  # parses the version, checks the operator's rules
+
+
 def contains(version: str, specifiers: str) -> bool:
     """Does ``version`` satisfy every comma-separated specifier? Raises InvalidVersion
     when either side is not PEP 440."""

@@ -19,9 +19,10 @@ from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec, Ne
 from pairctl.preflight.imageprobe import NOT_ON_NODE, ImageProbe
 
 STACK_FIX = (
-    "make the recipe and the image agree: name the stack the image runs in the recipe "
-    "(stack: NAME; recipes/stacks/ declares them), or set IMAGE to an image of the recipe's "
-    "stack (the detail names it; launch/dspark_launch.sh image ship copies it to rank 1)"
+    "make the pair's stack and its image agree: name the stack the image runs "
+    "(ENGINE_STACK=NAME in the env file, or stack: NAME in the recipe; recipes/stacks/ "
+    "declares them), or set IMAGE to an image of the pair's stack (the detail names it; "
+    "launch/dspark_launch.sh image ship copies it to rank 1)"
 )
 
 
@@ -77,23 +78,28 @@ def check_stack(
         seen = ", ".join(f"{p.where} {p.findings.vllm}" for p in ran if p.findings)
         return PF_IMAGE_STACK.verdict(FAIL, f"the nodes run different vLLMs: {seen}")
     version = next(iter(versions))
-    if judge.matches_stack(version, want):
-        return PF_IMAGE_STACK.verdict(
-            PASS, f"{image} runs vLLM {version} on {_nodes(ran)}: stack {want.name}"
-        )
     others = [s for s in judge.identify(version, declared) if s.name != want.name]
+    # a stack whose own vllm is this version wins over one whose wider pattern admits it
+    closer = [s for s in others if judge.exact(version, s)]
+    if judge.matches_stack(version, want) and (judge.exact(version, want) or not closer):
+        how = "" if judge.exact(version, want) else f" (its vllm_match {want.vllm_match})"
+        return PF_IMAGE_STACK.verdict(
+            PASS, f"{image} runs vLLM {version} on {_nodes(ran)}: stack {want.name}{how}"
+        )
+    others = closer or others
     head = (
-        f"the recipe's stack {want.name} runs vLLM {want.vllm}, but {image} runs vLLM "
+        f"the pair's stack {want.name} runs vLLM {judge.vllm_wanted(want)}, but {image} runs vLLM "
         f"{version} ({_nodes(ran)})"
     )
     if others:
         is_ = " or ".join(s.name for s in others)
         return PF_IMAGE_STACK.verdict(
             FAIL,
-            f"{head}, which is stack {is_}: set `stack: {others[0].name}` in the recipe, or "
-            f"IMAGE= an image of stack {want.name} ({_image_ref(want)})",
+            f"{head}, which is stack {is_}: set ENGINE_STACK={others[0].name} in the env file "
+            f"(or stack: {others[0].name} in the recipe), or IMAGE= an image of stack "
+            f"{want.name} ({_image_ref(want)})",
         )
-    known = ", ".join(f"{s.name} {s.vllm}" for s in declared) or "none"
+    known = ", ".join(f"{s.name} {judge.vllm_wanted(s)}" for s in declared) or "none"
     return PF_IMAGE_STACK.verdict(
         FAIL,
         f"{head}, which no declared stack runs (declared: {known}): set IMAGE= an image of "
@@ -104,7 +110,8 @@ def check_stack(
 PF_IMAGE_STACK = CheckSpec(
     "PF-IMAGE-STACK",
     title="the image's own interpreter (the stack's, in a --rm container, cached by image "
-    "ID) reports the vLLM version of the recipe's stack, on every node probed",
+    "ID) reports the vLLM version of the pair's engine stack (ENGINE_STACK, else the "
+    "recipe's stack:), on every node probed",
     remedy=STACK_FIX,
     needs=(Need.CONFIG, Need.IMAGE),
     decide=lambda v: check_stack(v.pair.image, v.pair.stack, declared_stacks(), v.image_probes),
@@ -164,7 +171,7 @@ PF_IMAGE_VERSIONS = CheckSpec(
     "PF-IMAGE-VERSIONS",
     title="no component of the image (NCCL, nvidia-cutlass-dsl, FlashInfer's SM12x TOPK=256 "
     "kernels, torch vs the torch vLLM was built against, ...) matches a known-bad entry of "
-    "the recipe's stack (recipes/stacks/NAME.yaml known_bad)",
+    "the pair's stack (recipes/stacks/NAME.yaml known_bad)",
     remedy="each refusal names its fix and source: rebuild or re-pull the image with the "
     "fixed component (or pick a stack whose image has it), then re-run",
     needs=(Need.CONFIG, Need.IMAGE),

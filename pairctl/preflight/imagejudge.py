@@ -115,9 +115,23 @@ def _distinct(readings: Iterable[Reading]) -> list[Reading]:
 
 
 def matches_stack(version: str | None, stack: Stack) -> bool:
-    """Does the probed vLLM version identify ``stack`` (its ``vllm``: a version or PEP 440
-    specifiers)?"""
+    """Does the probed vLLM version identify ``stack``: its ``vllm`` (a version, or PEP 440
+    specifiers), or its declared ``vllm_match`` pattern?"""
+    if not version:
+        return False
+    if pep440.matches(str(version), stack.vllm):
+        return True
+    return bool(stack.vllm_match) and pep440.matches(str(version), str(stack.vllm_match))
+
+
+def exact(version: str | None, stack: Stack) -> bool:
+    """``stack``'s own ``vllm`` (not only its wider ``vllm_match``) identifies ``version``."""
     return bool(version) and pep440.matches(str(version), stack.vllm)
+
+
+def vllm_wanted(stack: Stack) -> str:
+    """What vLLM ``stack`` runs, as a person reads it: ``0.27.1 (or >=0.27.1)``."""
+    return stack.vllm + (f" (or {stack.vllm_match})" if stack.vllm_match else "")
 
 
 def identify(version: str | None, stacks: Sequence[Stack]) -> list[Stack]:

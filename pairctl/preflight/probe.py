@@ -20,12 +20,12 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 
-from pairctl.engine.image import parse_inspect, pythonpath
+from pairctl.engine.image import parse_inspect
 from pairctl.engine.stack import HOOKS_ENV
 from pairctl.nodes.docker import parse_ps
 from pairctl.nodes.ssh import SSH_CONNECT_TIMEOUT_S, Node
 from pairctl.pair.config import CACHE_VARS
-from pairctl.pair.derive import OVERLAY_MOUNT, is_secret
+from pairctl.pair.derive import OVERLAY_MOUNT, container_env, is_secret
 from pairctl.pair.plan import LABEL_PAIR
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import argcheck, imageprobe, probe_host, reach
@@ -236,20 +236,17 @@ def check_argv(
     return argcheck.run_in_image(node, pair, ev0.image_facts.id)
 
 
-def probe_env(pair: ResolvedPair, ev: NodeEvidence) -> dict[str, str]:
-    """The image probe's env: the recipe's fixed values (not its ``${...}`` ones: addresses
-    and host paths, which change no answer and would defeat the cache), the stack's env,
-    PYTHONPATH with the overlays as ``up`` sets it, and the stack's overlay hook points."""
-    env = {
-        k: str(v)
-        for k, v in pair.recipe.env.items()
-        if "${" not in str(v) and str(v) != "" and not is_secret(k)
-    }
-    env.update(pair.stack.env_map())
-    if ev.overlay_dir:
-        env["PYTHONPATH"] = pythonpath(ev.image_facts, OVERLAY_MOUNT)
-    env[HOOKS_ENV] = pair.stack.hooks_json()
-    return env
+def probe_env(pair: ResolvedPair, rank: int, ev: NodeEvidence) -> dict[str, str]:
+    """The image probe's env: the rank's container env as ``up`` builds it (the stack's env,
+    PATH-like values in front of the image's own, PYTHONPATH with the overlays, the stack's
+    hook points), less the recipe's ``${...}`` values (addresses and host paths: they change
+    no answer and would defeat the cache) and every secret."""
+    full = container_env(
+        pair.recipe, rank, pair.placeholders[rank], ev.overlay_dir, ev.image_facts, pair.stack
+    )
+    keep = {k for k, v in pair.recipe.env.items() if "${" not in str(v)}
+    keep |= {v.name for v in pair.stack.env} | {"PYTHONPATH", HOOKS_ENV}
+    return {k: v for k, v in full.items() if k in keep and not is_secret(k)}
 
 
 def probe_image(node: Node, pair: ResolvedPair, ev: NodeEvidence) -> ImageProbe:
@@ -264,7 +261,7 @@ def probe_image(node: Node, pair: ResolvedPair, ev: NodeEvidence) -> ImageProbe:
         image=pair.image,
         image_id=ev.image_facts.id,
         interpreter=pair.stack.interpreter,
-        env=probe_env(pair, ev),
+        env=probe_env(pair, node.rank, ev),
         overlay_dir=pair.overlay_dir if ev.overlay_dir else None,
         overlay_mount=OVERLAY_MOUNT,
         overlay_files=ev.overlay_files if ev.overlay_dir else {},

@@ -433,3 +433,20 @@ def test_each_declared_stack_accepts_an_image_of_its_own_components(name: str) -
     )
     assert check_stack(st.image_default, st, declared_stacks(), probes(own)).status == PASS
     assert check_versions(st, probes(own)).status in (PASS, WARN)
+
+
+def test_the_rehearsals_refusal_step_expects_what_the_check_says(tmp_path: Path) -> None:
+    """sim/rehearsal/mismatch.py greps preflight's output for PF-IMAGE-STACK's own words:
+    the simulator image (vLLM 0.33.0) on both ranks of a cpu-stack pair."""
+    from pairctl.engine.stack import load_stack
+    from pairctl.preflight.checks_image import declared_stacks
+    from sim.rehearsal import mismatch, pairenv
+
+    sim = replace(GOOD, vllm="0.33.0")
+    c = check_stack(pairenv.IMAGE, load_stack("cpu"), declared_stacks(), probes(sim))
+    assert c.status == FAIL and mismatch.expected() in c.detail
+    env = tmp_path / "pair.env"
+    env.write_text("PAIR_ID=r\nIMAGE=dsv4-rehearsal:cpu-engine\nENGINE_STACK=cpu\n")
+    text = mismatch.mismatched_env(env).read_text()
+    assert "IMAGE=dsv4-rehearsal:simulator\n" in text and "cpu-engine" not in text
+    assert "ENGINE_STACK=cpu" in text and "PAIR_ID=r" in text

@@ -84,6 +84,7 @@ NOT_VALUE_CHECKED = {
     "-e VLLM_HOST_IP",
     "-e NCCL_IB_GID_INDEX",  # only when the env file pins it
     "-e HOME",  # only with CONTAINER_USER
+    "-e DSV4_OVERLAY_HOOKS",  # the stack's overlays: section, as JSON
 }
 
 

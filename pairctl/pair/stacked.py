@@ -75,7 +75,9 @@ def _concurrency(serve: dict[str, Any], stack: Stack, image_patched: bool | None
     patched = conc.requires_patch is None or bool(image_patched)
     limit = conc.max_num_seqs if patched else conc.without_patch
     asked = serve.get(_MAX_NUM_SEQS)
-    if limit is None or (isinstance(asked, int) and asked <= limit):
+    if limit is None or (asked is not None and not isinstance(asked, int)):
+        return []  # a value vLLM's parser will name (plan/preflight check the argv)
+    if isinstance(asked, int) and asked <= limit:
         return []
     serve[_MAX_NUM_SEQS] = limit
     before = asked if asked is not None else "vLLM's default"

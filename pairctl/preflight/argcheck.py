@@ -45,15 +45,33 @@ ROLE = "argcheck"
 MODE_ENV = "PAIRCTL_ARGCHECK"  # auto (default) | image: skip the local parser
 _WIRING = ("--port", "--master-addr", "--master-port")
 
+# Where `vllm serve`'s parser (make_arg_parser, validate_parsed_serve_args) lives: it moved
+# between releases (0.33: vllm/entrypoints/common/cli_args.py; 0.32, the CPU engine:
+# vllm/entrypoints/launchers/cli_args.py; earlier ones vllm/entrypoints/openai/cli_args.py),
+# and the stacks' images run different releases.
+PARSER_MODULES = (
+    "vllm.entrypoints.common.cli_args",
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.entrypoints.openai.cli_args",
+)
+
 # Runs as `PYTHON -c SCRIPT ARGVS_JSON` locally or in the image; prints MARK + JSON.
-SCRIPT = r"""
+_SCRIPT = r"""
 import contextlib, io, json, os, sys
 out = {"vllm": None, "results": [], "error": None}
 try:
-    import vllm
+    import importlib, vllm
     from vllm.utils.argparse_utils import FlexibleArgumentParser
-    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    for name in @@PARSER_MODULES@@:
+        try:
+            cli = importlib.import_module(name)
+            break
+        except ImportError:
+            cli = None
+    if cli is None:
+        raise ImportError("no vLLM serve parser module among @@PARSER_MODULES@@")
+    validate_parsed_serve_args = cli.validate_parsed_serve_args
+    parser = cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 except Exception as exc:
     out["error"] = "cannot build vLLM's serve parser: %s: %s" % (type(exc).__name__, exc)
 else:
@@ -86,6 +104,7 @@ else:
         out["results"].append(res)
 print("@@DSV4-ARGCHECK@@" + json.dumps(out))
 """
+SCRIPT = _SCRIPT.replace("@@PARSER_MODULES@@", repr(PARSER_MODULES))
 
 
 def rank_argvs(pair: ResolvedPair) -> list[list[str]]:

@@ -12,9 +12,10 @@ Steps (each prints a progress line):
      (`--engine cpu`) `preflight` on a deliberately mismatched image (the simulator's, real
      vLLM 0.33, for the cpu stack) must be refused on PF-IMAGE-STACK (sim/rehearsal/mismatch.py);
   4. run `launch/dspark_launch.sh up` unchanged, on host 1, with the process runtime as
-     `docker`; the image's `vllm` is real vLLM (CPU build, TP=2 across the two hosts,
-     behind the declared rehearsal layer, sim/engine/rehearsal-layer.yaml), or with
-     `--engine sim` the simulator (GB10 timing, 10-minute boots, fault injection);
+     `docker`; the image's `vllm` is real vLLM (CPU build, TP=2 across the two hosts; the
+     env file selects the `cpu` engine stack, recipes/stacks/cpu.yaml), or with
+     `--engine sim` the simulator (GB10 timing, 10-minute boots, fault injection; the
+     `upstream` stack's line, as the simulator imitates upstream vLLM);
   5. send one streamed chat request to http://SPARK1:8000 and print the reply;
   6. `status`, then `down`, then check nothing of the pair is left on either host;
   7. remove everything the rehearsal created (also on failure and Ctrl-C).

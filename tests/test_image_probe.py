@@ -269,18 +269,33 @@ def test_overlays_unavailable_plugin_check_warns() -> None:
 
 
 def test_overlays_says_which_apply_and_why_one_does_not() -> None:
+    # the shape mods/dsv4-flash-overlays/dsv4_flash_overlays/check.py prints
     result = {
+        "plugin": "dsv4-flash-overlays",
+        "stack": "fork",
+        "table": "env",
         "overlays": {
-            "incremental-encode-cache": {"applies": True, "enabled": True},
-            "fp8-draft-head": {"applies": False, "enabled": True, "reason": "no DSparkSpeculator"},
-        }
+            "incremental-encode-cache": {
+                "flag": "VLLM_INCREMENTAL_ENCODE_CACHE",
+                "enabled": True,
+                "resolvable": True,
+                "reason": None,
+            },
+            "fp8-draft-head": {
+                "flag": "VLLM_DSPARK_FP8_DRAFT_HEAD",
+                "enabled": True,
+                "resolvable": False,
+                "reason": "no DSparkSpeculator",
+            },
+        },
     }
     ran = replace(GOOD, overlays_ran=True, overlays=result)
     c = check_overlays_apply(probes(ran))
     assert c.status == WARN
     assert "will apply: incremental-encode-cache" in c.detail
     assert "will NOT apply: fp8-draft-head (no DSparkSpeculator)" in c.detail
-    result["overlays"]["fp8-draft-head"] = {"applies": False, "enabled": False}
+    assert "(hook points: env)" in c.detail
+    result["overlays"]["fp8-draft-head"] = {"resolvable": False, "enabled": False}
     c = check_overlays_apply(probes(replace(ran, overlays=result)))
     assert c.status == PASS and "switched off: fp8-draft-head" in c.detail
 

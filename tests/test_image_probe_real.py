@@ -114,3 +114,55 @@ def test_script_in_the_real_cpu_engine_reads_its_real_versions() -> None:
     cpu = make_stack("cpu", truth["vllm"], [TORCH_BAD])
     probe = ImageProbe("rank 0 (local)", "sha256:x", str(ENGINE_PY), True, "", False, found)
     assert check_versions(cpu, {"0": probe}).status == PASS
+
+
+def _bare(tmp_path, check_py: str | None) -> ImageFindings:
+    """The script under this Python without site-packages (-S: an image with nothing
+    installed), the overlay plugin's check (``check_py``) on PYTHONPATH when given."""
+    env = {"PATH": "/usr/bin:/bin"}
+    if check_py is not None:
+        pkg = tmp_path / "dsv4_flash_overlays"
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text("")
+        (pkg / "check.py").write_text(check_py)
+        env["PYTHONPATH"] = str(tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-S", "-c", imageprobe.SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+        env=env,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    found = imageprobe.parse_output(p.stdout)
+    assert found is not None, p.stdout
+    return found
+
+
+def test_an_image_with_nothing_installed_reads_as_none_everywhere(tmp_path) -> None:
+    f = _bare(tmp_path, None)
+    assert f.vllm is None and f.vllm_error == "no vllm package" and f.vllm_dist is None
+    assert f.torch is None and f.torch_required is None and f.nccl_loaded is None
+    assert f.flashinfer is None and f.topk256_decode is False and f.topk256_prefill is False
+    assert f.cutlass_dsl is None and f.deep_gemm is None and f.nccl_dists == {}
+    assert not f.overlays_ran and "plugin check unavailable" in f.overlays_detail
+
+
+def test_the_plugins_own_check_is_run_and_its_line_kept(tmp_path) -> None:
+    state = {"enabled": True, "resolvable": True}
+    line = {"stack": "cpu", "table": "env", "overlays": {"x": state}}
+    check = f"import json\nprint('noise')\nprint(json.dumps({line!r}))\n"
+    f = _bare(tmp_path, check)
+    assert f.overlays_ran and f.overlays == line
+
+
+def test_a_broken_plugin_check_says_why(tmp_path) -> None:
+    check = (
+        "import json, sys\nprint(json.dumps({'plugin': 'dsv4-flash-overlays', "
+        "'error': 'ImportError: no hooks'}))\nsys.exit(1)\n"
+    )
+    f = _bare(tmp_path, check)
+    assert not f.overlays_ran
+    assert f.overlays_detail == "plugin check exited 1: ImportError: no hooks"

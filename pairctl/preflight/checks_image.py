@@ -203,11 +203,14 @@ def check_overlays_apply(probes: Mapping[str, ImageProbe]) -> Check:
         ]
         disabled = [s.name for s in states if not s.enabled]
         warn = warn or bool(off)
+        table = (f.overlays or {}).get("table")
         text = f"will apply: {', '.join(on) or 'none'}"
         if off:
             text += f"; will NOT apply: {', '.join(off)}"
         if disabled:
             text += f"; switched off: {', '.join(disabled)}"
+        if table:
+            text += f" (hook points: {table})"
         lines.append(f"{where}: {text}")
     return PF_IMAGE_OVERLAYS.verdict(WARN if warn else PASS, " | ".join(_dedup(lines)))
 

@@ -205,8 +205,9 @@ class OverlayState:
 
 
 def overlay_states(result: Mapping[str, object] | None) -> list[OverlayState]:
-    """The plugin check's JSON (``{"overlays": {NAME: {"applies", "enabled", "reason"}}}``,
-    or a bare ``{NAME: bool}``) → one state per overlay, in its order."""
+    """The plugin check's JSON (mods/dsv4-flash-overlays/dsv4_flash_overlays/check.py:
+    ``{"overlays": {NAME: {"flag", "enabled", "resolvable", "reason"}}, "stack", "table"}``)
+    → one state per overlay, in its order."""
     if not isinstance(result, Mapping):
         return []
     table = result.get("overlays", result)
@@ -217,7 +218,7 @@ def overlay_states(result: Mapping[str, object] | None) -> list[OverlayState]:
         if isinstance(raw, bool):
             out.append(OverlayState(str(name), raw, True, ""))
         elif isinstance(raw, Mapping):
-            applies = raw.get("applies", raw.get("apply", raw.get("ok")))
+            applies = raw.get("resolvable", raw.get("applies", raw.get("ok")))
             reason = raw.get("reason") or raw.get("why") or raw.get("detail") or ""
             out.append(
                 OverlayState(str(name), bool(applies), bool(raw.get("enabled", True)), str(reason))

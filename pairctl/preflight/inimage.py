@@ -297,15 +297,17 @@ def probe_overlays() -> dict:
         out["detail"] = "plugin check did not finish: " + _err(exc)
         return out
     lines = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("{")]
-    if p.returncode != 0 or not lines:
-        tail = " ".join((p.stderr or p.stdout).strip().splitlines()[-2:])[-300:]
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    if p.returncode != 0 or not isinstance(doc, dict) or doc.get("error"):
+        why = doc.get("error") if isinstance(doc, dict) else None
+        tail = why or " ".join((p.stderr or p.stdout).strip().splitlines()[-2:])[-300:]
         out["detail"] = f"plugin check exited {p.returncode}: {tail or 'no output'}"
         return out
-    try:
-        out["result"] = json.loads(lines[-1])
-        out["ran"] = True
-    except ValueError as exc:
-        out["detail"] = "plugin check printed no JSON: " + _err(exc)
+    out["result"] = doc
+    out["ran"] = True
     return out
 
 

@@ -208,6 +208,7 @@ def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     return SimpleNamespace(
         recipe=SimpleNamespace(name="r"),
+        stack=SimpleNamespace(name="fork"),
         env_file=str(tmp_path / "pairs" / "pair-a.env"),
         pair_id="pair-a",
         spark1="10.0.0.1",

@@ -285,6 +285,7 @@ def pair_at(base: str, tmp: Path) -> SimpleNamespace:
         api_key="",
         env_file=str(tmp / "pairs" / "pair-a.env"),
         recipe=SimpleNamespace(name="dsv4-flash-dspark"),
+        stack=SimpleNamespace(name="fork"),
         model_revision="",
         plan_hash="abc123",
     )

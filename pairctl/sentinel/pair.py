@@ -25,18 +25,10 @@ from pairctl.status.metrics import DRAFTS
 PROBES_DIR = "probes"
 
 
-def stack_name(pair: ResolvedPair) -> str:
-    """The pair's engine stack: the one it was resolved with (pairctl.engine.stack), or the
-    default stack for a pair that does not carry one."""
-    from pairctl.engine.stack import DEFAULT_STACK
-
-    stack = getattr(pair, "stack", None)
-    return str(getattr(stack, "name", None) or DEFAULT_STACK)
-
-
 def key_of(pair: ResolvedPair) -> ProbeKey:
-    """What the pair's probe record is valid for: stack, recipe, checkpoint revision."""
-    return ProbeKey(pair.recipe.name, stack_name(pair), pair.model_revision)
+    """What the pair's probe record is valid for: its engine stack (pairctl.engine.stack),
+    recipe and checkpoint revision."""
+    return ProbeKey(pair.recipe.name, pair.stack.name, pair.model_revision)
 
 
 def probe_record_path(pair: ResolvedPair) -> Path:
@@ -58,7 +50,8 @@ def client_for(pair: ResolvedPair, ready_timeout_s: float = 30.0) -> tuple[Probe
     whether the endpoint is the simulator; NotReady when it lists no model in time."""
     ep = Endpoint.parse(pair.endpoint).with_auth(pair.api_key)
     s = ep.session(trust_env=False)
-    ident = wait_ready(s, ep, ready_timeout_s, lambda _m: None)
+    key_from = f"VLLM_API_KEY in {pair.env_file}"
+    ident = wait_ready(s, ep, ready_timeout_s, lambda _m: None, key_from=key_from)
     return ProbeClient(s, ep, ident.model, load_set()), ident.simulator
 
 

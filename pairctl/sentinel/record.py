@@ -55,7 +55,8 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     margin = argtypes.float_above(0, True)
     add("--absolute-margin", type=margin, default=PROBE_ABSOLUTE_MARGIN, help="floor margin")
     add("--relative-margin", type=margin, default=PROBE_RELATIVE_MARGIN, help="x the mean")
-    add("--busy-wait", type=margin, default=recording.BUSY_WAIT_S, help="s for an idle pair")
+    idle = argtypes.seconds(0, inclusive=True)
+    add("--busy-wait", type=idle, default=recording.BUSY_WAIT_S, help="s for an idle pair")
     add(
         "--out",
         type=argtypes.output_file,
@@ -111,6 +112,13 @@ def target(a: argparse.Namespace) -> tuple[Endpoint, ProbeKey, Path, str]:
     return a.url.with_auth(os.environ.get("VLLM_API_KEY") or None), key, Path(a.out), ""
 
 
+def key_source(a: argparse.Namespace) -> str:
+    """Where record's key comes from (it has no --api-key: the key stays off command lines)."""
+    if a.env_file is not None:
+        return f"VLLM_API_KEY in {a.env_file}"
+    return "VLLM_API_KEY in the environment (with --url)"
+
+
 def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     from pairctl.pair.config import ConfigError
 
@@ -125,7 +133,7 @@ def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     try:
         session = ep.session(trust_env=False)
         try:
-            ident = wait_ready(session, ep, 30.0, log)
+            ident = wait_ready(session, ep, 30.0, log, key_from=key_source(a))
         except NotReady as exc:
             raise recording.RecordFailed(str(exc)) from None
         client = ProbeClient(session, ep, ident.model, probes)

@@ -23,6 +23,9 @@ from pairctl.sentinel.schedule import EVENT_STATES, ProbeSchedule
 from pairctl.status.metrics import DRAFTS
 
 PROBES_DIR = "probes"
+# At `up --gate` a reading waits this long for an idle pair (clients already on a fresh
+# pair): then the probe is a warning, and watch takes it on its schedule.
+UP_BUSY_WAIT_S = 60.0
 
 
 def key_of(pair: ResolvedPair) -> ProbeKey:
@@ -111,7 +114,7 @@ def check_at_up(pair: ResolvedPair, log: Callable[[str], None]) -> tuple[bool, s
             return True, "acceptance probe: the server does not draft (no spec-decode counters)"
         if rec is None:
             margins = Margins()
-            prompts = recording.take(client, PROBE_REPEATS, margins, log)
+            prompts = recording.take(client, PROBE_REPEATS, margins, log, UP_BUSY_WAIT_S)
             doc = recording.recorded_doc(
                 client, key_of(pair), prompts, margins, PROBE_REPEATS, simulator, pair.plan_hash
             )
@@ -121,7 +124,7 @@ def check_at_up(pair: ResolvedPair, log: Callable[[str], None]) -> tuple[bool, s
                 f"acceptance probe recorded for {key_of(pair).label()} (no record yet): {path}: "
                 + recording.summary(prompts)
             )
-        verdicts = recording.check(client, rec, log)
+        verdicts = recording.check(client, rec, log, UP_BUSY_WAIT_S)
     except (recording.RecordFailed, ValueError, NotReady, OSError) as exc:  # parse errors too
         return True, f"WARN: acceptance probe not taken ({exc}); watch probes on its schedule"
     bad = [v for v in verdicts if v.state == FAULT]

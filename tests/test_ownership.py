@@ -274,3 +274,27 @@ def test_status_for_b_a_label_is_not_a_proof(heads, monkeypatch) -> None:
     st = status_b(monkeypatch, pair_b(heads["a"], KEY_A, host), host)
     assert st.verdict == "foreign" and st.serving is None, st.reasons
     assert "pair pair-a's head answered" in st.endpoint.detail
+
+
+def test_watchdog_resumes_when_the_proof_holds_again() -> None:
+    """Failures against a foreign server never add up to a restart; once the proof holds,
+    the watchdog says so and its monitors run again."""
+    from pairctl.status.watch import WatchConfig, Watchdog
+
+    verdicts = iter(["pair a's head answered"] * 3 + [None])
+    said, restarts, monitors = [], [], []
+    dog = Watchdog(
+        WatchConfig(failures=1),
+        probe=lambda: "POST: no token generated",
+        restart=lambda: restarts.append(1) or 0,
+        log=said.append,
+        sleep=lambda s: None,
+        after_ok=lambda: monitors.append(1),
+        owner=lambda: next(verdicts),
+    )
+    dog.run(3)
+    assert restarts == [] and monitors == [] and dog.failed == 0
+    assert [line[:8] for line in said] == ["NOT OURS"]
+    dog.probe = lambda: None
+    dog.run(1)
+    assert said[-2].startswith("ownership proven again") and monitors == [1], said

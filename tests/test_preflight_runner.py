@@ -73,6 +73,7 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
         check_args=False,
         local_argv=None,
         check_reach=False,
+        check_fabric_ssh=False,
     ):
         ev = Evidence(config=dict(pair.evidence_config), resolved=resolved, image="img:1")
         seen_at["before"] = list(emitted)
@@ -91,6 +92,9 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
             ev = replace(ev, reach=Reach(ran=True, ok=True, peer="10.0.0.2"))
             on_stage(probe.REACH, ev)
             seen_at[probe.REACH] = list(emitted)
+        if check_fabric_ssh:  # FABRIC2 = SPARK2 here: nothing to ask, the stage is reached
+            on_stage(probe.FABRIC, ev)
+            seen_at[probe.FABRIC] = list(emitted)
         return ev
 
     return fake_gather, emitted, seen_at

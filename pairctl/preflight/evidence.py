@@ -14,6 +14,7 @@ from typing import Any
 
 from pairctl.engine.image import ImageFacts
 from pairctl.nodes.docker import Container
+from pairctl.preflight.fabric_ssh import FabricSsh
 from pairctl.preflight.probe_host import IbPort, Link
 from pairctl.preflight.reach import Reach
 from pairctl.preflight.roce import Gid
@@ -114,6 +115,7 @@ class Evidence:
     )
     argv_check: ArgvCheck = field(default_factory=ArgvCheck)
     reach: Reach = field(default_factory=Reach)  # rank 1 -> MASTER_ADDR:MASTER_PORT
+    fabric_ssh: FabricSsh = field(default_factory=FabricSsh)  # ssh to FABRIC2 (bulk copies)
 
     @property
     def rank0(self) -> NodeEvidence:
@@ -133,4 +135,5 @@ class Evidence:
             nodes={r: NodeEvidence.from_dict(n) for r, n in data["nodes"].items()},
             argv_check=ArgvCheck(**data.get("argv_check", {})),
             reach=Reach(**data.get("reach", {})),
+            fabric_ssh=FabricSsh(**data.get("fabric_ssh", {})),
         )

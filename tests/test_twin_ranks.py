@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -15,12 +17,16 @@ from tests.support.twin import REPO, Twin, free_port, wait_http
 
 # what real vLLM 0.32 did in each scenario (python -m sim.diffcheck peer-loss; provenance inside)
 PEER_LOSS = REPO / "tests" / "data" / "real_engine" / "peer_loss.json"
+# rank 1 frozen (SIGSTOP) under a request, and past the step timeout (same command)
+FROZEN = REPO / "tests" / "data" / "real_engine" / "frozen_rank.json"
 
 
-def sim_lines_unlike_the_real(scenario: str, rank: int, log_after: str) -> list[str]:
+def sim_lines_unlike_the_real(
+    scenario: str, rank: int, log_after: str, record: Path = PEER_LOSS
+) -> list[str]:
     """The twin's log lines (after an event) whose class the real engine never printed in
     the same scenario; the twin's own SparkTwin lines excepted."""
-    real = json.loads(PEER_LOSS.read_text())["scenarios"][scenario][f"rank{rank}_log_classes"]
+    real = json.loads(record.read_text())["scenarios"][scenario][f"rank{rank}_log_classes"]
     found = compare.compare_logs(scenario, logclass.classes(log_after.splitlines()), real)
     return [f.sim for f in found if f.what in ("sim-only line", "sim-only GPU-path line")]
 
@@ -298,6 +304,10 @@ def test_sigterm_ends_each_phase_as_vllm_does(tmp_path, procs):
 
 
 def test_step_past_execute_timeout_kills_the_server(tmp_path, procs):
+    """A step that runs past VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS ends the engine the way the
+    measured frozen-rank timeout did (tests/data/real_engine/frozen_rank.json): the request
+    gets EngineDeadError's 500 body, and the server exits as the real one did."""
+    real = json.loads(FROZEN.read_text())["scenarios"]["rank1_frozen_past_timeout"]
     port = free_port()
     t = Twin(
         [
@@ -319,11 +329,88 @@ def test_step_past_execute_timeout_kills_the_server(tmp_path, procs):
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/health", timeout=15)
     r = requests.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 5}, timeout=20)
-    assert r.status_code == 500 and "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1" in r.text
-    assert t.wait_exit(5) == 1
+    assert r.status_code == real["request"]["status"] == 500
+    assert r.json() == json.loads(real["request"]["tail"])
+    assert t.wait_exit(10) == real["rank0_exit_code"]
     log = t.log()
     assert "(EngineCore pid=" in log and "EngineCore encountered a fatal error." in log
     assert "TimeoutError: RPC call to execute_model timed out." in log
+
+
+def _chat_in_background(base: str) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            r = chat(base, max_tokens=8)
+            box.update(status=r.status_code, body=r.json())
+        except requests.RequestException as exc:
+            box.update(status=None, body=type(exc).__name__)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th, box
+
+
+def test_frozen_rank1_stalls_the_head_until_it_resumes(tmp_path, procs):
+    """SIGSTOP of rank 1 (a hung host): as on the real CPU pair, /health stays 200, a request
+    gets no answer while rank 1 is frozen, and completes once it resumes; nothing dies."""
+    real = json.loads(FROZEN.read_text())["scenarios"]["rank1_frozen"]
+    r0, r1, base = serving_pair(tmp_path, procs)
+    assert chat(base).status_code == 200
+    r1.kill(signal.SIGSTOP)
+    try:
+        th, box = _chat_in_background(base)
+        th.join(6)  # far longer than the rehearsal profile needs for 8 tokens
+        answered_while_frozen = not th.is_alive()
+        health = requests.get(base + "/health", timeout=5).status_code
+    finally:
+        r1.kill(signal.SIGCONT)
+    th.join(30)
+    assert answered_while_frozen is real["request_answered_while_frozen"] is False
+    assert health == real["health_while_frozen"][-1][1] == 200
+    assert box["status"] == real["request"]["status"] == 200
+    assert box["body"]["choices"][0]["finish_reason"] == "length"
+    after = chat(base)
+    assert after.status_code == real["request_after_resume"]["status"] == 200
+    assert r0.proc.poll() is real["rank0_exit_code"] is None
+    assert r1.proc.poll() is real["rank1_exit_code"] is None
+
+
+def test_rank1_frozen_past_the_step_timeout_ends_the_head_and_rank1_lives_on(tmp_path, procs):
+    """Frozen longer than VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS: the waiting request gets 500
+    when the timeout runs out (not before), rank 0 exits as the real one did, and rank 1,
+    resumed, stays up (a headless rank never exits on its own), as recorded."""
+    real = json.loads(FROZEN.read_text())["scenarios"]["rank1_frozen_past_timeout"]
+    step_timeout = 4.0
+    mport, hport = free_port(), free_port()
+    env = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(step_timeout)}
+    r0 = Twin(pair_args(mport, 0, hport), tmp_path, "r0", env=env)
+    r1 = Twin(pair_args(mport, 1), tmp_path, "r1", env=env)
+    procs += [r0, r1]
+    base = f"http://127.0.0.1:{hport}"
+    wait_http(base + "/health", timeout=45)
+    assert chat(base).status_code == 200
+    r1.kill(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        th, box = _chat_in_background(base)
+        th.join(step_timeout + 20)
+        answered_s = time.monotonic() - t0
+    finally:
+        r1.kill(signal.SIGCONT)
+    assert not th.is_alive()
+    assert answered_s >= step_timeout  # the timeout, not the freeze, ended it
+    assert real["request_answered_after_freeze_s"] >= real["step_timeout_s"]
+    assert box["status"] == real["request"]["status"] == 500
+    assert box["body"] == json.loads(real["request"]["tail"])
+    assert r0.wait_exit(15) == real["rank0_exit_code"] == 0
+    time.sleep(2)
+    assert r1.proc.poll() is None and real["rank1_alive_45_s_after_resume"] is True
+    log = r0.log()
+    after = log[log.index("Application startup complete.") :].split("\n", 1)[1]
+    assert "TimeoutError: RPC call to execute_model timed out." in after
+    assert sim_lines_unlike_the_real("rank1_frozen_past_timeout", 0, after, FROZEN) == []
 
 
 def test_handshake_rejects_a_worker_with_another_model():

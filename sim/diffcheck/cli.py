@@ -159,7 +159,10 @@ def _peer_loss(args: argparse.Namespace) -> int:
     for name in args.scenario or list(peerloss.SCENARIOS):
         print(f"{name}: booting a pair (~1-3 min on 2 cores)", file=sys.stderr, flush=True)
         result["scenarios"][name] = peerloss.run(
-            name, Pair(cfg, name), str(cfg.model), args.boot_timeout
+            name,
+            Pair(cfg, name, peerloss.SCENARIO_ENV.get(name)),
+            str(cfg.model),
+            args.boot_timeout,
         )
         text = json.dumps(result, indent=1, ensure_ascii=False) + "\n"
         # this machine's paths are nobody else's: the venv and checkout by their roles

@@ -49,13 +49,13 @@ class PairConfig:
 class Pair:
     """Both nodes of one pair, started together, stopped together."""
 
-    def __init__(self, cfg: PairConfig, tag: str) -> None:
+    def __init__(self, cfg: PairConfig, tag: str, extra_env: dict[str, str] | None = None) -> None:
         self.cfg, self.tag = cfg, tag
         self.base = f"http://127.0.0.1:{cfg.port}"
         self.procs: list[subprocess.Popen] = []
         self.log_paths = [cfg.logs / f"{tag}-rank{r}.log" for r in (0, 1)]
         for rank in (0, 1):
-            env = {**os.environ, **ENV, "VLLM_HOST_IP": f"127.0.0.{rank + 1}"}
+            env = {**os.environ, **ENV, **(extra_env or {}), "VLLM_HOST_IP": f"127.0.0.{rank + 1}"}
             if cfg.plugin_path:
                 env["PYTHONPATH"] = cfg.plugin_path
             with open(self.log_paths[rank], "w") as fh:

@@ -1,12 +1,16 @@
-"""What a real vLLM pair does when a node goes away: four scenarios, measured.
+"""What a real vLLM pair does when a node goes away or freezes: six scenarios, measured.
 
 Each scenario boots a fresh loopback pair (sim/diffcheck/pair.py), sends one warm-up
-request, then: rank 1 SIGKILLed while idle; rank 1 SIGKILLed while a stream is running;
-rank 0 SIGKILLed (what becomes of the headless rank 1); SIGTERM to rank 1's main process
-(docker stop). Recorded per scenario: /health over time, the first request's status and
-body, how long each node takes to exit and its exit code, and the log lines each node
-printed after the event (with their classes, sim/diffcheck/logclass.py), so the simulator
-can be held to them (tests/test_twin_ranks.py, docs/simulator.md).
+request, then: rank 1 SIGKILLed while idle; rank 1 SIGKILLed while a stream is running; rank
+0 SIGKILLed (what becomes of the headless rank 1); SIGTERM to rank 1's main process (docker
+stop); rank 1 frozen (SIGSTOP of its whole node, as a hung host or a stopped container is)
+for less than the engine's step timeout, then resumed; and frozen for longer than that
+timeout (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``, vllm/envs.py, enforced by
+``MultiprocExecutor.collective_rpc`` in vllm/v1/executor/multiproc_executor.py). Recorded
+per scenario: /health over time, the first request's status and body, how long each node
+takes to exit and its exit code, and the log lines each node printed after the event (with
+their classes, sim/diffcheck/logclass.py), so the simulator can be held to them
+(tests/test_twin_ranks.py, docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -133,11 +137,82 @@ def sigterm_rank1(pair: Pair, model: str) -> dict[str, Any]:
     }
 
 
+# How long the short freeze lasts, and the step timeout the long-freeze scenario boots with
+# (short enough to wait for; the launcher's recipe uses 600 s).
+FREEZE_S = 25.0
+STEP_TIMEOUT_S = 15
+FROZEN_PAST_TIMEOUT_S = 45.0
+SCENARIO_ENV: dict[str, dict[str, str]] = {
+    "rank1_frozen_past_timeout": {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": str(STEP_TIMEOUT_S)},
+}
+
+
+def _request_in_background(base: str, model: str) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+    th = threading.Thread(target=lambda: box.update(chat(base, model)), daemon=True)
+    th.start()
+    return th, box
+
+
+def rank1_frozen(pair: Pair, model: str) -> dict[str, Any]:
+    """SIGSTOP rank 1's node for FREEZE_S while a request is sent, then SIGCONT."""
+    t0 = time.monotonic()
+    pair.kill(1, signal.SIGSTOP)
+    health = _health_series(pair, 4, 1.0)
+    th, box = _request_in_background(pair.base, model)
+    while time.monotonic() - t0 < FREEZE_S:
+        time.sleep(0.2)
+    health += [(round(time.monotonic() - t0, 1), pair.health())]
+    answered_while_frozen = not th.is_alive()
+    t_cont = time.monotonic()
+    pair.kill(1, signal.SIGCONT)
+    th.join(120)
+    return {
+        "frozen_s": FREEZE_S,
+        "health_while_frozen": health,
+        "request_answered_while_frozen": answered_while_frozen,
+        "request": box,
+        "request_done_after_resume_s": round(time.monotonic() - t_cont, 2)
+        if not answered_while_frozen
+        else None,
+        "request_after_resume": chat(pair.base, model),
+        "rank0_exit_code": pair.procs[0].poll(),
+        "rank1_exit_code": pair.procs[1].poll(),
+    }
+
+
+def rank1_frozen_past_timeout(pair: Pair, model: str) -> dict[str, Any]:
+    """SIGSTOP rank 1's node for longer than the step timeout (STEP_TIMEOUT_S) with a
+    request waiting on it; then what each node does, rank 1 resumed at the end."""
+    t0 = time.monotonic()
+    pair.kill(1, signal.SIGSTOP)
+    th, box = _request_in_background(pair.base, model)
+    th.join(FROZEN_PAST_TIMEOUT_S)
+    answered_s = round(time.monotonic() - t0, 2) if not th.is_alive() else None
+    health = pair.health()
+    rc0 = pair.wait_exit(0, max(1.0, FROZEN_PAST_TIMEOUT_S - (time.monotonic() - t0)))
+    rank0_exit_s = round(time.monotonic() - t0, 2) if rc0 is not None else None
+    pair.kill(1, signal.SIGCONT)
+    rc1 = pair.wait_exit(1, 45)
+    return {
+        "step_timeout_s": STEP_TIMEOUT_S,
+        "request": box,
+        "request_answered_after_freeze_s": answered_s,
+        "health_after_request": health,
+        "rank0_exit_code": rc0,
+        "rank0_exit_after_freeze_s": rank0_exit_s,
+        "rank1_exit_code": rc1,
+        "rank1_alive_45_s_after_resume": rc1 is None,
+    }
+
+
 SCENARIOS: dict[str, Callable[[Pair, str], dict[str, Any]]] = {
     "rank1_killed_idle": rank1_killed_idle,
     "rank1_killed_mid_stream": rank1_killed_mid_stream,
     "rank0_killed": rank0_killed,
     "sigterm_rank1": sigterm_rank1,
+    "rank1_frozen": rank1_frozen,
+    "rank1_frozen_past_timeout": rank1_frozen_past_timeout,
 }
 
 

@@ -18,7 +18,7 @@ from sim.twin import profile as profmod
 from sim.twin.api import TwinServer
 from sim.twin.boot import api_server_ready, api_server_up
 from sim.twin.cli import ServeArgs
-from sim.twin.engine import Engine, EngineConfig
+from sim.twin.engine import Engine, EngineConfig, PeerStep
 from sim.twin.lifecycle import ROLE, die, fault_at, write_marker
 from sim.twin.metrics import Metrics
 from sim.twin.overlay_flags import fp8_head_enabled
@@ -107,6 +107,7 @@ def start_server(
     warm: bool,
     encoder: PromptEncoder | None = None,
     sock: socket.socket | None = None,
+    peer: PeerStep | None = None,
 ) -> int:
     seed = args.twin_seed if args.twin_seed is not None else args.seed
     cfg = engine_config(args, prof, faults, warm)
@@ -123,8 +124,9 @@ def start_server(
 
     def on_death(why: str) -> None:
         died_at.append(time.monotonic() + peerloss.exit_delay(server.open_streams))
-        if engine.peer_lost is not None:
-            # a lost TP peer: vLLM's API server shuts itself down cleanly (peerloss.py)
+        if engine.peer_lost is not None or engine.clean_shutdown:
+            # a lost TP peer or a step timeout: vLLM's API server shuts itself down cleanly
+            # and exits 0 (peerloss.py)
             threading.Thread(target=_stop_serving, args=(server,), daemon=True).start()
             return
         # Like vLLM's API server: in-flight requests get their error, /health turns 503,
@@ -132,7 +134,13 @@ def start_server(
         threading.Timer(1.0, die, args=(f"EngineDeadError: {why}; shutting down",)).start()
 
     engine = Engine(
-        prof, cfg, metrics, prefix, on_death=on_death, on_first_step=None if warm else write_marker
+        prof,
+        cfg,
+        metrics,
+        prefix,
+        on_death=on_death,
+        on_first_step=None if warm else write_marker,
+        peer=peer,
     )
     encoder = encoder or PromptEncoder()
     builder = Builder(

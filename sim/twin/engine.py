@@ -33,7 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sim.twin import peerloss, vllm_log
 from sim.twin.metrics import Metrics
@@ -44,6 +44,14 @@ from sim.twin.sampling import AcceptanceDrawer, word
 log = logging.getLogger("twin")
 FOREVER = 1 << 60
 CATCH_UP_S = 2.0  # host lag up to this much is absorbed by the modelled timeline
+
+
+class PeerStep(Protocol):
+    """The other TP rank's part in a step (sim/twin/ranks.py Link)."""
+
+    def step(self, n: int) -> None: ...
+
+    def wait_step(self, n: int, timeout: float | None) -> str: ...
 
 
 @dataclass
@@ -125,11 +133,14 @@ class Engine:
         on_first_step: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] | None = None,
+        peer: PeerStep | None = None,
     ) -> None:
         self.prof, self.cfg, self.m, self.prefix = prof, cfg, metrics, prefix
         # clock/sleep are injectable so tests can run the same loop on a virtual clock.
         self._clock = clock
         self.on_death, self.on_first_step = on_death, on_first_step
+        # TP > 1: every step is a round trip to the other rank (its part of the collective).
+        self.peer = peer
         self._cond = threading.Condition()
         self._arrivals: deque[Request] = deque()
         self.waiting: deque[Request] = deque()
@@ -143,6 +154,8 @@ class Engine:
         self.dead: str | None = None
         self.peer_lost: str | None = None  # the TP peer's address once its socket closed
         self.peer_lost_busy = False  # a step was running when it closed
+        # True once the engine died the way real vLLM then exits 0 (a step timed out)
+        self.clean_shutdown = False
         self._ids = itertools.count(1)
         self._sleep = sleep or self._stop.wait
         self._thread = threading.Thread(target=self._loop, name="engine-core", daemon=True)
@@ -296,18 +309,23 @@ class Engine:
         timeout = self.cfg.step_timeout_s
         if timeout is not None and dur > timeout:
             self._sleep(max(start + timeout - self._clock(), 0.0))
-            self._die(
+            self._timed_out(
                 f"execute_model step {self.steps} took longer than "
                 f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={timeout:g} "
-                f"(modelled {dur:.1f} s); raise it (the recipe uses 600)",
-                # vllm/v1/executor/multiproc_executor.py collective_rpc's timeout
-                "TimeoutError: RPC call to execute_model timed out.",
+                f"(modelled {dur:.1f} s); raise it (the recipe uses 600)"
             )
             return False
         end = start + dur
+        if self.peer is not None:
+            self.peer.step(self.steps)
         self._sleep(max(end - self._clock(), 0.0))
         if self._stop.is_set():
             return False
+        if self.peer is not None:
+            waited = self._wait_peer(start, end, timeout)
+            if waited is None:
+                return self.dead is None
+            end = waited
         if self.steps == 1 and self.on_first_step:
             self.on_first_step()
         with self._cond:
@@ -315,6 +333,28 @@ class Engine:
             self._publish_gauges()
         self._prev_end = end
         return True
+
+    def _wait_peer(self, start: float, end: float, timeout: float | None) -> float | None:
+        """The step's end once the other rank has taken part: at once when it is running;
+        when it is frozen (SIGSTOP, a hung host), as soon as it resumes, however long that
+        is, up to the step timeout, which ends the engine as vLLM's executor does (its
+        collective_rpc raises TimeoutError). None: the step did not complete (timed out, or
+        the peer's socket closed: the next iterate fails it, sim/twin/peerloss.py)."""
+        left = None if timeout is None else max(start + timeout - self._clock(), 0.0)
+        result = self.peer.wait_step(self.steps, left) if self.peer is not None else "ok"
+        if result == "ok":
+            now = self._clock()
+            # a long stall moves the timeline; ordinary lag stays absorbed (CATCH_UP_S)
+            return now if now - end > CATCH_UP_S else end
+        if result == "timeout":
+            self._timed_out(
+                f"execute_model step {self.steps}: TP rank 1 did not answer within "
+                f"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS={timeout:g} (frozen or unreachable)"
+            )
+            return None
+        if self.peer_lost is None:
+            self._sleep(0.01)  # the socket closed; serve.py's lose_peer is on its way
+        return None
 
     def _drop_cancelled(self) -> None:
         now = self._clock()
@@ -413,6 +453,13 @@ class Engine:
             self.m.e2e.observe((r.finish_ns - r.received_ns) / 1e9)
             self.m.finished(reason)
         r.events.put(("finish", reason))
+
+    def _timed_out(self, why: str) -> None:
+        """A step past VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS: vLLM's lines for it, every request
+        in flight gets the 500, and the server shuts down cleanly (exit 0), as measured."""
+        peerloss.step_timed_out()
+        self.clean_shutdown = True
+        self._fail(vllm_log.ENGINE_DEAD, why)
 
     def _die(self, why: str, exc_line: str) -> None:
         """The engine core's death as vLLM logs it (vllm/v1/engine/core.py: the fatal-error

@@ -81,6 +81,35 @@ def step_failed(peer: str, busy: bool) -> None:
     emit("Worker_TP0", "parent_exited")
 
 
+def step_timed_out() -> None:
+    """The lines of a step the other rank did not answer within
+    VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (measured with rank 1 frozen by SIGSTOP:
+    tests/data/real_engine/frozen_rank.json): collective_rpc's TimeoutError
+    (vllm/v1/executor/multiproc_executor.py) kills the engine core, the API server's output
+    handler raises EngineDeadError, and the server shuts down as after a lost peer."""
+    emit("EngineCore", "engine_fatal")
+    emit_text("EngineCore", "engine_fatal", TRACEBACK)
+    emit_text("EngineCore", "engine_fatal", "TimeoutError")
+    emit_text("EngineCore", "engine_fatal", "")
+    emit_text(
+        "EngineCore",
+        "engine_fatal",
+        "The above exception was the direct cause of the following exception:",
+    )
+    emit_text("EngineCore", "engine_fatal", "")
+    emit_text("EngineCore", "engine_fatal", TRACEBACK)
+    emit_text("EngineCore", "engine_fatal", "TimeoutError: RPC call to execute_model timed out.")
+    emit("APIServer", "output_handler_failed")
+    emit_text("APIServer", "output_handler_failed", TRACEBACK)
+    emit_text(
+        "APIServer",
+        "output_handler_failed",
+        f"vllm.v1.engine.exceptions.EngineDeadError: {vllm_log.ENGINE_DEAD}",
+    )
+    emit("EngineCore", "executor_wait_exit", 1)
+    emit("Worker_TP0", "parent_exited")
+
+
 def http_down() -> None:
     """uvicorn stops serving (the API server saw the engine die)."""
     uvicorn("shutting_down")

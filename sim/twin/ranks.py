@@ -1,12 +1,18 @@
-"""Two-rank rendezvous over real TCP, and the heartbeat that makes the ranks die together.
+"""Two-rank rendezvous over real TCP, the TP step both ranks take part in, and peer death.
 
 Rank 0 listens on --master-addr:--master-port (the role of torch's TCPStore, which vLLM's
 worker creates in ``init_process_group``) and waits; rank 1 connects, retrying until it
 joins. Like the real store, both sides are silent while they wait; when the wait runs out
 the error carries torch's own wording (TORCH_STORE in vllm_log: the head's DistStoreError,
 the worker's DistNetworkError). After the handshake both sides send a heartbeat line every
-interval; a closed socket, a reset, or silence longer than heartbeat_timeout_s means the
-peer is gone, and the survivor reacts as a vLLM rank does (serve.py ``_peer_gone``).
+interval. A closed socket or a reset means the peer is gone, and the survivor reacts as a
+vLLM rank does (serve.py ``_peer_gone``). Silence is not death: a frozen rank (SIGSTOP, a
+hung host) or a partitioned link keeps its TCP connection, and real vLLM notices nothing
+until a step needs that rank. Every engine step on the head is a round trip to rank 1
+(``step``/``wait_step``: the TP collective of the real forward pass), so a frozen rank 1
+stalls the head's next step until it resumes, or until the step timeout
+(VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) ends the engine, as measured on the real CPU pair
+(tests/data/real_engine/frozen_rank.json).
 """
 
 from __future__ import annotations
@@ -36,17 +42,20 @@ class Link:
         sock: socket.socket,
         peer_rank: int,
         interval: float,
-        timeout: float,
         on_peer_death: Callable[[str], None],
     ) -> None:
         self.sock, self.peer_rank = sock, peer_rank
-        self.interval, self.timeout = interval, timeout
+        self.interval = interval
         self.on_peer_death = on_peer_death
         self._wlock = threading.Lock()
         self._rfile = sock.makefile("r", encoding="utf-8")
         self._events: dict[str, threading.Event] = {}
         self._closing = False
-        sock.settimeout(timeout)
+        self._acked = 0  # the last step the peer took part in
+        self._ack_cond = threading.Condition()
+        # Blocking reads: silence is not death (module docstring); a closed or reset socket
+        # still ends recv at once.
+        sock.settimeout(None)
 
     def send(self, msg: dict) -> None:
         data = (json.dumps(msg) + "\n").encode()
@@ -59,6 +68,22 @@ class Link:
             raise ConnectionError("connection closed")
         return json.loads(line)
 
+    def step(self, n: int) -> None:
+        """Head: ask the peer to take part in step ``n``."""
+        try:
+            self.send({"type": "step", "n": n})
+        except OSError as exc:
+            self._dead(f"send failed: {exc}")
+
+    def wait_step(self, n: int, timeout: float | None) -> str:
+        """Head: wait until the peer took part in step ``n``: "ok", "gone" (its socket
+        closed meanwhile) or "timeout" (frozen or unreachable for ``timeout`` s)."""
+        with self._ack_cond:
+            done = self._ack_cond.wait_for(lambda: self._acked >= n or self._closing, timeout)
+            if self._acked >= n:
+                return "ok"
+            return "gone" if done else "timeout"
+
     def event(self, name: str) -> threading.Event:
         return self._events.setdefault(name, threading.Event())
 
@@ -68,6 +93,8 @@ class Link:
 
     def close(self) -> None:
         self._closing = True
+        with self._ack_cond:
+            self._ack_cond.notify_all()
         try:
             self.sock.close()
         except OSError:
@@ -87,20 +114,24 @@ class Link:
             try:
                 msg = self.recv()
             except (OSError, ValueError) as exc:
-                if isinstance(exc, TimeoutError):
-                    why = f"no heartbeat for {self.timeout:.1f} s"
-                else:
-                    why = str(exc) or type(exc).__name__
-                self._dead(why)
+                self._dead(str(exc) or type(exc).__name__)
                 return
             kind = msg.get("type")
-            if kind != "hb":
+            if kind == "step":  # rank 1's part of the step's collective
+                self.send({"type": "step_ack", "n": msg.get("n", 0)})
+            elif kind == "step_ack":
+                with self._ack_cond:
+                    self._acked = max(self._acked, int(msg.get("n", 0)))
+                    self._ack_cond.notify_all()
+            elif kind != "hb":
                 self.event(str(kind)).set()
 
     def _dead(self, why: str) -> None:
         if not self._closing:
             self._closing = True
             self.on_peer_death(f"rank {self.peer_rank} is gone ({why})")
+            with self._ack_cond:
+                self._ack_cond.notify_all()
 
 
 # The hello/welcome exchange on a connected socket: as torch's TCPStore client, a connected

@@ -87,7 +87,9 @@ def run(argv: list[str]) -> int:
         (prof.section("boot").get("warm" if warm else "cold") or {}).get("compiling_s", 0.0)
     )
     boot.engine_ready(time.monotonic() - t0, compile_s * faults.slow_boot)
-    return start_server(args, prof, faults, warm, encoder.result() if encoder else None, sock[0])
+    return start_server(
+        args, prof, faults, warm, encoder.result() if encoder else None, sock[0], link
+    )
 
 
 def bind_port(args: ServeArgs) -> socket.socket:
@@ -155,7 +157,6 @@ def _rendezvous(
         sock,
         1 - rank,
         float(dist.get("heartbeat_interval_s", 0.5)),
-        float(dist.get("heartbeat_timeout_s", 10.0)),
         lambda why: _peer_gone(why, peer),
     )
     link.start()
@@ -163,8 +164,8 @@ def _rendezvous(
 
 
 def _peer_gone(why: str, peer: str) -> None:
-    """The other rank's socket closed (or went silent), as vLLM 0.32 reacts (measured; see
-    docs/simulator.md "Peer loss and shutdown"):
+    """The other rank's socket closed (a frozen rank's does not: ranks.py), as vLLM 0.32
+    reacts (measured; see docs/simulator.md "Peer loss and shutdown"):
     - headless rank 1: nothing. Its worker waits on the head's message queue forever; the
       process never exits (vllm/v1/executor/multiproc_executor.py, the headless worker
       loop has no peer check).

@@ -11,9 +11,9 @@ launcher command (which fails on a module that does not exist, the ModuleNotFoun
 fresh machine used to get), `make -n` for make targets, an existence check for files a
 command copies or sources, and `bash -n` (the syntax) for the node set-up a Quickstart asks
 of the operator on a Spark (`sudo ...`, `newgrp`, a first `ssh FABRIC2`), which changes the
-machine or needs the pair and so is never run here. A command no rule covers fails the test, naming it, so a new
-README command cannot go unchecked. A bare `python` is the venv's (the README's
-`source .venv/bin/activate`).
+machine or needs the pair and so is never run here. A command no rule covers fails the
+test, naming it, so a new README command cannot go unchecked. A bare `python` is the
+venv's (the README's `source .venv/bin/activate`).
 """
 
 from __future__ import annotations

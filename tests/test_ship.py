@@ -7,18 +7,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from pairctl.contracts import DEFAULT_RECIPE
-from pairctl.engine.imageship import DOCKERFILE_DIR, build_argv, ship
+from pairctl.contracts import DEFAULT_RECIPE, REPO
+from pairctl.engine import imageship
+from pairctl.engine.imageship import DEFAULT_DOCKERFILE, build_argv, dockerfile_for, ship
+from pairctl.engine.stack import Stack, parse_stack
 from pairctl.nodes.modelfetch import INDEX, fetch, verify
 from pairctl.nodes.transfer import TransferError, send_tree
+from pairctl.pair.config import ConfigError
 from pairctl.pair.resolved import load
+from tests.conftest import require
 from tests.fakes.fakepair import FAKES, IMAGE, IMAGE_ID, SECRET, Env
 
 EXIT_RUNTIME, EXIT_USAGE, EXIT_PREFLIGHT = 1, 2, 3
@@ -90,11 +96,95 @@ def test_ship_refuses_off_spark1_and_bad_lines(pair: Env) -> None:
 
 def test_build_uses_the_repos_dockerfile_with_pinned_base_and_fork() -> None:
     argv = build_argv("vllm-dspark:x")
-    assert argv[:4] == ["docker", "build", "-t", "vllm-dspark:x"]
-    text = (DOCKERFILE_DIR / "Dockerfile").read_text()
+    assert argv == [
+        "docker", "build", "-t", "vllm-dspark:x",
+        "-f", str(DEFAULT_DOCKERFILE), str(DEFAULT_DOCKERFILE.parent),
+    ]  # fmt: skip
+    text = DEFAULT_DOCKERFILE.read_text()
     assert "ARG BASE_IMAGE=" in text and "ARG FORK_COMMIT=" in text
     fork = next(line for line in text.splitlines() if line.startswith("ARG FORK_COMMIT="))
     assert len(fork.split("=", 1)[1]) == 40  # a commit, not a branch
+
+
+UPSTREAM_DOCKERFILE = REPO / "launch" / "image" / "upstream" / "Dockerfile"
+NODES = (SimpleNamespace(label="rank 0 (h1)"), SimpleNamespace(label="rank 1 (h2)"))
+
+
+def a_stack(name: str = "upstream", **image: str) -> Stack:
+    """A declared stack (the loader's own validation), built from ``image`` by default."""
+    image = image or {"obtain": "build", "dockerfile": "launch/image/upstream/Dockerfile"}
+    return parse_stack(
+        {
+            "stack_version": 1,
+            "name": name,
+            "vllm": "0.27.1",
+            "image": image,
+            "interpreter": "/usr/bin/python3",
+            "entrypoint": "/usr/local/bin/vllm",
+        },
+        f"recipes/stacks/{name}.yaml",
+    )
+
+
+def test_the_stack_names_the_dockerfile_build_builds() -> None:
+    assert dockerfile_for(None) == DEFAULT_DOCKERFILE  # no stack resolved: the default
+    assert dockerfile_for(a_stack()) == UPSTREAM_DOCKERFILE
+    argv = build_argv("dsv4-upstream:0.27.1", dockerfile_for(a_stack()))
+    assert argv[-3:] == ["-f", str(UPSTREAM_DOCKERFILE), str(UPSTREAM_DOCKERFILE.parent)]
+    pulled = a_stack(obtain="pull", pull="vllm/vllm-openai@sha256:" + "0" * 64)
+    with pytest.raises(ConfigError, match="not built from a Dockerfile.*--pull"):
+        dockerfile_for(pulled)
+    with pytest.raises(ConfigError, match="does not exist"):
+        dockerfile_for(a_stack(obtain="build", dockerfile="launch/image/nope/Dockerfile"))
+
+
+def test_ship_build_builds_the_pairs_stack_dockerfile(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """With ResolvedPair.stack set, --build builds that stack's recipe, not the fork's."""
+    seen: list[list[str]] = []
+    monkeypatch.setattr(imageship, "_stream", lambda argv: seen.append(argv) or 1)
+    pair = SimpleNamespace(nodes=NODES, image="dsv4-upstream:0.27.1", stack=a_stack())
+    assert imageship.ship(pair, build=True) == EXIT_RUNTIME  # type: ignore[arg-type]
+    assert seen == [build_argv("dsv4-upstream:0.27.1", UPSTREAM_DOCKERFILE)]
+    err = capsys.readouterr().err
+    assert "docker build of launch/image/upstream/Dockerfile failed" in err
+
+
+def test_ship_says_how_the_pairs_stack_gets_its_image(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(imageship, "image_id", lambda node, ref: "")
+    for stack, expect in (
+        (a_stack(), "image ship --build, from launch/image/upstream/Dockerfile"),
+        (None, "image ship --build, from launch/image/Dockerfile"),
+    ):
+        pair = SimpleNamespace(nodes=NODES, image="img:1", stack=stack)
+        assert imageship.ship(pair) == EXIT_RUNTIME  # type: ignore[arg-type]
+        err = capsys.readouterr().err
+        assert expect in err and "--pull" in err, err
+
+
+def test_ship_build_from_the_cli_builds_the_default_stack(pair: Env) -> None:
+    p = pair.run("image", "ship", "--build", "--stage", str(pair.tmp / "stage"))
+    assert p.returncode == EXIT_RUNTIME  # the fake docker builds nothing
+    assert f"-f {DEFAULT_DOCKERFILE} {DEFAULT_DOCKERFILE.parent}" in p.stderr
+    assert "docker build of launch/image/Dockerfile failed" in p.stderr
+
+
+@pytest.mark.parametrize("dockerfile", [DEFAULT_DOCKERFILE, UPSTREAM_DOCKERFILE])
+def test_the_real_docker_client_accepts_the_build_line(dockerfile: Path) -> None:
+    """The client parses every flag and prepares the context, then needs a daemon."""
+    docker = shutil.which("docker")
+    require(docker is not None, "the docker client is not installed")
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    argv = build_argv("dsv4-check:x", dockerfile)
+    p = subprocess.run(
+        [str(docker), *argv[1:]], capture_output=True, text=True, env=env, timeout=60
+    )
+    msg = p.stdout + p.stderr
+    assert "unknown flag" not in msg and "unable to prepare context" not in msg, msg
+    assert "Cannot connect to the Docker daemon" in msg or "docker.sock" in msg, msg
 
 
 # --- the resumable copy ------------------------------------------------------------------

@@ -178,7 +178,8 @@ OPTIONS: tuple[Opt, ...] = (
         ("--build",),
         "build",
         ("image",),
-        "ship: first docker build launch/image/Dockerfile on rank 0, tagged IMAGE",
+        "ship: first docker build the stack's Dockerfile on rank 0 (fork: "
+        "launch/image/Dockerfile), tagged IMAGE",
     ),
     Opt(
         ("--pull",),

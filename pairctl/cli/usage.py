@@ -36,7 +36,9 @@ COMMAND_HELP = {
     "fails keeps its old copy; exit 1). Refuses (exit 3) unless this machine is SPARK1 and "
     "SPARK2 is another one (PF-SELF-IS-SPARK1, PF-DISTINCT-NODES).",
     "image": "IMAGE on both ranks with the same image ID: on rank 0 build it "
-    "(--build: launch/image/Dockerfile), pull it (--pull) or use the one there; then docker "
+    "(--build: the engine stack's Dockerfile, launch/image/Dockerfile for the default fork "
+    "stack, launch/image/upstream/Dockerfile for upstream), pull it (--pull) or use the one "
+    "there; then docker "
     "save, a resumable copy to rank 1 over ssh (bytes/s shown), docker load there, and the "
     "image ID compared on both. Skips rank 1 when it has the same ID already; touches no "
     "image but IMAGE. Refuses (exit 3) off SPARK1, as sync-overlays does.",

@@ -1,15 +1,17 @@
 """``image ship``: the pair's IMAGE on both ranks, the same image ID on each.
 
-Rank 0 builds it (``--build``: launch/image/Dockerfile, the DSpark fork on the Spark's
-vLLM base), pulls it (``--pull``: a registry reference, best pinned by digest), or already
-has it. Rank 1 gets it from rank 0, never from a registry, so the two cannot drift:
-``docker save`` to a tar on rank 0, a resumable copy over the fabric (ssh to FABRIC2,
-pairctl.nodes.fabric), ``docker load`` on rank 1, then the image ID (the digest of the
-image's config) compared on both. A rank 1 that already has that ID, under any name or
-none, gets no copy: at most a ``docker tag``. A digest-pinned IMAGE loads untagged
-(moby/moby#22011), so rank 1 names it ``repo:pinned-D`` (pairctl.engine.image.node_ref),
-the name preflight and ``up`` use there. Only the pair's IMAGE is ever saved, loaded or
-tagged: no other image on either node is touched.
+Rank 0 builds it (``--build``: the engine stack's Dockerfile, ``image.dockerfile`` in
+recipes/stacks/NAME.yaml: launch/image/Dockerfile for ``fork``, the DSpark fork on the
+Spark's vLLM base; launch/image/upstream/Dockerfile for ``upstream``), pulls it (``--pull``:
+a registry reference, best pinned by digest), or already has it. Rank 1 gets it from rank 0,
+never from a registry, so the two cannot drift: ``docker save`` to a tar on rank 0, a
+resumable copy over the fabric (ssh to FABRIC2, pairctl.nodes.fabric), ``docker load`` on
+rank 1, then the image ID (the digest of the image's config) compared on both. A rank 1
+that already has that ID, under any name or none, gets no copy: at most a ``docker tag``.
+A digest-pinned IMAGE loads untagged (moby/moby#22011), so rank 1 names it
+``repo:pinned-D`` (pairctl.engine.image.node_ref), the name preflight and ``up`` use there.
+Only the pair's IMAGE is ever saved, loaded or tagged: no other image on either node is
+touched.
 """
 
 from __future__ import annotations
@@ -18,15 +20,21 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, IMAGE_STAGE_DIR, REPO
 from pairctl.log import logger
 from pairctl.nodes import fabric
 from pairctl.nodes.ssh import Node
 from pairctl.nodes.transfer import PARTIAL, TransferError
+from pairctl.pair.config import ConfigError
 from pairctl.pair.resolved import ResolvedPair
 
-DOCKERFILE_DIR = REPO / "launch" / "image"
+if TYPE_CHECKING:
+    from pairctl.engine.stack import Stack
+
+# The default stack's (``fork``) recipe: what --build builds when the pair names no stack.
+DEFAULT_DOCKERFILE = REPO / "launch" / "image" / "Dockerfile"
 DEFAULT_STAGE = IMAGE_STAGE_DIR
 
 
@@ -46,17 +54,56 @@ def _stream(argv: list[str]) -> int:
     return subprocess.run(argv, check=False).returncode
 
 
-def build_argv(image: str, dockerfile_dir: Path = DOCKERFILE_DIR) -> list[str]:
-    """``docker build`` of the repo's recipe, tagged as the pair's IMAGE."""
-    return [
-        "docker",
-        "build",
-        "-t",
-        image,
-        "-f",
-        str(dockerfile_dir / "Dockerfile"),
-        str(dockerfile_dir),
-    ]
+def dockerfile_for(stack: Stack | None) -> Path:
+    """The Dockerfile ``--build`` builds: the stack's ``image.dockerfile`` (relative to the
+    project), or the default stack's when the pair carries no stack (``None``).
+
+    ConfigError (exit 2) for a stack that is not built (``image.obtain`` pull or
+    rehearsal) or whose Dockerfile is missing: building another stack's recipe instead
+    would tag the wrong engine as IMAGE.
+    """
+    if stack is None:
+        return DEFAULT_DOCKERFILE
+    if stack.obtain != "build" or not stack.dockerfile:
+        how = f"pull {stack.pull}" if stack.obtain == "pull" else f"obtain: {stack.obtain}"
+        raise ConfigError(
+            f"stack {stack.name!r} is not built from a Dockerfile ({how}, {stack.path}): "
+            "use image ship --pull, or a stack with image.obtain build"
+        )
+    path = Path(stack.dockerfile)
+    if not path.is_absolute():
+        path = REPO / path
+    if not path.is_file():
+        raise ConfigError(
+            f"stack {stack.name!r} builds {stack.dockerfile}, but {path} does not exist"
+        )
+    return path
+
+
+def build_argv(image: str, dockerfile: Path = DEFAULT_DOCKERFILE) -> list[str]:
+    """``docker build`` of one Dockerfile (its own directory is the context), tagged IMAGE."""
+    return ["docker", "build", "-t", image, "-f", str(dockerfile), str(dockerfile.parent)]
+
+
+def obtain_hint(stack: Stack | None, dockerfile: Path | None = None) -> str:
+    """How to get the image onto rank 0, in the stack's own terms."""
+    if stack is not None and stack.obtain == "pull":
+        return f"pull it (image ship --pull; the stack {stack.name!r} pulls {stack.pull})"
+    if dockerfile is None:
+        try:
+            dockerfile = dockerfile_for(stack)
+        except ConfigError:
+            dockerfile = None
+    where = f", from {_shown(dockerfile)}" if dockerfile is not None else ""
+    return f"build it (image ship --build{where}) or pull it (image ship --pull)"
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the project when it is inside it (what the docs name)."""
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def tar_name(image_id_: str) -> str:
@@ -86,22 +133,31 @@ def ship(
     pull: bool = False,
     stage: str = DEFAULT_STAGE,
     remote_stage: str | None = None,
-    dockerfile_dir: Path = DOCKERFILE_DIR,
+    dockerfile: Path | None = None,
 ) -> int:
-    """Get IMAGE onto both ranks; 0 when both hold the same ID, 1 otherwise."""
+    """Get IMAGE onto both ranks; 0 when both hold the same ID, 1 otherwise.
+
+    ``dockerfile`` (``--build``) defaults to the pair's stack's: ``pair.stack`` once
+    ResolvedPair carries the resolved stack, the default stack's until then.
+    """
     rank0, rank1 = pair.nodes
     image = pair.image
-    if build and _stream(build_argv(image, dockerfile_dir)) != 0:
-        log(f"docker build failed on {rank0.label}; nothing was shipped")
-        return EXIT_RUNTIME
+    stack = getattr(pair, "stack", None)  # ResolvedPair.stack, where the stack is resolved
+    if build:
+        dockerfile = dockerfile or dockerfile_for(stack)
+        if _stream(build_argv(image, dockerfile)) != 0:
+            log(
+                f"docker build of {_shown(dockerfile)} failed on {rank0.label}; nothing was shipped"
+            )
+            return EXIT_RUNTIME
     if pull and _stream(["docker", "pull", image]) != 0:
         log(f"docker pull {image} failed on {rank0.label}; nothing was shipped")
         return EXIT_RUNTIME
     id0 = image_id(rank0, image)
     if not id0:
         log(
-            f"{image} is not on {rank0.label}: build it (image ship --build, from "
-            "launch/image/Dockerfile) or pull it (image ship --pull); nothing was shipped"
+            f"{image} is not on {rank0.label}: {obtain_hint(stack, dockerfile)}; "
+            "nothing was shipped"
         )
         return EXIT_RUNTIME
     local = pair.node_image(1)  # IMAGE, or a digest-pinned IMAGE's name on rank 1

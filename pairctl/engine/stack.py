@@ -163,8 +163,12 @@ class Stack:
         """The value of HOOKS_ENV: ``{"stack": NAME, "hooks": [{overlay, module, qualname,
         anchors}, ...]}``, compact, in declaration order."""
         hooks = [
-            {"overlay": h.overlay, "module": h.module, "qualname": h.qualname,
-             "anchors": list(h.anchors)}
+            {
+                "overlay": h.overlay,
+                "module": h.module,
+                "qualname": h.qualname,
+                "anchors": list(h.anchors),
+            }
             for h in self.overlays
         ]
         return json.dumps({"stack": self.name, "hooks": hooks}, separators=(",", ":"))

@@ -2,7 +2,9 @@
 
 Two sources, each a window of the pair's spec-decode counters: the quality gate's prompts
 (``pairctl/gate/quality_ref_dspark.json``) asked ``--gate-rounds`` times in thinking mode
-(reasoning text gives hundreds of drafts a prompt, where the bare answers give a few), and
+(reasoning text gives hundreds of drafts a prompt, where the bare answers give a few;
+only the drafts matter here, so a reply that is all reasoning, ``max_tokens`` spent before
+the answer, is logged and counted, never fatal: ``pairctl.gate.reply``), and
 then ``--live-s`` seconds of whatever traffic the pair serves, cut into ``--window-s``
 windows. A window with at least ``--min-drafts`` drafts is an observation; the band is the
 lowest of each figure less ``--margin`` (pairctl.sentinel.baseline). Nothing is written
@@ -22,7 +24,7 @@ from typing import Any
 from pairctl.cli import argtypes, options
 from pairctl.contracts import SENTINEL_EXITS, codes, exit_line
 from pairctl.endpoint import Endpoint, NotReady, endpoint_arg, wait_ready
-from pairctl.gate.check import DEFAULT_PROMPTS, ask, load_reference
+from pairctl.gate.check import DEFAULT_PROMPTS, ask_reply, load_reference
 from pairctl.log import log
 from pairctl.sentinel import baseline
 from pairctl.sentinel.acceptance import (
@@ -59,6 +61,25 @@ def read_counters(session: Any, endpoint: Endpoint) -> Counters:
     return c
 
 
+def gate_rounds_load(
+    session: Any, endpoint: Endpoint, model: str, rounds: int, max_tokens: int
+) -> int:
+    """Ask the gate's prompts ``rounds`` times in thinking mode; how many replies were all
+    reasoning (logged, not fatal: their drafts count). RecordError when one was not answered."""
+    ref = load_reference(str(DEFAULT_PROMPTS))
+    all_reasoning = 0
+    for i in range(rounds):
+        for spec in ref["prompts"]:
+            log(f"gate round {i + 1}/{rounds}: {spec['name']}")
+            reply, err = ask_reply(session, endpoint, model, spec, max_tokens, True, 600.0)
+            if reply is None:
+                raise RecordError(f"gate prompt {spec['name']}: {err}")
+            if reply.all_reasoning:
+                all_reasoning += 1
+                log(f"gate prompt {spec['name']}: {reply.no_answer()} (its drafts count)")
+    return all_reasoning
+
+
 def record(
     session: Any,
     endpoint: Endpoint,
@@ -91,15 +112,10 @@ def record(
 
     start = read_counters(session, endpoint)
     if gate_rounds:
-        ref = load_reference(str(DEFAULT_PROMPTS))
         t0 = time.monotonic()
-        for i in range(gate_rounds):
-            for spec in ref["prompts"]:
-                log(f"gate round {i + 1}/{gate_rounds}: {spec['name']}")
-                _, err = ask(session, endpoint, ident.model, spec, max_tokens, True, 600.0)
-                if err:
-                    raise RecordError(f"gate prompt {spec['name']}: {err}")
+        n = gate_rounds_load(session, endpoint, ident.model, gate_rounds, max_tokens)
         start = close("gate", start, t0)
+        obs[-1]["all_reasoning_replies"] = n
     t_end = time.monotonic() + live_s
     while time.monotonic() < t_end - 1e-3:
         t0 = time.monotonic()

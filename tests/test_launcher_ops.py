@@ -237,7 +237,7 @@ def test_status_watch_json_streams_readings(pair: Env) -> None:
         FAKE_PY=sys.executable,
         PAIRCTL_PYTHON=sys.executable,
     )
-    argv = [str(LAUNCHER), "status", "--watch", "--json", "--interval", "0.2"]
+    argv = [str(LAUNCHER), "status", "--watch", "--json", "--interval", "0.5"]
     proc = subprocess.Popen(
         [*argv, "--env-file", str(pair.env_file)], env=env, stdout=subprocess.PIPE, text=True
     )

@@ -1,7 +1,8 @@
 """The real engine under the launcher: vLLM (CPU build) as a TP=2 pair on two netns hosts.
 
-One pair is booted for the whole module by the unchanged launcher (`up`); the image maps
-to real `vllm serve` behind the declared rehearsal layer (sim/engine/rehearsal-layer.yaml).
+One pair is booted for the whole module by the unchanged launcher (`up`) running the `cpu`
+engine stack (recipes/stacks/cpu.yaml); the image maps to real `vllm serve` with the
+launcher's line unchanged.
 What is asserted is what the real engine does, not what our simulator says it does:
 status's figures against the real /metrics counters over the same window, the bench
 guard's token conservation on real counters (and a foreign request it must catch),
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -135,22 +137,22 @@ def quantile(q: float, before: dict, after: dict) -> float | None:
     return None
 
 
-def test_the_launchers_lines_reach_the_real_engine_through_the_declared_layer(served):
-    """The rank's container runs the launcher's argv (DSpark method and all); inside, the
-    layer's changes are logged, and the engine core and the workers load our plugin
-    through vLLM's entry-point loader (its "active" line)."""
+def test_the_launchers_lines_reach_the_real_engine_as_plan_shows_them(served):
+    """The rank's container runs the launcher's argv, which already carries the cpu stack's
+    changes (ngram drafts, no fp8 KV, eager), and the real engine reports exactly those;
+    nothing between the launcher and vLLM rewrites it. The engine core and the workers
+    load our plugin through vLLM's entry-point loader (its "active" line)."""
     info = json.loads(served.pair.h1.docker("inspect", "dsv4-rehearsal-rank0").stdout)[0]
     cmd = info["Config"]["Cmd"]
-    assert (
-        cmd[cmd.index("--speculative-config") + 1]
-        == '{"method":"dspark","num_speculative_tokens":5}'
-    )
-    assert "--kv-cache-dtype" in cmd and "--enforce-eager" not in cmd
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
+    assert "--kv-cache-dtype" not in cmd and "--enforce-eager" in cmd
+    plan = served.launch("plan")
+    assert shlex.join(cmd) in plan.stdout  # what ran is what plan printed
+    assert "# stack cpu changes the recipe's line" in plan.stdout
     res = served.launch("logs", "--rank", "0", "--tail", "100000")
     log = res.stdout + res.stderr
-    assert "rehearsal layer: --speculative-config: " in log
-    assert "rehearsal layer: dropped --kv-cache-dtype fp8" in log
-    assert "rehearsal layer: added --enforce-eager" in log
+    assert "rehearsal layer" not in log  # no layer any more: the log is vLLM's
     assert "method='ngram'" in log and "tensor_parallel_size=2" in log
     active = [ln for ln in log.splitlines() if "incremental-encode-cache active" in ln]
     # the plugin loads in the engine core and in the workers of both ranks' processes
@@ -389,13 +391,17 @@ def test_the_real_ranks_talk_over_the_fabric_only(served):
     ), engine
 
 
-def test_the_acceptance_sentinel_on_real_ngram_drafts_does_not_fire_on_a_mix_change(served):
-    """The sentinel's statistic on the real engine's counters: a band recorded from two
-    kinds of traffic (a counting loop, prose), then a window mixing them. The mix moves the
-    mean acceptance length, not the shape the sentinel judges, so nothing fires. (The
-    collapse it must catch, later positions falling while output stays right, cannot be
-    produced with ngram drafts; tests/test_sentinel_twin.py injects it in the simulator.)"""
-    from pairctl.sentinel.acceptance import counters_of, judge, shape
+def test_the_acceptance_sentinel_on_real_ngram_drafts_judges_right_and_can_fire(served):
+    """The sentinel's judge on the real engine's counters, with a judge that must be able to
+    fail. A band is recorded from two kinds of traffic (a counting loop, prose), then a
+    window mixing them is judged: its figures must be the ones an independent reading of the
+    real counters gives (prometheus_client, this file's own arithmetic), and it reads ok.
+    Then the field's grammar fault (a grammar rejecting every draft past position 1:
+    .914/.224/0/0/0, ecohash-co README) is induced in that real window's counters (its drafts
+    and first two positions as counted, nothing accepted after them): the judge must fire.
+    ngram drafts cannot produce that collapse with output unchanged; the simulator's test
+    (tests/test_sentinel_twin.py) injects it into the engine instead."""
+    from pairctl.sentinel.acceptance import Counters, counters_of, judge, shape
     from pairctl.sentinel.baseline import band_from, observation
     from pairctl.status.metrics import parse
 
@@ -403,28 +409,55 @@ def test_the_acceptance_sentinel_on_real_ngram_drafts_does_not_fire_on_a_mix_cha
     prose = [f"Tell me, in plain words, about harbour number {i} at dawn." for i in range(4)]
 
     def window(prompts: list[str]):
-        before = counters_of(parse(served.metrics()))
+        text0 = served.metrics()
         t0 = time.monotonic()
         for text in prompts:
             served.complete(text, 96)
-        after = counters_of(parse(served.metrics()))
+        text1 = served.metrics()
+        before, after = counters_of(parse(text0)), counters_of(parse(text1))
         assert before is not None and after is not None, "no spec-decode counters"
-        return before, after, time.monotonic() - t0
+        return before, after, time.monotonic() - t0, (samples(text0), samples(text1))
 
     observations = []
     for prompts in (loop, prose):
-        before, after, secs = window(prompts)
+        before, after, secs, _ = window(prompts)
         sh = shape(after.minus(before))
         assert sh.drafts > 0 and len(sh.per_pos) == 5, sh
         observations.append(observation("live", sh, secs))
     band = band_from(observations, positions=5, min_drafts=50, min_trials=20)
-    before, after, _ = window([x for pair in zip(loop, prose, strict=True) for x in pair])
+    before, after, _, (raw0, raw1) = window(
+        [x for pair in zip(loop, prose, strict=True) for x in pair]
+    )
     reading = judge(before, after, band, "mixed window")
     print(
         f"\nsentinel on real ngram drafts: band R >= {band.depth_ratio_floor}, mixed R "
         f"{reading.depth_ratio}, mean length {reading.mean_length}: {reading.state}"
     )
+    # the judged numbers, against the raw counters read independently
+    drafts = total(raw1, "vllm:spec_decode_num_drafts_total") - total(
+        raw0, "vllm:spec_decode_num_drafts_total"
+    )
+    accepted = total(raw1, "vllm:spec_decode_num_accepted_tokens_total") - total(
+        raw0, "vllm:spec_decode_num_accepted_tokens_total"
+    )
+    a = [per_pos(raw1)[k] - per_pos(raw0).get(k, 0.0) for k in range(5)]
+    assert drafts > 0 and reading.drafts == pytest.approx(drafts)
+    assert reading.mean_length == pytest.approx(1 + accepted / drafts)
+    assert reading.first == pytest.approx(a[0] / drafts)
+    assert reading.per_pos == pytest.approx([x / drafts for x in a])
+    later = sum(a[1:]) / sum(a[:4])
+    assert reading.depth_ratio == pytest.approx(later / (a[0] / drafts))
     assert reading.state == "ok" and not reading.event, reading.detail
+
+    c = after.minus(before)
+    assert c.per_pos[1] > 0 and sum(c.per_pos[2:]) > 0, f"no later acceptance to cut: {c}"
+    grammar = Counters(
+        c.drafts, c.draft_tokens, c.accepted - sum(c.per_pos[2:]), (*c.per_pos[:2], 0.0, 0.0, 0.0)
+    )
+    faulted = judge(None, grammar, band, "mixed window, grammar fault induced")
+    print(f"sentinel on the induced grammar fault: {faulted.state}: {faulted.detail}")
+    assert faulted.event and "later draft positions collapse" in faulted.detail, faulted.detail
+    assert 2 in faulted.collapsed and faulted.first == pytest.approx(reading.first)
 
 
 def test_down_leaves_no_process_no_container_and_no_shm_segment(served):

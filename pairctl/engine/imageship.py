@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, IMAGE_STAGE_DIR, REPO
+from pairctl.engine.image import node_ref
 from pairctl.log import logger
 from pairctl.nodes import fabric
+from pairctl.nodes.docker import NO_SUCH_IMAGE, daemon_problem, node_user
 from pairctl.nodes.ssh import Node
 from pairctl.nodes.transfer import PARTIAL, TransferError
 from pairctl.pair.config import ConfigError
@@ -41,10 +43,24 @@ DEFAULT_STAGE = IMAGE_STAGE_DIR
 log = logger("image: ")
 
 
+class DockerUnreachable(TransferError):
+    """docker on a node could not be asked at all (daemon down, socket denied, ssh); the
+    message names the node and the fix."""
+
+
 def image_id(node: Node, ref: str) -> str:
-    """The image ID of ``ref`` on ``node``, '' when it is not there."""
+    """The image ID of ``ref`` on ``node``, '' when docker says it is not there. Any other
+    failure is DockerUnreachable: a daemon that does not answer is not a missing image."""
     res = node.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
-    return res.out.strip() if res.rc == 0 else ""
+    if res.rc == 0:
+        return res.out.strip()
+    text = res.err + res.out
+    why = daemon_problem(text, node.label, node_user(node))
+    if why is None and NO_SUCH_IMAGE not in text.lower():
+        why = f"docker image inspect on {node.label} failed (rc={res.rc}): {text.strip()[-300:]}"
+    if why:
+        raise DockerUnreachable(why)
+    return ""
 
 
 def _stream(argv: list[str]) -> int:
@@ -153,21 +169,28 @@ def ship(
     if pull and _stream(["docker", "pull", image]) != 0:
         log(f"docker pull {image} failed on {rank0.label}; nothing was shipped")
         return EXIT_RUNTIME
-    id0 = image_id(rank0, image)
+    local = node_ref(image, 1)  # IMAGE, or a digest-pinned IMAGE's name on rank 1
+    try:
+        id0 = image_id(rank0, image)
+        id1 = image_id(rank1, local) if id0 else ""
+        # rank 1 may hold rank 0's image under another name or none (an earlier load of a
+        # digest-pinned IMAGE, its own pull): then it needs a tag, not a copy
+        there = bool(id0) and id1 != id0 and image_id(rank1, id0) == id0
+    except DockerUnreachable as exc:
+        log(f"{exc}; nothing was shipped")
+        return EXIT_RUNTIME
     if not id0:
         log(
             f"{image} is not on {rank0.label}: {obtain_hint(stack, dockerfile)}; "
             "nothing was shipped"
         )
         return EXIT_RUNTIME
-    local = pair.node_image(1)  # IMAGE, or a digest-pinned IMAGE's name on rank 1
-    id1 = image_id(rank1, local)
     if id1 == id0:
         print(f"{image} = {id0} on both ranks; nothing to ship")
         return EXIT_OK
     if id1:
         log(f"{rank1.label} has {local} = {id1}, rank 0 has {id0}: replacing it with rank 0's")
-    if image_id(rank1, id0) == id0:
+    if there:
         return name_on_rank1(rank1, image, local, id0, "already there, nothing copied")
     name = tar_name(id0)
     tar = Path(stage) / name
@@ -183,10 +206,11 @@ def ship(
             raise TransferError(
                 f"docker load on {rank1.label} failed: {(res.err or res.out).strip()[-300:]}"
             )
+        loaded = image_id(rank1, id0)  # by ID: a digest-pinned IMAGE loads untagged
     except TransferError as exc:
         log(f"{exc}")
         return EXIT_RUNTIME
-    if image_id(rank1, id0) != id0:
+    if loaded != id0:
         log(
             f"after docker load, {rank1.label} has no image {id0} (rank 0's {image}): the "
             f"copy is not the image; {far_tar} removed, run image ship again"
@@ -202,13 +226,19 @@ def name_on_rank1(rank1: Node, image: str, local: str, id0: str, how: str) -> in
     """Rank 1 holds image ``id0``: make ``local`` (IMAGE, or a digest-pinned IMAGE's
     ``repo:pinned-D``) name it there, by ID, and check that it does."""
     tagged = ""
-    if image_id(rank1, local) != id0:
-        res = rank1.run(["docker", "tag", id0, local])
-        if res.rc != 0:
-            log(f"docker tag {id0} {local} on {rank1.label} failed: {(res.err or res.out)[-300:]}")
-            return EXIT_RUNTIME
-        tagged = f", tagged {local}"
-    if image_id(rank1, local) != id0:
+    try:
+        if image_id(rank1, local) != id0:
+            res = rank1.run(["docker", "tag", id0, local])
+            if res.rc != 0:
+                why = (res.err or res.out).strip()[-300:]
+                log(f"docker tag {id0} {local} on {rank1.label} failed: {why}")
+                return EXIT_RUNTIME
+            tagged = f", tagged {local}"
+        named = image_id(rank1, local)
+    except DockerUnreachable as exc:
+        log(f"{exc}")
+        return EXIT_RUNTIME
+    if named != id0:
         log(f"{local} on {rank1.label} is not {id0} after docker tag; run image ship again")
         return EXIT_RUNTIME
     print(f"{image} = {id0} on both ranks ({how} on {rank1.label}{tagged})")

@@ -10,9 +10,10 @@ Steps (each prints a progress line):
      see pairenv.py); write the pair's env file (the variables of .env.example);
   3. copy the overlays to both hosts with launch/dspark_launch.sh sync-overlays (over ssh);
   4. run `launch/dspark_launch.sh up` unchanged, on host 1, with the process runtime as
-     `docker`; the image's `vllm` is real vLLM (CPU build, TP=2 across the two hosts,
-     behind the declared rehearsal layer, sim/engine/rehearsal-layer.yaml), or with
-     `--engine sim` the simulator (GB10 timing, 10-minute boots, fault injection);
+     `docker`; the image's `vllm` is real vLLM (CPU build, TP=2 across the two hosts; the
+     env file selects the `cpu` engine stack, recipes/stacks/cpu.yaml), or with
+     `--engine sim` the simulator (GB10 timing, 10-minute boots, fault injection; the
+     `upstream` stack's line, as the simulator imitates upstream vLLM);
   5. send one streamed chat request to http://SPARK1:8000 and print the reply;
   6. `status`, then `down`, then check nothing of the pair is left on either host;
   7. remove everything the rehearsal created (also on failure and Ctrl-C).
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from pairctl.cli import options
+from pairctl.cli import argtypes, options
 from pairctl.contracts import REHEARSE_EXITS, REHEARSE_PASSES_ON, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
@@ -204,7 +205,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=argtypes.seconds(0),
         default=300,
         help="seconds for `up` to become healthy (default 300)",
     )

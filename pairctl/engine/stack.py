@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from pairctl import home
+from pairctl.engine import pep440
 from pairctl.pair.config import ConfigError
 
 SUPPORTED_STACK_VERSIONS = (1,)
@@ -33,6 +34,7 @@ TOP_KEYS = {
     "name",
     "description",
     "vllm",
+    "vllm_match",
     "image",
     "interpreter",
     "entrypoint",
@@ -180,6 +182,9 @@ class Stack:
     # pairctl.engine.bootlog's vLLM 0.33 needles, a marker with a needle's text replacing it.
     boot_markers_replace: bool = False
     overlay_gaps: tuple[OverlayGap, ...] = ()
+    # PEP 440 specifiers for other vLLM versions that are this stack too (the official line
+    # after the release it was measured on: ">=0.27.1"); None: ``vllm`` exactly.
+    vllm_match: str | None = None
 
     def summary(self) -> str:
         """One line for ``plan``: which vLLM runs, and how the container starts it."""
@@ -392,7 +397,24 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
         paths_source=" ".join(str(data.get("paths_source") or "").split()),
         timeouts_source=" ".join(str(timeouts.get("source") or "").split()),
         overlay_gaps=gaps,
+        vllm_match=_vllm_match(data, path),
     )
+
+
+def _vllm_match(data: dict[str, Any], path: str) -> str | None:
+    """``vllm_match``: PEP 440 specifiers (``>=0.27.1``), checked here so a typo is a config
+    error and not a stack that silently identifies nothing."""
+    raw = data.get("vllm_match")
+    if raw is None:
+        return None
+    text = str(raw)
+    if not pep440.is_specifier(text):
+        raise _err(path, f"vllm_match {text!r} must be PEP 440 specifiers, e.g. '>=0.27.1'")
+    try:
+        pep440.check_specifiers(text)
+    except pep440.InvalidVersion as exc:
+        raise _err(path, f"vllm_match: {exc}") from exc
+    return text
 
 
 def stacks_dir() -> Path:

@@ -167,7 +167,7 @@ def start_rank(pair: ResolvedPair, rank: int, boot_id: str | None = None) -> int
     """docker run one rank on its node (overlay mount only if OVERLAY_DIR exists there);
     ``boot_id``: this boot's id, the same for both ranks (``pairctl.pair.plan.LABEL_BOOT``)."""
     node = pair.nodes[rank]
-    image = pair.image
+    image = pair.node_image(rank)
     caches = list(pair.caches.values())
     head = f"OV={shlex.quote(pair.overlay_dir)}\nIMAGE={shlex.quote(image)}\n"
     head += f"set -- {shlex.join(caches)}\n"

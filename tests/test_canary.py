@@ -23,16 +23,39 @@ REF = load_reference(str(cn.CANARY_PROMPTS))
 SPEC = {p["name"]: p for p in REF["prompts"]}
 
 
+# Replies written here, not read from the prompts file: right answers as a model renders
+# them (markdown emphasis, punctuation, case, a code fence), and wrong ones.
 @pytest.mark.parametrize(
     "name, reply, kind",
     [
         ("arithmetic", "391", cn.OK),
-        ("arithmetic", " `391`\n", cn.OK),  # what the gate forgives
+        ("arithmetic", " `391`\n", cn.OK),
+        ("arithmetic", "**391**", cn.OK),
+        ("arithmetic", "391.", cn.OK),
+        ("capital_en", "**Paris**", cn.OK),
+        ("capital_en", "Paris.", cn.OK),
+        ("capital_en", "paris", cn.OK),
+        ("capital_en", "*PARIS*!", cn.OK),
+        ("capital_en", '"Paris"', cn.OK),
+        ("capital_en", "- Paris", cn.OK),
+        ("capital_en", "Paris, France", cn.OK),  # accepted by the file
         ("capital_zh", "巴黎。", cn.OK),
+        ("capital_zh", "**巴黎**", cn.OK),
+        ("capital_zh", "巴黎市", cn.OK),
         ("capital_ru", "Токио", cn.OK),
+        ("capital_ru", "ТОКИО.", cn.OK),
+        ("code_output", "```\n15\n```", cn.OK),
+        ("code_output", "`15`.", cn.OK),
         ("arithmetic", "392", cn.WRONG),
+        ("arithmetic", "**392**", cn.WRONG),
+        ("arithmetic", "-391", cn.WRONG),  # a sign is part of a number
+        ("arithmetic", "391 (23 x 17)", cn.WRONG),
         ("capital_en", "Lyon", cn.WRONG),
+        ("capital_en", "**Lyon**.", cn.WRONG),
+        ("capital_en", "The capital of France is Paris.", cn.WRONG),  # not only the name
+        ("code_output", "5", cn.WRONG),
         ("capital_en", "巴黎", cn.DRIFT),  # asked in English, answered in Chinese
+        ("capital_en", "**巴黎**", cn.DRIFT),
         ("capital_zh", "Paris", cn.DRIFT),
         ("capital_ru", "东京", cn.DRIFT),
         ("arithmetic", "三百九十一", cn.DRIFT),  # the number must come back in digits
@@ -48,25 +71,82 @@ def test_a_reply_is_judged_right_wrong_garbled_or_drifted(name: str, reply: str,
     assert (why is None) == (kind == cn.OK)
 
 
+def test_every_canary_prompt_forgives_what_cannot_be_a_fault() -> None:
+    """Greedy decoding repeats a reply: a prompt that rejects `**answer**` or `answer.`
+    would raise the same false alarm at every run."""
+    for p in REF["prompts"]:
+        assert {"emphasis", "punctuation"} <= set(p.get("forgive", [])), p["name"]
+
+
 def test_the_canary_set_is_the_gates_format_and_short() -> None:
     assert REF["max_tokens"] <= 64 and len(REF["prompts"]) <= 8
     assert {cn.dominant_script(p["answer"]) for p in REF["prompts"]} >= {"LATIN", "HAN", "CYRILLIC"}
 
 
-def test_a_run_keeps_errors_apart_from_output_events() -> None:
-    answers = {"arithmetic": ("391", None), "capital_en": (None, "HTTP 500: boom")}
+def test_an_error_is_an_event_like_a_wrong_answer() -> None:
+    answers = {
+        "arithmetic": ("**391**", None),
+        "capital_en": (None, "HTTP 500: boom"),
+        "capital_zh": ("Paris", None),
+        "capital_ru": (None, "the reply was all reasoning (32 tokens); raise max_tokens or ..."),
+    }
 
     def ask(spec):
         return answers.get(spec["name"], ("zzz", None))
 
     res = cn.run(ask, REF)
     kinds = {v.name: v.kind for v in res.verdicts}
-    assert kinds["arithmetic"] == cn.OK and kinds["capital_en"] == cn.ERROR
-    assert kinds["capital_zh"] == cn.DRIFT and kinds["code_output"] == cn.WRONG
-    assert [v.name for v in res.events] == ["capital_zh", "capital_ru", "code_output"]
+    assert kinds == {
+        "arithmetic": cn.OK,
+        "capital_en": cn.ERROR,
+        "capital_zh": cn.DRIFT,
+        "capital_ru": cn.ERROR,
+        "code_output": cn.WRONG,
+    }
+    assert [v.name for v in res.events] == ["capital_en", "capital_zh", "capital_ru", "code_output"]
     doc = res.to_dict()
-    assert doc["passed"] is False and doc["events"] == ["capital_zh", "capital_ru", "code_output"]
+    assert doc["passed"] is False and doc["events"][0] == "capital_en"
     assert res.summary().startswith("canary: 1/5 right; ERROR capital_en: HTTP 500: boom")
+
+
+def canary_monitor(canary, tmp_path: Path) -> tuple[Monitors, list[str]]:
+    lines: list[str] = []
+    mon = Monitors(
+        MonitorConfig(canary_every_s=900, window_s=60, sentinel=False),
+        counters=lambda: None,
+        band=lambda: None,
+        canary=canary,
+        log=lines.append,
+        record=tmp_path / "m.json",
+        clock=lambda: 0.0,
+    )
+    return mon, lines
+
+
+def test_a_canary_that_cannot_ask_is_an_event_in_the_log_and_in_status(tmp_path: Path) -> None:
+    """Only errors, every answer that came back right: still an event, never silence."""
+    timeout = cn.CanaryVerdict("capital_en", cn.ERROR, "timeout after 30s", None, 30.0)
+    right = cn.CanaryVerdict("arithmetic", cn.OK, None, "391", 0.1)
+    mon, lines = canary_monitor(lambda: cn.CanaryResult("t", [right, timeout]), tmp_path)
+    mon.after_ok_probe()
+    assert lines == [
+        "CANARY EVENT (no restart): canary: 1/2 right; ERROR capital_en: timeout after 30s"
+    ]
+    rec = read_record(tmp_path / "m.json")
+    assert rec["canary"]["passed"] is False and rec["canary"]["events"] == ["capital_en"]
+    events = events_of(None, rec)
+    assert len(events) == 1 and "error capital_en: timeout after 30s" in events[0]
+
+
+def test_a_canary_run_that_raises_is_an_event(tmp_path: Path) -> None:
+    def broken():
+        raise ValueError("prompts file vanished")
+
+    mon, lines = canary_monitor(broken, tmp_path)
+    mon.after_ok_probe()
+    assert len(lines) == 1 and lines[0].startswith("CANARY EVENT (no restart)")
+    assert "could not run (ValueError: prompts file vanished)" in lines[0]
+    assert events_of(None, read_record(tmp_path / "m.json"))
 
 
 C = [0.81, 0.62, 0.46, 0.33, 0.24]

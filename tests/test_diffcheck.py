@@ -20,13 +20,17 @@ from tests.support.real_engine import SPEC, RealServer
 from tests.support.twin import REPO, Twin, free_port, wait_http
 
 SNAPSHOT = REPO / "tests" / "data" / "real_engine" / "single-node.json"
+# the same corpus against a real server with --reasoning-parser deepseek_v4 (the recipe's)
+REASONING_SNAPSHOT = SNAPSHOT.with_name("single-node-reasoning.json")
+PARSER = ["--reasoning-parser", "deepseek_v4"]
 # served under a path, as the real engine serves the model directory (error messages
 # then name it `<path>` on both sides)
 MODEL = "/opt/models/tiny-dsv4-llama"
 
 
-def twin_args(port: int) -> list[str]:
+def twin_args(port: int, extra: list[str] | None = None) -> list[str]:
     return [
+        *(extra or []),
         MODEL,
         "--host",
         "127.0.0.1",
@@ -44,10 +48,10 @@ def twin_args(port: int) -> list[str]:
     ]
 
 
-def record_twin(tmp_path: Path) -> dict:
+def record_twin(tmp_path: Path, extra: list[str] | None = None) -> dict:
     """Corpus, then SIGTERM (docker stop), so the twin's boot and shutdown logs exist."""
     port = free_port()
-    twin = Twin(twin_args(port), tmp_path, "twin")
+    twin = Twin(twin_args(port, extra), tmp_path, "twin")
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=20)
         snap = probe.record(f"http://127.0.0.1:{port}")
@@ -75,6 +79,18 @@ def test_twin_answers_as_the_recorded_real_engine(tmp_path):
     # the comparison did look at everything: each case, metric families, both log events
     assert {f.case for f in findings} >= set(real["cases"]) | {"boot", "shutdown"}
     assert {f.case for f in findings if f.area == "case"} >= {"err_bad_json", "health"}
+
+
+def test_twin_splits_replies_as_the_recorded_real_engine_with_a_reasoning_parser(tmp_path):
+    """Thinking mode (the default) with 6 tokens: content null, the reply in `reasoning`;
+    chat mode: content only; `completion_tokens_details.reasoning_tokens` in every usage."""
+    real = json.loads(REASONING_SNAPSHOT.read_text())
+    assert "--reasoning-parser deepseek_v4" in real["provenance"]["server"]
+    chat = real["cases"]["chat"]["body"]["choices"][0]["message"]
+    assert (chat["content"], chat["reasoning"]) == ("null", "str")  # the recording's shape
+    assert diffs(compare.compare(record_twin(tmp_path, PARSER), real)) == []
+    # without the parser the twin does not match it: the check can fail
+    assert any("reasoning" in d for d in diffs(compare.compare(record_twin(tmp_path), real)))
 
 
 def test_shape_diff_names_missing_keys_and_types():

@@ -251,27 +251,37 @@ def test_watch_waits_for_a_wedged_rank1s_ssh_then_cleans_up_and_relaunches() -> 
 
 
 def test_watch_never_restarts_for_memory_alone() -> None:
+    """Memory pressure is an event, never a restart, and the 1-token probe still decides: the
+    watchdog sits through warning and critical readings while the probe answers (and through
+    a single failure under pressure), then restarts once, when the probe fails K (2) times in
+    a row under that same pressure. A watchdog that never restarts fails this, and so does
+    one that counts a critical reading as a failed probe."""
+    ok, crit, warn = 24, 5, 11  # GiB available of 119.7
+    # tick:    1   2     3     4       5     6       7       8
+    avail = [ok, warn, crit, crit, crit, crit, crit, ok]
+    probes = [None, None, None, "HTTP 500", None, "HTTP 500", "no answer within 5 s", None]
+    readings = iter([[reading(0, 119.7, 24), reading(1, 119.7, a)] for a in avail])
     log: list[str] = []
-    readings = iter(
-        [
-            [reading(0, 119.7, 24), reading(1, 119.7, 24)],
-            [reading(0, 119.7, 24), reading(1, 119.7, 11)],
-            [reading(0, 119.7, 24), reading(1, 119.7, 5)],
-            [reading(0, 119.7, 24), reading(1, 119.7, 5)],
-            [reading(0, 119.7, 24), reading(1, 119.7, 24)],
-        ]
-    )
-    restarts = []
+    restarted_at: list[int] = []
+    tick = 0
+
+    def restart() -> int:
+        restarted_at.append(tick)
+        return 0
+
     dog = watch.Watchdog(
         CFG,
-        lambda: None,
-        lambda: restarts.append(1) or 0,
+        lambda: probes.pop(0),
+        restart,
         log.append,
         nodes=NodeWatch(lambda: next(readings), log.append),
     )
-    for _ in range(5):
+    for tick in range(1, len(avail) + 1):  # noqa: B007 - restart() reads it
         dog.tick()
-    assert restarts == []
+    assert probes == [], "every scripted probe was asked"
+    assert restarted_at == [7], log  # not at 3-6 (critical, probes good or one failure)
+    assert "2 failed probes in a row: restarting the pair (down, then up)" in log
+    assert "FAIL 1/2: HTTP 500" in log and log[-1].startswith("ok: the restarted pair")
     mem_lines = [ln for ln in log if ln.startswith("memory")]
     assert len(mem_lines) == 4, log  # first reading, warning, critical, back to ok
     assert "WARNING" in mem_lines[1] and "CRITICAL" in mem_lines[2] and "action:" in mem_lines[2]

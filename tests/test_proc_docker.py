@@ -430,6 +430,10 @@ FLAG_CORPUS = [
     # the throwaway argv check: attached, removed after, no network, the image's python3
     "run --rm --label dsv4.pair=p --label dsv4.role=argcheck --network none --gpus all "
     "-e VLLM_LOGGING_LEVEL=ERROR --entrypoint python3 img -c 'print(1)' '[[\"m\"]]'",
+    # the image probe: attached, removed after, no network, no GPU, the stack's interpreter
+    "run --rm --label dsv4.pair=p --label dsv4.role=imageprobe --network none "
+    "-v /ov:/opt/dsv4-flash-overlays:ro -e PATH=/opt/env/bin:/usr/bin "
+    "--entrypoint /opt/env/bin/python img -c 'print(1)'",
     "run --rm --entrypoint",
     "run --rm --device",
     # image ship: save on rank 0, load on rank 1

@@ -80,3 +80,70 @@ def test_normalisation_is_narrow():
     spec = {"check": "exact", "answer": "Au"}
     assert q.check(spec, " Au.\n") is None and q.check(spec, "`Au`") is None
     assert q.check(spec, "au") is not None and q.check(spec, "The symbol is Au") is not None
+
+
+def test_a_prompt_may_declare_tolerant_matching():
+    spec = {
+        "check": "exact",
+        "answer": "Paris",
+        "forgive": ["emphasis", "punctuation", "case"],
+        "accept": ["Paris, France"],
+    }
+    for right in ("**Paris**", "Paris.", "_paris_", "PARIS!", "«Paris»", "paris, france."):
+        assert q.check(spec, right) is None, right
+    for wrong in ("Lyon", "**Lyon**", "Paris is the capital", "Pa ris"):
+        assert "expected 'Paris' or 'Paris, France'" in q.check(spec, wrong), wrong
+    only_emphasis = {"check": "exact", "answer": "Au", "forgive": ["emphasis"]}
+    assert q.check(only_emphasis, "**Au**") is None
+    assert q.check(only_emphasis, "Au.") is not None and q.check(only_emphasis, "au") is not None
+    number = {"check": "exact", "answer": "391", "regex": r"391(\.0+)?"}
+    assert q.check(number, "391.00") is None and q.check(number, "3910") is not None
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"forgive": ["bold"]}, "forgive must be a list of"),
+        ({"accept": "Paris"}, "accept must be a list"),
+        ({"regex": "(unclosed"}, "does not compile"),
+    ],
+)
+def test_a_bad_matching_declaration_is_refused_before_any_request(tmp_path, extra, needle):
+    import argparse
+
+    from pairctl.gate.check import load_reference
+
+    doc = {"max_tokens": 8, "prompts": [{**REF["prompts"][1], **extra}]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(argparse.ArgumentTypeError, match=needle) as exc:
+        load_reference(str(path))
+    assert "prompt fact" in str(exc.value)
+
+
+def test_the_answer_is_read_from_content_and_reasoning_is_set_apart():
+    """vLLM 0.33's shapes with --reasoning-parser deepseek_v4 (sim/twin/thinking.py)."""
+    from pairctl.gate.reply import from_body
+
+    cut = {
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": None, "reasoning": "Let me see, 29"},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": {"completion_tokens": 64, "completion_tokens_details": {"reasoning_tokens": 64}},
+    }
+    r = from_body(cut)
+    assert r.all_reasoning and r.finish_reason == "length"
+    assert r.no_answer() == (
+        "the reply was all reasoning (64 tokens); raise max_tokens or ask without thinking"
+    )
+    done = {"choices": [{"message": {"content": "7", "reasoning": "count: 7"}}]}
+    assert from_body(done).content == "7" and from_body(done).no_answer() is None
+    older = {"choices": [{"message": {"content": "", "reasoning_content": "hmm"}}]}
+    assert from_body(older).all_reasoning  # the field's older name
+    empty = {"choices": [{"message": {"content": None}}]}
+    assert from_body(empty).no_answer() == "empty reply (no content)"
+    with pytest.raises(TypeError):
+        from_body({"choices": [{"message": {"content": 7}}]})

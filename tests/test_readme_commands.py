@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from pairctl.contracts import DEFAULT_RECIPE
+
 REPO = Path(__file__).resolve().parents[1]
 READMES = (REPO / "README.md", REPO / "launch" / "README.md")  # the root one and the launcher's
 VENV_BIN = Path(sys.executable).parent
@@ -219,3 +221,72 @@ def test_a_broken_readme_command_would_fail(broken: str, tmp_path: Path) -> None
     env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ['PATH']}")
     p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode != 0, (broken, p.stdout)
+
+
+# --- the Quickstart's path per engine stack --------------------------------------------
+
+STACK_PATHS_HEADING = "### A path per engine stack"
+STACK_PATHS = ("fork", "upstream", "cpu")  # recipes/stacks/NAME.yaml, the rehearsal's is cpu
+# The fixed start of each success line the paths quote -> (the file that prints it, the text
+# that file must contain): a line the code cannot print sends an operator looking for it.
+SUCCESS_PRINTERS = {
+    "IMAGE = sha256:": ("pairctl/engine/imageship.py", "on both ranks ("),
+    "healthy after ": (
+        "pairctl/lifecycle/steps.py",
+        'f"healthy after {elapsed}: {base}/v1 serving',
+    ),
+    "image check passed: ": ("launch/image/upstream/check_image.py", '"image check passed: '),
+    "PATCH FAILED": ("launch/image/upstream/patches/_patchlib.py", '"PATCH FAILED {exc}"'),
+    "IMAGE CHECK FAILED": ("launch/image/upstream/check_image.py", '"IMAGE CHECK FAILED: '),
+    "reply done: ": ("sim/rehearsal/rehearse.py", 'say(f"reply done: {res.chunks} chunks, usage'),
+    "[rehearse ": ("sim/rehearsal/rehearse.py", 'say("rehearsal passed")'),
+}
+
+
+def stack_paths() -> dict[str, str]:
+    """Each stack's bullet of the README's per-stack Quickstart paths, by stack name."""
+    text = (REPO / "README.md").read_text()
+    assert STACK_PATHS_HEADING in text, f"README lacks {STACK_PATHS_HEADING!r}"
+    section = text.split(STACK_PATHS_HEADING, 1)[1]
+    section = re.split(r"\n(?=#|\d+\. )", section, maxsplit=1)[0]
+    bullets = re.findall(r"^- \*\*`([a-z-]+)`\*\*(.*?)(?=^- \*\*`|\Z)", section, re.S | re.M)
+    return {name: re.sub(r"\s+", " ", body) for name, body in bullets}
+
+
+def test_the_quickstart_has_a_path_per_stack_with_time_and_success() -> None:
+    paths = stack_paths()
+    assert sorted(paths) == sorted(STACK_PATHS)
+    stacks_dir = REPO / "recipes" / "stacks"
+    if stacks_dir.is_dir():  # the declared stacks, once they are declared
+        assert set(paths) <= {p.stem for p in stacks_dir.glob("*.yaml")}
+    for name, body in paths.items():
+        assert re.search(r"~?\d+(\.\d+)? min", body), f"{name}: no time"
+        assert "Success:" in body, name
+        quoted = [
+            s for s in re.findall(r"`([^`]+)`", body) if s.startswith(tuple(SUCCESS_PRINTERS))
+        ]
+        assert quoted, f"{name}: no success line the code prints"
+        for line in quoted:
+            key = next(k for k in SUCCESS_PRINTERS if line.startswith(k))
+            path, text = SUCCESS_PRINTERS[key]
+            assert text in (REPO / path).read_text(), (name, line, path)
+
+
+def test_the_success_lines_match_what_the_code_prints() -> None:
+    """The versions, counts and names the lines quote are the ones the code has."""
+    paths = stack_paths()
+    dockerfile = (REPO / "launch" / "image" / "upstream" / "Dockerfile").read_text()
+
+    def arg(name: str) -> str:
+        m = re.search(rf"^ARG {name}=(\S+)$", dockerfile, re.M)
+        assert m, name
+        return m.group(1)
+
+    check = next(s for s in re.findall(r"`([^`]+)`", paths["upstream"]) if "image check" in s)
+    imports = len(re.findall(r"--import \S+", dockerfile))
+    assert check.startswith(f"image check passed: vllm {arg('VLLM_VERSION')}, torch ")
+    assert f"torch {arg('TORCH_VERSION')}" in check
+    assert f"flashinfer {arg('FLASHINFER_VERSION')}; {imports} import(s) resolved" in check
+    served = re.search(r"^\s+served-model-name: (\S+)$", DEFAULT_RECIPE.read_text(), re.M)
+    assert served and f"serving {served.group(1)}`" in paths["fork"]
+    assert "`make rehearse`" in paths["cpu"] and "rehearsal passed" in paths["cpu"]

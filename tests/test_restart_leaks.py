@@ -2,7 +2,10 @@
 hosts (real sshd, process runtime, simulator). After every `down`: no container, no process
 but sshd, no listening port but sshd's, no new /dev/shm entry, the pair's lock free and one
 lock file; the machine's MemAvailable back to its baseline and a running pair's memory not
-growing across restarts, within the margins of `sim.rehearsal.leaks.MARGINS`.
+growing across restarts, within the margins of `sim.rehearsal.leaks.MARGINS`. Then a leak of
+known size is injected for real (a process holding LEAK_KIB in host 2, a /dev/shm segment)
+and must be reported: by the process and file checks, and by the memory margins, which are
+smaller than it.
 
 DSV4_LEAK_CYCLES sets the number of cycles (default 10). The measuring is
 `sim.rehearsal.leaks` (`python -m sim.rehearsal.leaks --json FILE` prints the same table by
@@ -12,8 +15,12 @@ hosts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +30,14 @@ from tests.support.rehearsal import pair_fixture
 
 REPO = Path(__file__).resolve().parents[1]
 CYCLES = int(os.environ.get("DSV4_LEAK_CYCLES", "10"))
+# The injected leak: a process holding this much, an eighth of the simulated pair's 256 MiB
+# resident while up (measured), the size of a restart loop's per-cycle loss at small scale.
+LEAK_KIB = 32 * 1024
+# It touches every page, so all of it is resident, then waits to be killed.
+BALLAST = (
+    "import signal, sys; held = b'\\x01' * int(sys.argv[1]); "
+    "print('holding', len(held), flush=True); signal.pause()"
+)
 
 pair = pair_fixture("dsv4k")
 
@@ -110,6 +125,45 @@ def test_ten_down_up_cycles_leave_nothing_behind(pair: hosts.Pair, tmp_path: Pat
         "each up must really have started both ranks"
     )
     assert doc["leaks"] == [], "\n".join(doc["leaks"])
+    caught_a_real_leak(pair, base, ups, downs)
+
+
+def caught_a_real_leak(
+    pair: hosts.Pair, base: leaks.Snapshot, ups: list[leaks.Snapshot], downs: list[leaks.Snapshot]
+) -> None:
+    """After the clean cycles: a process holding LEAK_KIB left in host 2 and a /dev/shm
+    segment, as a down that leaks would leave them, measured by a real snapshot. Every check
+    must report them, the memory ones included: the margins are smaller than this leak (the
+    running pair's growth margin judged with the leak on its last three cycles)."""
+    first = statistics.median(u.netns_rss_kib for u in ups[:3])
+    assert leaks.MARGINS["netns_rss_kib"] < LEAK_KIB
+    assert leaks.up_rss_limit(first) - first < LEAK_KIB, "growth margin over the leak"
+    shm = Path("/dev/shm") / f"psm_{pair.h1.name}-leak"
+    ballast = pair.h2.popen(
+        [sys.executable, "-c", BALLAST, str(LEAK_KIB * 1024)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert ballast.stdout is not None
+        assert ballast.stdout.readline().startswith("holding"), "the leak did not start"
+        shm.write_bytes(b"\0" * 4096)
+        leaky = leaks.snapshot(pair, f"down {len(downs) + 1} (leak injected)")
+    finally:
+        ballast.kill()
+        ballast.wait(timeout=30)
+        shm.unlink(missing_ok=True)
+    held = leaky.netns_rss_kib - base.netns_rss_kib
+    assert held >= LEAK_KIB, f"the leaked process holds {held} kB, expected {LEAK_KIB}+"
+    found = leaks.verdicts(base, ups, [*downs, leaky], machine_memory=False)
+    text = "\n".join(found)
+    assert f"processes left on {pair.h2.name}" in text and "-c import signal" in text, text
+    assert "resident in the hosts" in text, text
+    assert f"/dev/shm entries left behind: ['{shm.name}']" in text, text
+    if len(ups) >= 6:  # the growth verdict compares the first three cycles with the last
+        leaked = [dataclasses.replace(u, netns_rss_kib=u.netns_rss_kib + held) for u in ups[-3:]]
+        found = leaks.verdicts(base, [*ups[:-3], *leaked], downs, machine_memory=False)
+        assert any("grows across restarts" in v for v in found), found
 
 
 def test_a_shared_box_leaves_out_only_the_machine_wide_verdicts() -> None:

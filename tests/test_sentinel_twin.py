@@ -65,6 +65,8 @@ answers:
 def start(tmp: Path, name: str, fault: str = "") -> tuple[Twin, str]:
     port = free_port()
     args = ["m", "--host", "127.0.0.1", "--port", str(port), "--twin-profile", str(profile(tmp))]
+    # the recipe's parser: thinking replies come split into reasoning and content
+    args += ["--reasoning-parser", "deepseek_v4", "--tokenizer-mode", "deepseek_v4"]
     if fault:
         args += ["--twin-fault", fault]
     twin = Twin(args, tmp, name)

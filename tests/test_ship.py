@@ -5,20 +5,30 @@ for the two nodes' disks."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from pairctl.contracts import DEFAULT_RECIPE
-from pairctl.engine.imageship import DOCKERFILE_DIR, build_argv
+from pairctl.contracts import DEFAULT_RECIPE, REPO
+from pairctl.engine import imageship
+from pairctl.engine.imageship import DEFAULT_DOCKERFILE, build_argv, dockerfile_for
+from pairctl.engine.stack import Stack, parse_stack
 from pairctl.nodes.modelfetch import INDEX, fetch, verify
+from pairctl.nodes.shardcheck import shard_problem
 from pairctl.nodes.transfer import TransferError, send_tree
-from pairctl.pair.resolved import load
+from pairctl.pair.config import ConfigError
+from pairctl.pair.resolved import ResolvedPair, load
+from tests.conftest import require
 from tests.fakes.fakepair import IMAGE, IMAGE_ID, SECRET, Env
+from tests.support.shards import shard_bytes, write_checkpoint
 
 EXIT_RUNTIME, EXIT_USAGE, EXIT_PREFLIGHT = 1, 2, 3
 REPO_ID = "deepseek-ai/DeepSeek-V4-Flash-DSpark"
@@ -89,11 +99,95 @@ def test_ship_refuses_off_spark1_and_bad_lines(pair: Env) -> None:
 
 def test_build_uses_the_repos_dockerfile_with_pinned_base_and_fork() -> None:
     argv = build_argv("vllm-dspark:x")
-    assert argv[:4] == ["docker", "build", "-t", "vllm-dspark:x"]
-    text = (DOCKERFILE_DIR / "Dockerfile").read_text()
+    assert argv == [
+        "docker", "build", "-t", "vllm-dspark:x",
+        "-f", str(DEFAULT_DOCKERFILE), str(DEFAULT_DOCKERFILE.parent),
+    ]  # fmt: skip
+    text = DEFAULT_DOCKERFILE.read_text()
     assert "ARG BASE_IMAGE=" in text and "ARG FORK_COMMIT=" in text
     fork = next(line for line in text.splitlines() if line.startswith("ARG FORK_COMMIT="))
     assert len(fork.split("=", 1)[1]) == 40  # a commit, not a branch
+
+
+UPSTREAM_DOCKERFILE = REPO / "launch" / "image" / "upstream" / "Dockerfile"
+NODES = (SimpleNamespace(label="rank 0 (h1)"), SimpleNamespace(label="rank 1 (h2)"))
+
+
+def a_stack(name: str = "upstream", **image: str) -> Stack:
+    """A declared stack (the loader's own validation), built from ``image`` by default."""
+    image = image or {"obtain": "build", "dockerfile": "launch/image/upstream/Dockerfile"}
+    return parse_stack(
+        {
+            "stack_version": 1,
+            "name": name,
+            "vllm": "0.27.1",
+            "image": image,
+            "interpreter": "/usr/bin/python3",
+            "entrypoint": "/usr/local/bin/vllm",
+        },
+        f"recipes/stacks/{name}.yaml",
+    )
+
+
+def test_the_stack_names_the_dockerfile_build_builds() -> None:
+    assert dockerfile_for(None) == DEFAULT_DOCKERFILE  # no stack resolved: the default
+    assert dockerfile_for(a_stack()) == UPSTREAM_DOCKERFILE
+    argv = build_argv("dsv4-upstream:0.27.1", dockerfile_for(a_stack()))
+    assert argv[-3:] == ["-f", str(UPSTREAM_DOCKERFILE), str(UPSTREAM_DOCKERFILE.parent)]
+    pulled = a_stack(obtain="pull", pull="vllm/vllm-openai@sha256:" + "0" * 64)
+    with pytest.raises(ConfigError, match="not built from a Dockerfile.*--pull"):
+        dockerfile_for(pulled)
+    with pytest.raises(ConfigError, match="does not exist"):
+        dockerfile_for(a_stack(obtain="build", dockerfile="launch/image/nope/Dockerfile"))
+
+
+def test_ship_build_builds_the_pairs_stack_dockerfile(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """With ResolvedPair.stack set, --build builds that stack's recipe, not the fork's."""
+    seen: list[list[str]] = []
+    monkeypatch.setattr(imageship, "_stream", lambda argv: seen.append(argv) or 1)
+    pair = SimpleNamespace(nodes=NODES, image="dsv4-upstream:0.27.1", stack=a_stack())
+    assert imageship.ship(pair, build=True) == EXIT_RUNTIME  # type: ignore[arg-type]
+    assert seen == [build_argv("dsv4-upstream:0.27.1", UPSTREAM_DOCKERFILE)]
+    err = capsys.readouterr().err
+    assert "docker build of launch/image/upstream/Dockerfile failed" in err
+
+
+def test_ship_says_how_the_pairs_stack_gets_its_image(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(imageship, "image_id", lambda node, ref: "")
+    for stack, expect in (
+        (a_stack(), "image ship --build, from launch/image/upstream/Dockerfile"),
+        (None, "image ship --build, from launch/image/Dockerfile"),
+    ):
+        pair = SimpleNamespace(nodes=NODES, image="img:1", stack=stack)
+        assert imageship.ship(pair) == EXIT_RUNTIME  # type: ignore[arg-type]
+        err = capsys.readouterr().err
+        assert expect in err and "--pull" in err, err
+
+
+def test_ship_build_from_the_cli_builds_the_default_stack(pair: Env) -> None:
+    p = pair.run("image", "ship", "--build", "--stage", str(pair.tmp / "stage"))
+    assert p.returncode == EXIT_RUNTIME  # the fake docker builds nothing
+    assert f"-f {DEFAULT_DOCKERFILE} {DEFAULT_DOCKERFILE.parent}" in p.stderr
+    assert "docker build of launch/image/Dockerfile failed" in p.stderr
+
+
+@pytest.mark.parametrize("dockerfile", [DEFAULT_DOCKERFILE, UPSTREAM_DOCKERFILE])
+def test_the_real_docker_client_accepts_the_build_line(dockerfile: Path) -> None:
+    """The client parses every flag and prepares the context, then needs a daemon."""
+    docker = shutil.which("docker")
+    require(docker is not None, "the docker client is not installed")
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    argv = build_argv("dsv4-check:x", dockerfile)
+    p = subprocess.run(
+        [str(docker), *argv[1:]], capture_output=True, text=True, env=env, timeout=60
+    )
+    msg = p.stdout + p.stderr
+    assert "unknown flag" not in msg and "unable to prepare context" not in msg, msg
+    assert "Cannot connect to the Docker daemon" in msg or "docker.sock" in msg, msg
 
 
 # --- the resumable copy ------------------------------------------------------------------
@@ -154,7 +248,7 @@ def test_copy_failure_names_the_node_and_says_run_again(fakes_env: Env) -> None:
 # --- model fetch / verify ------------------------------------------------------------------
 
 FAKE_HF = """#!{py}
-import json, os, sys
+import json, os, struct, sys
 from pathlib import Path
 argv = sys.argv[1:]
 Path(os.environ["FAKE_HF_LOG"]).write_text(json.dumps({{
@@ -163,8 +257,10 @@ dest = Path(argv[argv.index("--local-dir") + 1])
 rev = argv[argv.index("--revision") + 1]
 (dest / "config.json").write_text('{{"model_type": "deepseek_v4"}}')
 shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-for i, s in enumerate(shards):
-    (dest / s).write_bytes(bytes([i]) * (4096 + i))
+for i, s in enumerate(shards):  # real safetensors (tests/support/shards.py has the layout)
+    head = json.dumps({{f"t{{i}}": {{"dtype": "U8", "shape": [4096 + i],
+                                     "data_offsets": [0, 4096 + i]}}}}).encode()
+    (dest / s).write_bytes(struct.pack("<Q", len(head)) + head + bytes([i]) * (4096 + i))
 (dest / "model.safetensors.index.json").write_text(json.dumps(
     {{"weight_map": {{"a.weight": shards[0], "b.weight": shards[1]}}}}))
 meta = dest / ".cache" / "huggingface" / "download"
@@ -240,4 +336,86 @@ def test_verify_wants_the_safetensors_index(hub: tuple[Env, Path], capsys) -> No
     (Path(pair.values["MODEL_PATH"]) / INDEX).unlink()
     (far / INDEX).unlink()
     assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
-    assert f"{INDEX} missing" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"both copies are incomplete: missing {INDEX}" in err
+    assert "the copies differ" not in err  # the same on both: incomplete, not different
+
+
+# --- verify: shards that are there but not whole, and copies alike in what they lack ---------
+
+SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"]
+SHARDS += ["model-00003-of-00003.safetensors"]
+
+
+@pytest.fixture()
+def two_copies(fakes_env: Env) -> tuple[ResolvedPair, Path, Path]:
+    """The same small checkpoint (real safetensors shards) as rank 0's MODEL_PATH and as
+    rank 1's copy (a second directory, reached over the fake ssh)."""
+    pair = fakes_env
+    near, far = pair.tmp / "models" / "dsv4", pair.tmp / "rank1-disk"
+    write_checkpoint(near, SHARDS)
+    shutil.copytree(near, far)
+    pair.values.update(MODEL_PATH=str(near), MODEL_REVISION=REV, MODEL_REPO=REPO_ID)
+    pair.write_env()
+    return load(pair.env_file, DEFAULT_RECIPE), near, far
+
+
+def test_verify_passes_two_whole_copies(two_copies, capsys) -> None:
+    resolved, _near, far = two_copies
+    assert verify(resolved, far_root=str(far)) == 0
+    assert "all 3 shards" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cut", [0, 100, -1], ids=["empty", "cut-short", "one-byte-short"])
+def test_verify_fails_a_shard_that_is_not_whole_on_both_ranks(two_copies, capsys, cut) -> None:
+    resolved, near, far = two_copies
+    shard = SHARDS[1]
+    body = (near / shard).read_bytes()
+    for root in (near, far):  # the same broken file on both: sizes and names agree
+        (root / shard).write_bytes(body[:cut])
+    assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
+    err = capsys.readouterr().err
+    assert f"both copies are incomplete: {shard} " in err, err
+    assert ("0 bytes" if cut == 0 else "cut short") in err
+    assert "the copies differ" not in err and "delete the broken shard" in err
+
+
+def test_verify_calls_two_alike_incomplete_copies_incomplete_not_different(
+    two_copies, capsys
+) -> None:
+    resolved, near, far = two_copies
+    for root in (near, far):
+        (root / SHARDS[2]).unlink()
+    assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
+    err = capsys.readouterr().err
+    assert f"both copies are incomplete: missing {SHARDS[2]}" in err, err
+    assert "the copies differ" not in err and "MISMATCH" not in err
+    assert "run model fetch again: it resumes the download" in err
+
+
+def test_verify_names_a_shard_only_rank1_lacks_as_a_difference(two_copies, capsys) -> None:
+    resolved, _near, far = two_copies
+    (far / SHARDS[0]).unlink()
+    assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
+    err = capsys.readouterr().err
+    assert f"MISMATCH: rank 1 lacks {SHARDS[0]}" in err and "the copies differ" in err
+    assert "incomplete" not in err  # rank 0 has all of it
+
+
+@pytest.mark.parametrize("cut", [0, 5, 60, -1])
+def test_the_shard_check_agrees_with_the_safetensors_loader(tmp_path: Path, cut: int) -> None:
+    """shardcheck's verdict is the real loader's (huggingface/safetensors), whole or cut."""
+    require(importlib.util.find_spec("safetensors") is not None, "safetensors not importable")
+    from safetensors import safe_open
+
+    whole = tmp_path / "whole.safetensors"
+    whole.write_bytes(shard_bytes(300))
+    part = tmp_path / "part.safetensors"
+    part.write_bytes(whole.read_bytes()[:cut])
+    assert shard_problem(whole) is None
+    with safe_open(str(whole), framework="numpy") as f:
+        assert list(f.keys()) == ["w"]
+    assert shard_problem(part) is not None
+    with pytest.raises(Exception):  # noqa: B017 - the loader's own error type varies by cause
+        with safe_open(str(part), framework="numpy") as f:
+            f.get_tensor("w")

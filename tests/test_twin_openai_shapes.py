@@ -1,7 +1,9 @@
 """The twin takes what vLLM 0.33's OpenAI server takes for text, answers errors with vLLM's
-bodies, and moves its counters when vLLM moves them (what the bench guard's token
-conservation relies on). One fast twin for the HTTP cases; the counter timing on the engine's
-virtual clock.
+bodies, splits thinking-mode replies as vLLM's DeepSeek-V4 reasoning parser does, and moves
+its counters when vLLM moves them (what the bench guard's token conservation relies on). One
+fast twin for the HTTP cases, one more with ``--reasoning-parser deepseek_v4`` (the recipe's)
+for the reply shapes; the counter timing on the engine's virtual clock. The split itself is
+checked against vLLM's own parser in tests/test_twin_thinking.py.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from sim.twin.engine import Engine, EngineConfig, Request
 from sim.twin.metrics import Metrics
 from sim.twin.prefix_cache import PrefixCache, block_hashes
 from sim.twin.sampling import AcceptanceDrawer, key_of
-from tests.support.bench_twin import Twin
+from tests.support.bench_twin import PROFILE, Twin
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
@@ -24,6 +26,25 @@ CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 @pytest.fixture(scope="module")
 def twin(tmp_path_factory):
     t = Twin(tmp_path_factory.mktemp("twin_shapes"), "--per-request-spec-decode-metrics", "summary")
+    yield t
+    t.stop()
+
+
+# reasoning of 20-40 tokens: a 5-token max_tokens ends inside it, a 200-token one does not
+THINKING_PROFILE = PROFILE + "output:\n  reasoning_min_tokens: 20\n  reasoning_max_tokens: 40\n"
+GOLD = "What is the chemical symbol of the element gold? Reply with only the symbol."
+
+
+@pytest.fixture(scope="module")
+def parser_twin(tmp_path_factory):
+    t = Twin(
+        tmp_path_factory.mktemp("twin_reasoning"),
+        "--reasoning-parser",
+        "deepseek_v4",
+        "--tokenizer-mode",
+        "deepseek_v4",
+        profile=THINKING_PROFILE,
+    )
     yield t
     t.stop()
 
@@ -45,10 +66,9 @@ def test_content_part_arrays_are_text_like_strings(twin):
     """vllm bench serve's openai-chat backend sends these; they used to crash the twin (500)."""
     text = "What is the chemical symbol of the element gold? Reply with only the symbol."
     parts = [{"type": "text", "text": text}]
-    as_parts = post(
-        twin, CHAT, {"messages": [{"role": "user", "content": parts}], "temperature": 0}
-    )
-    as_str = post(twin, CHAT, {"messages": [{"role": "user", "content": text}], "temperature": 0})
+    chat_mode = {"temperature": 0, "chat_template_kwargs": {"thinking": False}}
+    as_parts = post(twin, CHAT, {"messages": [{"role": "user", "content": parts}], **chat_mode})
+    as_str = post(twin, CHAT, {"messages": [{"role": "user", "content": text}], **chat_mode})
     assert as_parts.status_code == 200, as_parts.text
     a, b = as_parts.json(), as_str.json()
     assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
@@ -124,6 +144,81 @@ def test_streams_carry_logprobs_continuous_usage_and_per_request_acceptance(twin
     lp = comp["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["text_offset"]) == 5
     assert "".join(lp["tokens"]) == comp["choices"][0]["text"]
+
+
+def gold(twin: Twin, stream: bool = False, **extra) -> requests.Response:
+    msgs = [{"role": "user", "content": GOLD}]
+    body = {"messages": msgs, "temperature": 0, "max_tokens": 200, **extra}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    return post(twin, CHAT, body)
+
+
+def test_thinking_replies_put_the_thinking_in_reasoning_and_the_answer_in_content(parser_twin):
+    """vllm/parser/deepseek_v4.py with vllm/entrypoints/openai/chat_completion/serving.py:
+    thinking (the default) -> message.reasoning + message.content; chat mode -> content
+    only; usage.completion_tokens_details.reasoning_tokens with a reasoning parser."""
+    doc = gold(parser_twin).json()
+    msg, use = doc["choices"][0]["message"], doc["usage"]
+    assert msg["content"] == "Au" and doc["choices"][0]["finish_reason"] == "stop"
+    assert msg["reasoning"] and "</think>" not in msg["reasoning"] + msg["content"]
+    assert "reasoning_content" not in msg  # vLLM 0.33's ChatMessage field is `reasoning`
+    # every token but </think> and the one-token answer was reasoning
+    assert use["completion_tokens_details"] == {"reasoning_tokens": use["completion_tokens"] - 2}
+    assert 20 <= use["completion_tokens"] - 2 <= 40
+    for chat_mode in (
+        {"chat_template_kwargs": {"thinking": False}},
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        {"reasoning_effort": "none"},
+    ):
+        off = gold(parser_twin, **chat_mode).json()
+        assert off["choices"][0]["message"]["content"] == "Au", chat_mode
+        assert off["choices"][0]["message"]["reasoning"] is None, chat_mode
+        assert off["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+        assert off["usage"]["prompt_tokens"] < use["prompt_tokens"]  # no effort preamble
+    # protocol.py build_chat_params: a reasoning_effort turns enable_thinking on, whatever
+    # chat_template_kwargs.thinking says
+    back_on = gold(parser_twin, chat_template_kwargs={"thinking": False}, reasoning_effort="high")
+    assert back_on.json()["choices"][0]["message"]["reasoning"] == msg["reasoning"]
+
+
+def test_max_tokens_inside_the_thinking_leaves_content_null(parser_twin):
+    doc = gold(parser_twin, max_tokens=5).json()
+    choice = doc["choices"][0]
+    assert choice["message"]["content"] is None and choice["message"]["reasoning"]
+    assert choice["finish_reason"] == "length"
+    assert doc["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
+    events = sse(gold(parser_twin, stream=True, max_tokens=5))
+    deltas = [e["choices"][0]["delta"] for e in events[1:] if e["choices"]]
+    assert all("content" not in d for d in deltas) and any(d.get("reasoning") for d in deltas)
+    assert [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] == "length"
+    assert events[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
+
+
+def test_streamed_deltas_split_as_the_full_reply(parser_twin):
+    """Deltas carry `reasoning` or `content` (never </think>); the last tokens ride in the
+    finish chunk; joined, they are the non-streamed reply."""
+    full = gold(parser_twin).json()["choices"][0]["message"]
+    events = sse(gold(parser_twin, stream=True))
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    deltas = [e["choices"][0]["delta"] for e in events[1:] if e["choices"]]
+    assert all(d and set(d) <= {"reasoning", "content"} for d in deltas)
+    assert "".join(d.get("reasoning", "") for d in deltas) == full["reasoning"]
+    assert "".join(d.get("content", "") for d in deltas) == "Au"
+    finals = [e for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+    assert len(finals) == 1 and finals[0]["choices"][0]["delta"].get("content") == "Au"
+    use = events[-1]["usage"]
+    assert use["completion_tokens_details"] == {"reasoning_tokens": use["completion_tokens"] - 2}
+
+
+def test_without_a_reasoning_parser_the_thinking_stays_in_content(twin):
+    """No --reasoning-parser: nothing splits; </think> is not a special token of DSV4's
+    vocabulary, so it stays in the text (and there is no completion_tokens_details)."""
+    doc = gold(twin).json()
+    msg = doc["choices"][0]["message"]
+    assert msg["reasoning"] is None and doc["usage"]["completion_tokens_details"] is None
+    thought, _, answer = msg["content"].partition("</think>")
+    assert thought and answer == "Au"
 
 
 @pytest.mark.parametrize(

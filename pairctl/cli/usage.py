@@ -25,7 +25,7 @@ COMMAND_HELP = {
     "use, prefix-cache hit rate, DSpark acceptance per draft position and mean acceptance "
     "length, shown only once rank 0's labelled container runs on SPARK1 (else: whose endpoint it "
     "may be). --json for machines, --watch for a live view. Exit 0 healthy, 7 degraded, 8 "
-    "down, 9 the endpoint rejects VLLM_API_KEY.",
+    "down, 9 the endpoint rejects VLLM_API_KEY (--watch: the last reading's; Ctrl-C 130).",
     "logs": "container log of one rank (--rank 0|1, -f to follow, --tail N).",
     "plan": "print the exact docker run lines per rank (env, mounts, vLLM args; secrets "
     "masked). Changes nothing.",
@@ -36,18 +36,22 @@ COMMAND_HELP = {
     "fails keeps its old copy; exit 1). Refuses (exit 3) unless this machine is SPARK1 and "
     "SPARK2 is another one (PF-SELF-IS-SPARK1, PF-DISTINCT-NODES).",
     "image": "IMAGE on both ranks with the same image ID: on rank 0 build it "
-    "(--build: launch/image/Dockerfile), pull it (--pull) or use the one there; then docker "
+    "(--build: the engine stack's Dockerfile, launch/image/Dockerfile for the default fork "
+    "stack, launch/image/upstream/Dockerfile for upstream), pull it (--pull) or use the one "
+    "there; then docker "
     "save, a resumable copy to rank 1 over ssh (bytes/s shown), docker load there, and the "
     "image ID compared on both. Skips rank 1 when it has the same ID already; touches no "
     "image but IMAGE. Refuses (exit 3) off SPARK1, as sync-overlays does.",
     "model": "fetch: download MODEL_REPO at MODEL_REVISION into MODEL_PATH on rank 0 "
     "(hf download; resumes), copy it to rank 1 over ssh (resumable, bytes/s), then verify. "
     "verify: compare both copies only (file list, sizes, every shard "
-    "model.safetensors.index.json names; --checksum: sha256 too). HF_TOKEN goes to the "
+    "model.safetensors.index.json names, each as long as its safetensors header says; "
+    "--checksum: sha256 too). HF_TOKEN goes to the "
     "downloader's environment only. Refuses (exit 3) off SPARK1.",
     "watch": "watchdog: a 1-token completion every --interval s; after --failures failed "
     "probes in a row, down then up (backoff after a failed up); a 401/403 (wrong key) stops "
-    "it with exit 9 and never restarts the pair. Runs until stopped (SIGTERM/Ctrl-C); one "
+    "it with exit 9 and never restarts the pair. Runs until stopped: SIGTERM exit 0 (systemd's "
+    "stop), Ctrl-C 130; one "
     "timestamped line per event. After each good probe: the acceptance sentinel (acceptance "
     "per draft position against the recipe's recorded band) and, every --canary-every s, the "
     "output canary; both log events and never restart. launch/dsv4-watch@.service runs it "
@@ -68,7 +72,7 @@ def usage(prog: str = LAUNCHER, also: Sequence[tuple[str, str]] = ()) -> str:
         " " * len(f"Usage: {prog} ") + "[options] [-- VLLM_ARGS...]",
         f"       {prog} image ship [--build|--pull] [--stage DIR] [options]",
         f"       {prog} model fetch|verify [--checksum] [options]",
-        f"       {prog} fleet plan|up|down|status|prometheus [options]   (--help there)",
+        f"       {prog} fleet plan|up|down|status|prometheus|alert-floors [options]  (--help)",
         "",
         "Run on the rank-0 Spark (SPARK1). One OpenAI endpoint at http://SPARK1:PORT/v1.",
         "",

@@ -1,10 +1,12 @@
 """``image ship``: the pair's IMAGE on both ranks, the same image ID on each.
 
-Rank 0 builds it (``--build``: launch/image/Dockerfile, the DSpark fork on the Spark's
-vLLM base), pulls it (``--pull``: a registry reference, best pinned by digest), or already
-has it. Rank 1 gets it over the pair's ssh, never from a registry, so the two cannot
-drift: ``docker save`` to a tar on rank 0, a resumable copy (pairctl.nodes.transfer), ``docker
-load`` on rank 1, then the image ID (the digest of the image's config) compared on both.
+Rank 0 builds it (``--build``: the engine stack's Dockerfile, ``image.dockerfile`` in
+recipes/stacks/NAME.yaml: launch/image/Dockerfile for ``fork``, the DSpark fork on the
+Spark's vLLM base; launch/image/upstream/Dockerfile for ``upstream``), pulls it (``--pull``:
+a registry reference, best pinned by digest), or already has it. Rank 1 gets it over the
+pair's ssh, never from a registry, so the two cannot drift: ``docker save`` to a tar on
+rank 0, a resumable copy (pairctl.nodes.transfer), ``docker load`` on rank 1, then the
+image ID (the digest of the image's config) compared on both.
 A rank 1 that already has the same ID is left alone. Only the pair's IMAGE reference is
 ever saved, loaded or tagged: no other image on either node is touched.
 """
@@ -15,24 +17,45 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, IMAGE_STAGE_DIR, REPO
 from pairctl.log import logger
+from pairctl.nodes.docker import NO_SUCH_IMAGE, daemon_problem, node_user
 from pairctl.nodes.ssh import Node
 from pairctl.nodes.transfer import PARTIAL, TransferError, send_tree
+from pairctl.pair.config import ConfigError
 from pairctl.pair.resolved import ResolvedPair
 
-DOCKERFILE_DIR = REPO / "launch" / "image"
+if TYPE_CHECKING:
+    from pairctl.engine.stack import Stack
+
+# The default stack's (``fork``) recipe: what --build builds when the pair names no stack.
+DEFAULT_DOCKERFILE = REPO / "launch" / "image" / "Dockerfile"
 DEFAULT_STAGE = IMAGE_STAGE_DIR
 
 
 log = logger("image: ")
 
 
+class DockerUnreachable(TransferError):
+    """docker on a node could not be asked at all (daemon down, socket denied, ssh); the
+    message names the node and the fix."""
+
+
 def image_id(node: Node, ref: str) -> str:
-    """The image ID of ``ref`` on ``node``, '' when it is not there."""
+    """The image ID of ``ref`` on ``node``, '' when docker says it is not there. Any other
+    failure is DockerUnreachable: a daemon that does not answer is not a missing image."""
     res = node.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
-    return res.out.strip() if res.rc == 0 else ""
+    if res.rc == 0:
+        return res.out.strip()
+    text = res.err + res.out
+    why = daemon_problem(text, node.label, node_user(node))
+    if why is None and NO_SUCH_IMAGE not in text.lower():
+        why = f"docker image inspect on {node.label} failed (rc={res.rc}): {text.strip()[-300:]}"
+    if why:
+        raise DockerUnreachable(why)
+    return ""
 
 
 def _stream(argv: list[str]) -> int:
@@ -42,17 +65,56 @@ def _stream(argv: list[str]) -> int:
     return subprocess.run(argv, check=False).returncode
 
 
-def build_argv(image: str, dockerfile_dir: Path = DOCKERFILE_DIR) -> list[str]:
-    """``docker build`` of the repo's recipe, tagged as the pair's IMAGE."""
-    return [
-        "docker",
-        "build",
-        "-t",
-        image,
-        "-f",
-        str(dockerfile_dir / "Dockerfile"),
-        str(dockerfile_dir),
-    ]
+def dockerfile_for(stack: Stack | None) -> Path:
+    """The Dockerfile ``--build`` builds: the stack's ``image.dockerfile`` (relative to the
+    project), or the default stack's when the pair carries no stack (``None``).
+
+    ConfigError (exit 2) for a stack that is not built (``image.obtain`` pull or
+    rehearsal) or whose Dockerfile is missing: building another stack's recipe instead
+    would tag the wrong engine as IMAGE.
+    """
+    if stack is None:
+        return DEFAULT_DOCKERFILE
+    if stack.obtain != "build" or not stack.dockerfile:
+        how = f"pull {stack.pull}" if stack.obtain == "pull" else f"obtain: {stack.obtain}"
+        raise ConfigError(
+            f"stack {stack.name!r} is not built from a Dockerfile ({how}, {stack.path}): "
+            "use image ship --pull, or a stack with image.obtain build"
+        )
+    path = Path(stack.dockerfile)
+    if not path.is_absolute():
+        path = REPO / path
+    if not path.is_file():
+        raise ConfigError(
+            f"stack {stack.name!r} builds {stack.dockerfile}, but {path} does not exist"
+        )
+    return path
+
+
+def build_argv(image: str, dockerfile: Path = DEFAULT_DOCKERFILE) -> list[str]:
+    """``docker build`` of one Dockerfile (its own directory is the context), tagged IMAGE."""
+    return ["docker", "build", "-t", image, "-f", str(dockerfile), str(dockerfile.parent)]
+
+
+def obtain_hint(stack: Stack | None, dockerfile: Path | None = None) -> str:
+    """How to get the image onto rank 0, in the stack's own terms."""
+    if stack is not None and stack.obtain == "pull":
+        return f"pull it (image ship --pull; the stack {stack.name!r} pulls {stack.pull})"
+    if dockerfile is None:
+        try:
+            dockerfile = dockerfile_for(stack)
+        except ConfigError:
+            dockerfile = None
+    where = f", from {_shown(dockerfile)}" if dockerfile is not None else ""
+    return f"build it (image ship --build{where}) or pull it (image ship --pull)"
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the project when it is inside it (what the docs name)."""
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def tar_name(image_id_: str) -> str:
@@ -82,25 +144,38 @@ def ship(
     pull: bool = False,
     stage: str = DEFAULT_STAGE,
     remote_stage: str | None = None,
-    dockerfile_dir: Path = DOCKERFILE_DIR,
+    dockerfile: Path | None = None,
 ) -> int:
-    """Get IMAGE onto both ranks; 0 when both hold the same ID, 1 otherwise."""
+    """Get IMAGE onto both ranks; 0 when both hold the same ID, 1 otherwise.
+
+    ``dockerfile`` (``--build``) defaults to the pair's stack's: ``pair.stack`` once
+    ResolvedPair carries the resolved stack, the default stack's until then.
+    """
     rank0, rank1 = pair.nodes
     image = pair.image
-    if build and _stream(build_argv(image, dockerfile_dir)) != 0:
-        log(f"docker build failed on {rank0.label}; nothing was shipped")
-        return EXIT_RUNTIME
+    stack = getattr(pair, "stack", None)  # ResolvedPair.stack, where the stack is resolved
+    if build:
+        dockerfile = dockerfile or dockerfile_for(stack)
+        if _stream(build_argv(image, dockerfile)) != 0:
+            log(
+                f"docker build of {_shown(dockerfile)} failed on {rank0.label}; nothing was shipped"
+            )
+            return EXIT_RUNTIME
     if pull and _stream(["docker", "pull", image]) != 0:
         log(f"docker pull {image} failed on {rank0.label}; nothing was shipped")
         return EXIT_RUNTIME
-    id0 = image_id(rank0, image)
+    try:
+        id0 = image_id(rank0, image)
+        id1 = image_id(rank1, image) if id0 else ""
+    except DockerUnreachable as exc:
+        log(f"{exc}; nothing was shipped")
+        return EXIT_RUNTIME
     if not id0:
         log(
-            f"{image} is not on {rank0.label}: build it (image ship --build, from "
-            "launch/image/Dockerfile) or pull it (image ship --pull); nothing was shipped"
+            f"{image} is not on {rank0.label}: {obtain_hint(stack, dockerfile)}; "
+            "nothing was shipped"
         )
         return EXIT_RUNTIME
-    id1 = image_id(rank1, image)
     if id1 == id0:
         print(f"{image} = {id0} on both ranks; nothing to ship")
         return EXIT_OK
@@ -119,10 +194,10 @@ def ship(
             raise TransferError(
                 f"docker load on {rank1.label} failed: {(res.err or res.out).strip()[-300:]}"
             )
+        id1 = image_id(rank1, image)
     except TransferError as exc:
         log(f"{exc}")
         return EXIT_RUNTIME
-    id1 = image_id(rank1, image)
     if id1 != id0:
         log(
             f"after docker load, {rank1.label} has {image} = {id1 or 'nothing'}, rank 0 "

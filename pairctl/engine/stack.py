@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from pairctl import home
+from pairctl.engine import pep440
 from pairctl.pair.config import ConfigError
 
 SUPPORTED_STACK_VERSIONS = (1,)
@@ -33,6 +34,7 @@ TOP_KEYS = {
     "name",
     "description",
     "vllm",
+    "vllm_match",
     "image",
     "interpreter",
     "entrypoint",
@@ -109,6 +111,19 @@ class HookPoint:
     # Substrings the method's source must contain for the overlay's rewrite to be valid
     # (an anchor that moved means the overlay must not apply).
     anchors: tuple[str, ...] = ()
+    # What the overlay does there (mods/dsv4-flash-overlays/dsv4_flash_overlays/hooks.py
+    # ROLES: factory, draft-logits, draft-head-arg, loader, check); "" reads as check.
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class OverlayGap:
+    """An overlay this stack cannot carry at all (``overlays: {NAME: {unavailable, source}}``):
+    the plugin reports ``why`` instead of resolving anything."""
+
+    overlay: str
+    why: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -166,6 +181,10 @@ class Stack:
     # True: ``boot_markers`` are this vLLM's whole list; False (default): they are added to
     # pairctl.engine.bootlog's vLLM 0.33 needles, a marker with a needle's text replacing it.
     boot_markers_replace: bool = False
+    overlay_gaps: tuple[OverlayGap, ...] = ()
+    # PEP 440 specifiers for other vLLM versions that are this stack too (the official line
+    # after the release it was measured on: ">=0.27.1"); None: ``vllm`` exactly.
+    vllm_match: str | None = None
 
     def summary(self) -> str:
         """One line for ``plan``: which vLLM runs, and how the container starts it."""
@@ -182,17 +201,23 @@ class Stack:
 
     def hooks_json(self) -> str:
         """The value of HOOKS_ENV: ``{"stack": NAME, "hooks": [{overlay, module, qualname,
-        anchors}, ...]}``, compact, in declaration order."""
-        hooks = [
-            {
+        anchors[, role]}, ...][, "unavailable": {overlay: why}]}``, compact, in declaration
+        order (role and unavailable only where declared)."""
+        hooks = []
+        for h in self.overlays:
+            entry: dict[str, Any] = {
                 "overlay": h.overlay,
                 "module": h.module,
                 "qualname": h.qualname,
                 "anchors": list(h.anchors),
             }
-            for h in self.overlays
-        ]
-        return json.dumps({"stack": self.name, "hooks": hooks}, separators=(",", ":"))
+            if h.role:
+                entry["role"] = h.role
+            hooks.append(entry)
+        out: dict[str, Any] = {"stack": self.name, "hooks": hooks}
+        if self.overlay_gaps:
+            out["unavailable"] = {g.overlay: g.why for g in self.overlay_gaps}
+        return json.dumps(out, separators=(",", ":"))
 
 
 def _err(path: str, msg: str) -> ConfigError:
@@ -212,6 +237,36 @@ def _sourced(raw: Any, where: str, path: str) -> str:
     if not isinstance(raw, dict) or not str(raw.get("source") or "").strip():
         raise _err(path, f"{where}: every entry needs a source (a public file, PR or doc)")
     return " ".join(str(raw["source"]).split())
+
+
+def _overlays(raw_overlays: Any, path: str) -> tuple[tuple[HookPoint, ...], tuple[OverlayGap, ...]]:
+    """``overlays:``: each overlay maps to a list of hook points, or to
+    ``{unavailable: why, source: ...}`` when this stack cannot carry it."""
+    overlays = raw_overlays or {}
+    if not isinstance(overlays, dict):
+        raise _err(path, "overlays must map an overlay name to its hook points")
+    hooks: list[HookPoint] = []
+    gaps: list[OverlayGap] = []
+    for overlay, points in overlays.items():
+        if isinstance(points, dict):
+            src = _sourced(points, f"overlays.{overlay}", path)
+            why = " ".join(str(points.get("unavailable") or "").split())
+            if not why or set(points) - {"unavailable", "source"}:
+                raise _err(path, f"overlays.{overlay}: a mapping says unavailable: WHY, source")
+            gaps.append(OverlayGap(str(overlay), why, src))
+            continue
+        for raw in points or []:
+            src = _sourced(raw, f"overlays.{overlay}", path)
+            if not raw.get("module") or not raw.get("qualname"):
+                raise _err(path, f"overlays.{overlay}: each hook point needs module and qualname")
+            role = str(raw.get("role") or "")
+            if role and not _NAME_RE.match(role):
+                raise _err(path, f"overlays.{overlay}: role {role!r} must be a lower-case name")
+            anchors = tuple(str(a) for a in raw.get("anchors") or ())
+            hooks.append(
+                HookPoint(str(overlay), raw["module"], raw["qualname"], src, anchors, role)
+            )
+    return tuple(hooks), tuple(gaps)
 
 
 def parse_stack(data: Any, path: str = "<stack>") -> Stack:
@@ -272,17 +327,7 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
     replace = data.get("boot_markers_replace", False)
     if not isinstance(replace, bool):
         raise _err(path, "boot_markers_replace must be true or false")
-    hooks: list[HookPoint] = []
-    overlays = data.get("overlays") or {}
-    if not isinstance(overlays, dict):
-        raise _err(path, "overlays must map an overlay name to its hook points")
-    for overlay, points in overlays.items():
-        for raw in points or []:
-            src = _sourced(raw, f"overlays.{overlay}", path)
-            if not raw.get("module") or not raw.get("qualname"):
-                raise _err(path, f"overlays.{overlay}: each hook point needs module and qualname")
-            anchors = tuple(str(a) for a in raw.get("anchors") or ())
-            hooks.append(HookPoint(str(overlay), raw["module"], raw["qualname"], src, anchors))
+    hooks, gaps = _overlays(data.get("overlays"), path)
     timeouts = data.get("timeouts") or {}
     if not isinstance(timeouts, dict) or set(timeouts) - TIMEOUT_KEYS:
         raise _err(path, f"timeouts must be a mapping with keys {sorted(TIMEOUT_KEYS)}")
@@ -351,7 +396,25 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
         boot_markers_replace=replace,
         paths_source=" ".join(str(data.get("paths_source") or "").split()),
         timeouts_source=" ".join(str(timeouts.get("source") or "").split()),
+        overlay_gaps=gaps,
+        vllm_match=_vllm_match(data, path),
     )
+
+
+def _vllm_match(data: dict[str, Any], path: str) -> str | None:
+    """``vllm_match``: PEP 440 specifiers (``>=0.27.1``), checked here so a typo is a config
+    error and not a stack that silently identifies nothing."""
+    raw = data.get("vllm_match")
+    if raw is None:
+        return None
+    text = str(raw)
+    if not pep440.is_specifier(text):
+        raise _err(path, f"vllm_match {text!r} must be PEP 440 specifiers, e.g. '>=0.27.1'")
+    try:
+        pep440.check_specifiers(text)
+    except pep440.InvalidVersion as exc:
+        raise _err(path, f"vllm_match: {exc}") from exc
+    return text
 
 
 def stacks_dir(recipe: str | Path | None = None) -> Path:

@@ -3,8 +3,8 @@
 One inventory file (`pairs/fleet.yaml`, see `pairs/fleet.yaml.example`) lists the pairs
 (each still its own `pairs/*.env`, brought up by its own `pairctl up` on its own head) and
 where
-the router runs. `launch/dspark_launch.sh fleet plan|up|down|status|prometheus` is the front
-door; docs/fleet.md explains the design and the router settings.
+the router runs. `launch/dspark_launch.sh fleet plan|up|down|status|prometheus|alert-floors`
+is the front door; docs/fleet.md explains the design and the router settings.
 """
 
 # Exit codes of `launch/dspark_launch.sh fleet ...`: defined, with their meanings, in

@@ -1,4 +1,5 @@
-"""`launch/dspark_launch.sh fleet plan|up|down|status|prometheus` (python -m pairctl.fleet).
+"""`launch/dspark_launch.sh fleet plan|up|down|status|prometheus|alert-floors` (python -m
+pairctl.fleet).
 
 A fleet is several pairs behind one vLLM router with conversation affinity (X-Session-ID).
 Every pair is still brought up and down by its own `pairctl up|down` on its own head (the
@@ -19,6 +20,7 @@ from pairctl.fleet import (
     EXIT_OK,
     EXIT_PREFLIGHT,
     EXIT_USAGE,
+    alertfloors,
     monitoring,
     ops,
     render,
@@ -46,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_cli_args(p: argparse.ArgumentParser) -> None:
-    """The fleet's commands (plan, up, down, status, prometheus) and their flags onto ``p``."""
+    """The fleet's commands (plan, up, down, status, prometheus, alert-floors) and their
+    flags onto ``p``."""
     p.epilog = EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     common = argparse.ArgumentParser(add_help=False)
@@ -68,7 +71,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     sp.add_argument(
         "--timeout",
-        type=int,
+        type=argtypes.whole_seconds,
         default=BOOT_TIMEOUT_S,
         help=f"each pair's up --timeout, the backstop on its health wait (default "
         f"{BOOT_TIMEOUT_S}; each boot phase has its own limit, longer on a first boot)",
@@ -86,6 +89,45 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="write it to this file instead of stdout (its directory must exist)",
     )
+    floors_help = (
+        "print the Prometheus rule file of the acceptance alerts' floors (load it beside "
+        "monitoring/prometheus/dsv4-alerts.yml), from healthy acceptance classes: the "
+        "published figures, or a recorded probe's (--classes)"
+    )
+    sp = sub.add_parser("alert-floors", help=floors_help, description=floors_help)
+    sp.add_argument(
+        "--classes",
+        default=None,
+        help="a JSON or YAML file {source, classes: [{name, per_pos, spread}]}: per draft "
+        "position, the share of drafts accepted there and its repeat spread (default: the "
+        "published classes in pairctl/fleet/alertfloors.py)",
+    )
+    sp.add_argument(
+        "--output",
+        type=argtypes.output_file,
+        default=None,
+        help=f"write it to this file instead of stdout (the repo's copy: "
+        f"{alertfloors.DEFAULT_OUTPUT})",
+    )
+
+
+def floors_cmd(args: argparse.Namespace) -> int:
+    """``fleet alert-floors``: no inventory needed; a bad classes file is a usage error."""
+    try:
+        if args.classes:
+            classes, source = alertfloors.load_classes(args.classes)
+        else:
+            classes, source = alertfloors.ANCHOR, alertfloors.ANCHOR_SOURCE
+        text = alertfloors.render(classes, source)
+    except alertfloors.FloorsError as exc:
+        print(f"fleet alert-floors: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"acceptance floors written to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
 
 
 def main(argv: argparse.Namespace | list[str] | None = None) -> int:
@@ -94,6 +136,8 @@ def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     if args.cmd == "up" and args.timeout < 1:
         print("fleet: --timeout must be at least 1 second", file=sys.stderr)
         return EXIT_USAGE
+    if args.cmd == "alert-floors":
+        return floors_cmd(args)
     try:
         fleet = load_inventory(args.inventory)
     except ConfigError as exc:

@@ -3,8 +3,11 @@
 Five greedy prompts with exact answers (quality_ref_dspark.json beside this module):
 arithmetic, a fact, code output, counting and strict JSON. Requests are non-streamed,
 temperature 0, fixed max_tokens, thinking off (DSV4's chat mode) so the answer is the whole
-reply. A timeout, a non-200, a malformed response body and a wrong answer each fail the
-prompt, and the failure names it.
+reply. The answer is read from ``content`` only (``pairctl.gate.reply``): in thinking mode
+a real DSV4 puts its thinking in ``reasoning``, and a reply that is all reasoning fails
+saying so. A timeout, a non-200, a malformed response body and a wrong answer each fail the
+prompt, and the failure names it. A prompt may declare tolerant matching
+(``pairctl.gate.match``: forgive emphasis, punctuation, case; accept any of; a regex).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pairctl.endpoint import Endpoint, Identity, cause
+from pairctl.gate import match
+from pairctl.gate.reply import Reply, from_body
 
 if TYPE_CHECKING:
     import requests
@@ -43,6 +48,10 @@ def check(spec: dict[str, Any], content: str) -> str | None:
             return f"reply is not strict JSON: {content[:120]!r}"
         want = json.loads(spec["answer"])
         return None if got == want else f"expected JSON {want}, got {got}"
+    if match.declared(spec):
+        if match.matches(spec, content):
+            return None
+        return f"expected {match.expected(spec)}, got {content[:120]!r}"
     if normalise(content) == spec["answer"]:
         return None
     return f"expected {spec['answer']!r}, got {content[:120]!r}"
@@ -57,7 +66,26 @@ def ask(
     thinking: bool,
     timeout_s: float,
 ) -> tuple[str | None, str | None]:
-    """(content, error) for one prompt; every transport/protocol failure becomes an error text."""
+    """(content, error) for one prompt; every transport/protocol failure becomes an error
+    text, and so does a reply without an answer (all reasoning: it says how many tokens)."""
+    reply, err = ask_reply(session, endpoint, model, spec, max_tokens, thinking, timeout_s)
+    if reply is None:
+        return None, err
+    why = reply.no_answer()
+    return (None, why) if why else (reply.content, None)
+
+
+def ask_reply(
+    session: requests.Session,
+    endpoint: Endpoint,
+    model: str,
+    spec: dict[str, Any],
+    max_tokens: int,
+    thinking: bool,
+    timeout_s: float,
+) -> tuple[Reply | None, str | None]:
+    """(reply, None), or (None, error) when no reply body came back (transport, HTTP status,
+    malformed JSON). ``thinking`` asks in DSV4's thinking mode (chat_template_kwargs)."""
     import requests
 
     payload = {
@@ -78,20 +106,16 @@ def ask(
     if r.status_code != 200:
         return None, f"HTTP {r.status_code}: {r.text[:200]}"
     try:
-        doc = r.json()
-        content = doc["choices"][0]["message"]["content"]
+        return from_body(r.json()), None
     except (ValueError, KeyError, IndexError, TypeError):
         return None, f"malformed response JSON: {r.text[:200]!r}"
-    if not isinstance(content, str) or not content.strip():
-        return None, "empty reply (no content)"
-    return content, None
 
 
 def load_reference(path: str) -> dict[str, Any]:
     """The reference prompts file, checked before any request (argparse type: exit 2)."""
     shape = (
         'needs {"max_tokens": N, "prompts": [{"name", "prompt", "answer", '
-        '"check": "exact"|"json"}, ...]}'
+        '"check": "exact"|"json", optional "forgive", "accept", "regex"}, ...]}'
     )
     try:
         doc = json.loads(Path(path).read_text())
@@ -114,6 +138,10 @@ def load_reference(path: str) -> dict[str, Any]:
     )
     if not ok:
         raise argparse.ArgumentTypeError(f"{path} {shape}")
+    for p in prompts:
+        bad = match.problems(p)
+        if bad:
+            raise argparse.ArgumentTypeError(f"{path}: prompt {p['name']}: {'; '.join(bad)}")
     return doc
 
 

@@ -18,6 +18,7 @@ from dotenv import dotenv_values
 from dotenv.parser import parse_stream
 
 from pairctl import home
+from pairctl.pair import imageref
 
 
 class ConfigError(Exception):
@@ -138,7 +139,6 @@ SECRET_NAMES = frozenset(v.name for v in VARS if v.secret)
 _HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 _PAIR_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
 _WORD_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 _IF_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
 _HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -175,8 +175,8 @@ def _check(kind: str, value: str) -> str | None:
         if kind == "abspath" and not value.startswith("/"):
             return "must be an absolute path"
         return None if "\n" not in value and "," not in value else "is not a single path"
-    if kind == "image":
-        return None if _IMAGE_RE.match(value) else "is not an image reference (repo/name:tag)"
+    if kind == "image":  # docker's own grammar (pairctl.pair.imageref)
+        return imageref.problem(value)
     if kind == "iflist":
         return None if _IF_RE.match(value) else "must be interface names, comma-separated"
     if kind == "gid":

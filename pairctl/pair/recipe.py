@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from pairctl import home
+from pairctl.pair import imageref
 from pairctl.pair.config import ConfigError
 
 SUPPORTED_RECIPE_VERSIONS = (1,)
@@ -117,6 +118,8 @@ def parse_recipe(data: Any, path: str = "<recipe>") -> Recipe:
     image = container.get("image")
     if image is not None and (not isinstance(image, str) or not image):
         raise _err(path, "container.image must be a non-empty string")
+    if image is not None and (why := imageref.problem(image)):
+        raise _err(path, f"container.image {image!r} {why}")
     shm = container.get("shm_size")
     if shm is not None:
         shm = str(shm)

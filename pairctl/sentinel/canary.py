@@ -1,4 +1,4 @@
-"""The output canary: a few greedy exact-answer prompts, and what is wrong with a bad reply.
+"""The output canary: a few greedy short-answer prompts, and what is wrong with a bad reply.
 
 A pair can keep a fast, healthy token stream while what it says has gone bad: a changed
 image or flag garbles output (replacement characters, a token loop) or answers in another
@@ -7,11 +7,15 @@ language. ``watch`` asks the prompts of ``pairctl/gate/canary_dspark.json`` on a
 fix a bad image, and a loop of restarts would hide the cause).
 
 Asked and checked with the quality gate's own machinery (``pairctl.gate.check``: ``ask``,
-``check``, ``load_reference``); a reply that fails the check is then classified, the most
-specific kind first: ``garble`` (U+FFFD, control characters, a repeated-unit loop),
-``drift`` (its letters are in another script than the answer's), else ``wrong``. A prompt
-that could not be asked (timeout, HTTP error) is ``error``: the canary says so, but that is
-the token probe's business, not an output event.
+``check``, ``load_reference``), thinking off, the answer read from ``content``. Each prompt
+declares its tolerance (``pairctl.gate.match``: forgive markdown emphasis, punctuation,
+case; accept any of; a regex): decoding is greedy, so a harmless rendering (``**Paris**``)
+the match rejected would come back every run and never clear. A reply that fails the check
+is then classified, the most specific kind first: ``garble`` (U+FFFD, control characters, a
+repeated-unit loop), ``drift`` (its letters are in another script than the answer's), else
+``wrong``. A prompt that could not be judged (timeout, HTTP error, unparsable body, a reply
+that was all reasoning) is ``error``, and an error is an event like a wrong answer: a canary
+that cannot ask is a canary that would miss the fault it is there for.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from pairctl.gate.check import ask, check, load_reference
 # Package data (pyproject package-data), read from the installed package, not the clone.
 CANARY_PROMPTS = Path(str(files("pairctl.gate") / "canary_dspark.json"))
 OK, WRONG, GARBLE, DRIFT, ERROR = "ok", "wrong", "garble", "drift", "error"
-EVENT_KINDS = (WRONG, GARBLE, DRIFT)
+EVENT_KINDS = (WRONG, GARBLE, DRIFT, ERROR)
 LOOP = re.compile(r"(.{1,16}?)\1{5,}", re.DOTALL)  # a unit repeated 6+ times in a row
 LOOP_MIN_CHARS = 12
 NONPRINT_MAX = 0.05  # more than this fraction of control/unassigned characters is garble
@@ -106,6 +110,7 @@ class CanaryResult:
 
     @property
     def events(self) -> list[CanaryVerdict]:
+        """Every verdict that is not ok: wrong, garbled, drifted, or not judged (error)."""
         return [v for v in self.verdicts if v.kind in EVENT_KINDS]
 
     @property
@@ -127,7 +132,7 @@ class CanaryResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "at": self.at,
-            "passed": not self.events and not self.errors,
+            "passed": not self.events,
             "events": [v.name for v in self.events],
             "verdicts": [asdict(v) for v in self.verdicts],
         }
@@ -160,7 +165,8 @@ def run_against(
     ref = ref if ref is not None else load_reference(str(CANARY_PROMPTS))
     s = endpoint.session(trust_env=False)
     try:
-        model = wait_ready(s, endpoint, timeout_s, lambda _m: None).model
+        key_from = "VLLM_API_KEY in the env file"
+        model = wait_ready(s, endpoint, timeout_s, lambda _m: None, key_from=key_from).model
     except NotReady as exc:
         at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return CanaryResult(
@@ -168,3 +174,10 @@ def run_against(
         )
     max_tokens = int(ref["max_tokens"])
     return run(lambda spec: ask(s, endpoint, model, spec, max_tokens, False, timeout_s), ref)
+
+
+def failed_run(exc: BaseException) -> CanaryResult:
+    """A canary run that raised: one ERROR verdict, so it is an event and not a log line."""
+    at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    why = f"the canary could not run ({type(exc).__name__}: {exc})"
+    return CanaryResult(at, [CanaryVerdict("canary", ERROR, why, None, 0.0)])

@@ -1,7 +1,8 @@
 """What ``watch`` does besides its token probe: the acceptance sentinel and the output canary.
 
 Both run after a probe that succeeded (a pair that generates nothing is the restart
-policy's business), and both only ever log: an acceptance drop or a bad canary reply is an
+policy's business), and both only ever log: an acceptance drop, a bad canary reply or a
+canary prompt that could not be judged (an error, the run itself failing included) is an
 event line, never a reason to restart (a restart keeps the bad draft or image, and would
 hide the cause). Each reading is also written to the pair's monitor record
 (``record_path``), which ``status`` shows as "recorded by watch".
@@ -26,7 +27,7 @@ from typing import Any
 
 from pairctl.contracts import ACCEPTANCE_WINDOW_S, CANARY_EVERY_S
 from pairctl.sentinel.acceptance import DROP, Band, Counters, Reading, judge
-from pairctl.sentinel.canary import CanaryResult
+from pairctl.sentinel.canary import CanaryResult, failed_run
 
 DEFAULT_CANARY_EVERY_S = float(CANARY_EVERY_S)  # 4 runs an hour x 5 short greedy answers
 DEFAULT_WINDOW_S = float(ACCEPTANCE_WINDOW_S)
@@ -117,7 +118,10 @@ class Monitors:
             self._sentinel(now)
         if self.canary is not None and self.cfg.canary_every_s > 0 and now >= self.next_canary:
             self.next_canary = now + self.cfg.canary_every_s
-            res = self.canary()
+            try:
+                res = self.canary()
+            except Exception as exc:  # noqa: BLE001 - a canary that cannot run is an event
+                res = failed_run(exc)
             self.doc["canary"] = res.to_dict()
             if res.events:
                 self.log(f"CANARY EVENT (no restart): {res.summary()}")

@@ -20,7 +20,7 @@ from pairctl.sentinel.acceptance import (
     counters_of,
     judge,
 )
-from pairctl.sentinel.canary import run_against
+from pairctl.sentinel.canary import EVENT_KINDS, run_against
 from pairctl.sentinel.monitors import MonitorConfig, Monitors, read_record, record_path
 from pairctl.status.metrics import Scrape, scrape
 
@@ -98,9 +98,7 @@ def events_of(acceptance: dict[str, Any] | None, record: dict[str, Any] | None) 
                 f"acceptance drop ({ago}): {rec_acc.get('detail')} [{rec_acc.get('window')}]"
             )
         canary = record.get("canary") or {}
-        bad = [
-            v for v in canary.get("verdicts", []) if v.get("kind") in ("wrong", "garble", "drift")
-        ]
+        bad = [v for v in canary.get("verdicts", []) if v.get("kind") in EVENT_KINDS]
         if bad:
             out.append(
                 f"canary ({ago}, run {canary.get('at')}): "

@@ -2,7 +2,9 @@
 
 Two sources, each a window of the pair's spec-decode counters: the quality gate's prompts
 (``pairctl/gate/quality_ref_dspark.json``) asked ``--gate-rounds`` times in thinking mode
-(reasoning text gives hundreds of drafts a prompt, where the bare answers give a few), and
+(reasoning text gives hundreds of drafts a prompt, where the bare answers give a few;
+only the drafts matter here, so a reply that is all reasoning, ``max_tokens`` spent before
+the answer, is logged and counted, never fatal: ``pairctl.gate.reply``), and
 then ``--live-s`` seconds of whatever traffic the pair serves, cut into ``--window-s``
 windows. A window with at least ``--min-drafts`` drafts is an observation; the band is the
 lowest of each figure less ``--margin`` (pairctl.sentinel.baseline). Nothing is written
@@ -22,7 +24,7 @@ from typing import Any
 from pairctl.cli import argtypes, options
 from pairctl.contracts import SENTINEL_EXITS, codes, exit_line
 from pairctl.endpoint import Endpoint, NotReady, endpoint_arg, wait_ready
-from pairctl.gate.check import DEFAULT_PROMPTS, ask, load_reference
+from pairctl.gate.check import DEFAULT_PROMPTS, ask_reply, load_reference
 from pairctl.log import log
 from pairctl.sentinel import baseline
 from pairctl.sentinel.acceptance import (
@@ -38,6 +40,10 @@ EPILOG = exit_line(SENTINEL_EXITS)
 _EXIT = codes(SENTINEL_EXITS)
 EXIT_OK, EXIT_FAILED = _EXIT["EXIT_OK"], _EXIT["EXIT_FAILED"]
 EXIT_USAGE, EXIT_INTERRUPTED = _EXIT["EXIT_USAGE"], _EXIT["EXIT_INTERRUPTED"]
+
+
+# The shortest live window: each one is a /metrics scrape and a log line.
+MIN_WINDOW_S = 1.0
 
 
 class RecordError(RuntimeError):
@@ -59,6 +65,25 @@ def read_counters(session: Any, endpoint: Endpoint) -> Counters:
     return c
 
 
+def gate_rounds_load(
+    session: Any, endpoint: Endpoint, model: str, rounds: int, max_tokens: int
+) -> int:
+    """Ask the gate's prompts ``rounds`` times in thinking mode; how many replies were all
+    reasoning (logged, not fatal: their drafts count). RecordError when one was not answered."""
+    ref = load_reference(str(DEFAULT_PROMPTS))
+    all_reasoning = 0
+    for i in range(rounds):
+        for spec in ref["prompts"]:
+            log(f"gate round {i + 1}/{rounds}: {spec['name']}")
+            reply, err = ask_reply(session, endpoint, model, spec, max_tokens, True, 600.0)
+            if reply is None:
+                raise RecordError(f"gate prompt {spec['name']}: {err}")
+            if reply.all_reasoning:
+                all_reasoning += 1
+                log(f"gate prompt {spec['name']}: {reply.no_answer()} (its drafts count)")
+    return all_reasoning
+
+
 def record(
     session: Any,
     endpoint: Endpoint,
@@ -68,10 +93,12 @@ def record(
     window_s: float,
     min_drafts: int,
     sleep: Callable[[float], None] = time.sleep,
+    key_from: str = "VLLM_API_KEY",
 ) -> tuple[list[dict[str, Any]], int, str, bool]:
-    """(observations, positions, model, simulator) from the gate rounds and live windows."""
+    """(observations, positions, model, simulator) from the gate rounds and live windows;
+    ``key_from`` is where the key came from, for a 401's hint."""
     try:
-        ident = wait_ready(session, endpoint, 30.0, log)
+        ident = wait_ready(session, endpoint, 30.0, log, key_from=key_from)
     except NotReady as exc:
         raise RecordError(str(exc)) from None
     obs: list[dict[str, Any]] = []
@@ -91,15 +118,10 @@ def record(
 
     start = read_counters(session, endpoint)
     if gate_rounds:
-        ref = load_reference(str(DEFAULT_PROMPTS))
         t0 = time.monotonic()
-        for i in range(gate_rounds):
-            for spec in ref["prompts"]:
-                log(f"gate round {i + 1}/{gate_rounds}: {spec['name']}")
-                _, err = ask(session, endpoint, ident.model, spec, max_tokens, True, 600.0)
-                if err:
-                    raise RecordError(f"gate prompt {spec['name']}: {err}")
+        n = gate_rounds_load(session, endpoint, ident.model, gate_rounds, max_tokens)
         start = close("gate", start, t0)
+        obs[-1]["all_reasoning_replies"] = n
     t_end = time.monotonic() + live_s
     while time.monotonic() < t_end - 1e-3:
         t0 = time.monotonic()
@@ -144,8 +166,15 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-tokens", type=argtypes.int_at_least(16), default=512, help="per gate prompt"
     )
-    p.add_argument("--live-s", type=argtypes.float_above(0, True), default=0.0, help="live seconds")
-    p.add_argument("--window-s", type=argtypes.positive_float, default=300.0, help="live window")
+    p.add_argument(
+        "--live-s", type=argtypes.seconds(0, inclusive=True), default=0.0, help="live seconds"
+    )
+    p.add_argument(
+        "--window-s",
+        type=argtypes.seconds(MIN_WINDOW_S, inclusive=True),
+        default=300.0,
+        help=f"live window (at least {MIN_WINDOW_S:g} s: one log line per window)",
+    )
     p.add_argument("--margin", type=argtypes.float_above(0, True), default=baseline.DEFAULT_MARGIN)
     p.add_argument("--min-drafts", type=argtypes.int_at_least(1), default=DEFAULT_MIN_DRAFTS)
     p.add_argument("--min-trials", type=argtypes.int_at_least(1), default=DEFAULT_MIN_TRIALS)
@@ -174,6 +203,13 @@ def endpoint_and_recipe(a: argparse.Namespace) -> tuple[Endpoint, str, str]:
     return a.url.with_auth(os.environ.get("VLLM_API_KEY") or None), recipe.path, recipe.name
 
 
+def key_source(a: argparse.Namespace) -> str:
+    """Where record's key comes from (it has no --api-key: the key stays off command lines)."""
+    if a.env_file is not None:
+        return f"VLLM_API_KEY in {a.env_file}"
+    return "VLLM_API_KEY in the environment (with --url)"
+
+
 def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     from pairctl.pair.config import ConfigError
 
@@ -188,7 +224,14 @@ def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     try:
         session = ep.session(trust_env=False)
         obs, positions, model, sim = record(
-            session, ep, a.gate_rounds, a.max_tokens, a.live_s, a.window_s, a.min_drafts
+            session,
+            ep,
+            a.gate_rounds,
+            a.max_tokens,
+            a.live_s,
+            a.window_s,
+            a.min_drafts,
+            key_from=key_source(a),
         )
         used = [o for o in obs if o["used"]]
         if not used:

@@ -32,6 +32,11 @@ DELIBERATE: dict[tuple[str, str, str], str] = {
     "non-default args: api_utils.py in 0.32, entrypoints/common/startup.py in 0.33); the twin "
     "cites 0.33",
     ("log", "*", "real-only*"): "a real line the twin does not print (not read by pairctl)",
+    ("stream", "bench_openai_chat", "chunk*.choices[].delta.reasoning"): "with a reasoning "
+    "parser a finishing step whose text parses to nothing (e.g. trailing whitespace the parser "
+    "holds back, vllm/parser/engine/parser_engine.py _strip_trailing_reasoning) is sent as "
+    "DeltaMessage() {}, else with its reasoning; which one depends on the reply's text (the "
+    "recorded tiny model's vs the twin's words, which never end in whitespace)",
 }
 
 

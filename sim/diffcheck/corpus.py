@@ -2,7 +2,8 @@
 
 Three sources, each case naming its own:
 - the OpenAI Python SDK's request shapes (chat and completions, streaming or not,
-  ``stream_options.include_usage``, ``n``, logprobs, stop, ``max_completion_tokens``);
+  ``stream_options.include_usage``, ``n``, logprobs, stop, ``max_completion_tokens``, chat
+  in DSV4's thinking mode, the default, and with ``chat_template_kwargs.thinking: false``);
 - `vllm bench serve`'s payloads for ``--backend openai`` and ``openai-chat``
   (vllm/benchmarks/lib/endpoint_request_func.py, ``async_request_openai_completions`` and
   ``async_request_openai_chat_completions``: ``repetition_penalty``, ``ignore_eos``,
@@ -47,6 +48,7 @@ def build(model: str, max_model_len: int) -> list[Case]:
     chat = {"model": model, "messages": _msgs(), "max_tokens": 6, "temperature": 0}
     comp = {"model": model, "prompt": "The capital of France is", "max_tokens": 6}
     usage = {"include_usage": True}
+    no_thinking = {"chat_template_kwargs": {"thinking": False}}
     cases = [
         Case("health", "server", "GET", "/health"),
         Case("models", "server", "GET", "/v1/models"),
@@ -69,6 +71,16 @@ def build(model: str, max_model_len: int) -> list[Case]:
             {**chat, "stream": True, "logprobs": True, "top_logprobs": 2},
         ),
         Case("chat_stop", "sdk", "POST", CHAT, {**chat, "stop": ["\n", "."]}),
+        # DSV4's chat mode (thinking is the default): with a reasoning parser the reply is
+        # content only; in thinking mode 6 tokens end inside the thinking (content null)
+        Case("chat_no_thinking", "sdk", "POST", CHAT, {**chat, **no_thinking}),
+        Case(
+            "chat_stream_no_thinking",
+            "sdk",
+            "POST",
+            CHAT,
+            {**chat, **no_thinking, "stream": True, "stream_options": usage},
+        ),
         Case(
             "chat_max_completion_tokens",
             "sdk",

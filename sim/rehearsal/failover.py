@@ -35,6 +35,7 @@ class Turn:
     ok: bool = False
     error: str = ""
     text: str = ""
+    reasoning: str = ""
 
 
 def one_turn(
@@ -47,6 +48,9 @@ def one_turn(
         "messages": [*history, {"role": "user", "content": q}],
         "max_tokens": max_tokens,
         "stream": True,
+        # DSV4's chat mode: the answer (what goes into the history) comes at once; in
+        # thinking mode, the default, a short max_tokens is all reasoning (in `reasoning`)
+        "chat_template_kwargs": {"thinking": False},
     }
     t = Turn(session, n, time.monotonic())
     done = False
@@ -74,8 +78,10 @@ def one_turn(
                     t.error = f"stream error: {chunk['error']}"
                     return t
                 for c in chunk.get("choices", []):
-                    t.text += (c.get("delta") or {}).get("content") or ""
-        t.ok = done and bool(t.text)
+                    delta = c.get("delta") or {}
+                    t.text += delta.get("content") or ""
+                    t.reasoning += delta.get("reasoning") or ""
+        t.ok = done and bool(t.text or t.reasoning)
         if not t.ok:
             t.error = "stream ended without [DONE]" if not done else "no text"
     except (requests.RequestException, ValueError) as exc:

@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pairctl.cli import argtypes
 from pairctl.contracts import LEAKS_EXITS, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
@@ -40,11 +41,14 @@ REPO = project_root()
 SSH_PORT = 22
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
-# What "back to baseline" means, stated once (the test and the script print them):
+# What "back to baseline" means, stated once (the test and the script print them). The pair's
+# own margins are smaller than a leak the test injects for real (tests/test_restart_leaks.py:
+# a leaked process holding LEAK_KIB, an eighth of what the simulated pair holds while up):
 MARGINS = {
-    # resident memory left in both hosts' namespaces after a down vs before the first up
-    # (only the sshd listeners should be there): a few short-lived ssh sessions at most
-    "netns_rss_kib": 16 * 1024,
+    # resident memory left in both hosts' namespaces after a down vs before the first up:
+    # only the sshd listeners should be there (measured: 0.0 MiB after every down, simulator
+    # and real engine), and a lingering ssh session is a process left, reported as such
+    "netns_rss_kib": 4 * 1024,
     # the machine's MemAvailable after the last down vs after the first down: the box is
     # shared (page cache, other jobs), so a generous floor: max(512 MiB, 2% of MemTotal).
     # Against the first down, not before the first up: the real engine's first boot leaves
@@ -55,10 +59,17 @@ MARGINS = {
     # ... and after the first down vs before the first up: that one-off cost, bounded
     "mem_available_first_cycle_kib": 1024 * 1024,
     # a running pair's resident memory in the last three cycles vs the first three
-    # (medians): a restart loop that leaks grows it every cycle
-    "up_rss_growth": 0.25,
-    "up_rss_slack_kib": 32 * 1024,
+    # (medians): a restart loop that leaks grows it every cycle. Measured spread: 0.3 MiB of
+    # 256 MiB on the simulator, 17 MiB of 6.1 GiB on the real engine; the allowance (2% + 8 MiB)
+    # is 13 MiB on the simulator, 130 MiB on the real engine.
+    "up_rss_growth": 0.02,
+    "up_rss_slack_kib": 8 * 1024,
 }
+
+
+def up_rss_limit(first_kib: float) -> float:
+    """The most a running pair may hold in its last cycles, given its first cycles' median."""
+    return first_kib * (1 + MARGINS["up_rss_growth"]) + MARGINS["up_rss_slack_kib"]
 
 
 @dataclass(frozen=True)
@@ -232,7 +243,7 @@ def verdicts(
     if len(ups) >= 6:
         first = statistics.median(u.netns_rss_kib for u in ups[:3])
         late = statistics.median(u.netns_rss_kib for u in ups[-3:])
-        limit = first * (1 + MARGINS["up_rss_growth"]) + MARGINS["up_rss_slack_kib"]
+        limit = up_rss_limit(first)
         if late > limit:
             bad.append(
                 f"a running pair's memory grows across restarts: median {late:.0f} kB in the "
@@ -296,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         "files, a held lock, memory not back to its baseline).",
         epilog=exit_line(LEAKS_EXITS),
     )
-    ap.add_argument("--cycles", type=int, default=10, help="down/up cycles (default 10)")
+    ap.add_argument(
+        "--cycles", type=argtypes.int_at_least(1), default=10, help="down/up cycles (default 10)"
+    )
     ap.add_argument("--json", metavar="FILE", help="write every snapshot and verdict here")
     ap.add_argument("--prefix", default="dsv4k", help="netns name prefix (default dsv4k)")
     ap.add_argument(

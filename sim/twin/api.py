@@ -14,7 +14,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, peerloss, shapes
+from sim.twin import HEADER, OWNED_BY, PAIR_HEADER, auth, params, shapes, streaming, thinking
 from sim.twin.engine import Engine
 from sim.twin.errors import NOT_FOUND, error, json_invalid, permission, sanitized
 from sim.twin.generation import Generation, merge_logprobs
@@ -60,6 +60,8 @@ class TwinServer(ThreadingHTTPServer):
         self.injector = Injector(self.fire_foreign)
         self.open_streams = 0  # SSE responses being written (peer-loss shutdown timing)
         self.prompt_details = bool(serve_args.get("enable_prompt_tokens_details"))
+        # --reasoning-parser deepseek_v4: chat replies split into reasoning and content
+        self.splits = serve_args.get("reasoning_parser") in thinking.MODELLED_PARSERS
         tp = int(serve_args.get("tensor_parallel_size") or 1)
         digest = hashlib.sha256(json.dumps(serve_args, sort_keys=True, default=str).encode())
         self.fingerprint = shapes.fingerprint(tp, digest.hexdigest())
@@ -293,8 +295,19 @@ class Handler(BaseHTTPRequestHandler):
         ids = [rid] if p.n == 1 else [f"{i}_{rid}" for i in range(p.n)]
         reqs = [srv.builder.build(prompt, p, received_ns, cid, i) for i, cid in enumerate(ids)]
         shape = shapes.Shape(rid, model, chat, int(time.time()), srv.fingerprint)
+        parser = None
+        if chat and srv.splits:  # the parser's start state (sim/twin/thinking.py)
+            parser = thinking.parser_thinking(thinking.template_kwargs(body))
         gen = Generation(
-            reqs, p, shape, srv.engine, srv.injector, srv.spec_metrics, srv.prompt_details
+            reqs,
+            p,
+            shape,
+            srv.engine,
+            srv.injector,
+            srv.spec_metrics,
+            srv.prompt_details,
+            parser,
+            body.get("include_reasoning") is not False,
         )
         for r in reqs:
             srv.engine.submit(r)
@@ -305,12 +318,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def _collect(self, gen: Generation) -> None:
         n = len(gen.reqs)
-        text: list[list[str]] = [[] for _ in range(n)]
+        pieces: list[list[str]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
         lps: list[list[dict[str, Any]]] = [[] for _ in range(n)]
         for i, ev in gen.events():
             if ev[0] == "tokens":
-                text[i].append(ev[1])
+                pieces[i] += gen.pieces(ev)
                 if gen.p.logprobs is not None:
                     lps[i].append(gen.logprobs(i, ev))
             elif ev[0] == "finish":
@@ -318,9 +331,11 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._json(500, error(ev[1], 500, "InternalServerError"))
                 return
-        choices = [
-            ("".join(text[i]), reasons[i], merge_logprobs(lps[i], gen.shape.chat)) for i in range(n)
-        ]
+        choices = []
+        for i in range(n):
+            reasoning, content = gen.whole(i, pieces[i])
+            lp = None if gen.hide_logprobs else merge_logprobs(lps[i], gen.shape.chat)
+            choices.append((content, reasons[i], lp, reasoning))
         body = gen.shape.full(choices, gen.usage(full=True), gen.metrics())
         self._json(200, body, headers={"X-Request-Id": gen.rid})
 
@@ -338,28 +353,8 @@ class Handler(BaseHTTPRequestHandler):
             if shape.chat:
                 for i in range(len(gen.reqs)):
                     self._sse(gen.with_usage(shape.first_chat_chunk(i)))
-            open_ = len(gen.reqs)
-            for i, ev in gen.events():
-                if ev[0] == "tokens":
-                    if ev[1] or not shape.chat:
-                        lp = gen.logprobs(i, ev) if gen.p.logprobs is not None else None
-                        self._sse(gen.with_usage(shape.chunk(ev[1], None, i, lp)))
-                    else:
-                        gen.logprobs(i, ev)  # keep the token count of choice i right
-                elif ev[0] == "finish":
-                    open_ -= 1
-                    delta = "" if not shape.chat else {"content": ""}
-                    lp = gen.no_logprobs() if gen.p.logprobs is not None else None
-                    last = open_ == 0 and not gen.p.include_usage
-                    self._sse(gen.with_usage(shape.chunk(delta, ev[1], i, lp, last=last)))
-                else:
-                    if self.server.engine.peer_lost is not None:
-                        peerloss.stream_failed(shape.chat)
-                    self._sse(error(ev[1], 500, "InternalServerError"))
-                    break
-            if gen.p.include_usage:
-                self._sse(shape.usage_chunk(gen.usage(), gen.metrics()))
-            self._sse(b"[DONE]")
+            events = streaming.split if gen.splits is not None else streaming.plain
+            events(gen, self._sse, lambda: self.server.engine.peer_lost is not None)
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             for r in gen.reqs:

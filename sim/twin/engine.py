@@ -39,7 +39,7 @@ from sim.twin import peerloss, vllm_log
 from sim.twin.metrics import Metrics
 from sim.twin.prefix_cache import PrefixCache
 from sim.twin.profile import Profile
-from sim.twin.sampling import AcceptanceDrawer, word
+from sim.twin.sampling import AcceptanceDrawer, piece
 
 log = logging.getLogger("twin")
 FOREVER = 1 << 60
@@ -86,6 +86,7 @@ class Request:
     stop: list[str] = field(default_factory=list)
     foreign_until: float | None = None
     canned: list[str] | None = None  # fixed reply, one entry per token (quality answers)
+    think_len: int | None = None  # thinking mode: reasoning tokens before </think>
     events: Any = field(default_factory=queue.Queue)  # anything with put(); the HTTP side reads
     spec_hist: list[int] = field(default_factory=list)  # verify steps by accepted drafts (0..γ)
     spec_steps: list[int] = field(default_factory=list)  # accepted drafts of each verify step
@@ -417,7 +418,7 @@ class Engine:
         reason = None
         for i in range(n):
             idx = r.generated + i
-            parts.append(r.canned[idx] if r.canned is not None else word(r.out_key, idx))
+            parts.append(piece(r.out_key, idx, r.canned, r.think_len))
             if r.stop:
                 tail = r.text_tail + "".join(parts)
                 hit = [tail.index(s) for s in r.stop if s and s in tail]
@@ -436,10 +437,11 @@ class Engine:
         if r.generated > n:  # not the first output: an inter-token gap
             self.m.itl.observe(max(end - r.last_emit, 0.0))
         r.last_emit = end
-        # (kind, text, tokens, each token's piece: logprobs name them)
-        r.events.put(("tokens", text, n, parts))
         if reason is None and r.generated >= r.target_len:
             reason = "length" if r.generated >= r.max_tokens else "stop"
+        # (kind, text, tokens, each token's piece: logprobs name them, whether the finish
+        # follows: vLLM sends a request's last tokens and its finish_reason in one output)
+        r.events.put(("tokens", text, n, parts, reason is not None))
         if reason:
             self._finish(r, reason, end)
         return n

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.twin import params
+from sim.twin import params, thinking
 from sim.twin.acceptance_model import AcceptanceModel, request_text
 from sim.twin.engine import FOREVER, Engine, Request
 from sim.twin.params import BadRequest
@@ -38,6 +38,7 @@ class Prompt:
     tokenize_ms: float
     canned: list[str] | None  # the known reply, token by token (quality answers)
     cum_accept: list[float] | None = None  # P(position k accepted) for this content
+    thinking: bool = False  # a chat prompt rendered in thinking mode (ends in <think>)
 
 
 def load_answers(prof: Profile) -> dict[str, str]:
@@ -80,16 +81,20 @@ class Builder:
         out = self.prof.section("output")
         self.eos_lo = int(out.get("eos_min_tokens", 48))
         self.eos_hi = int(out.get("eos_max_tokens", 400))
+        self.think_lo = int(out.get("reasoning_min_tokens", 64))
+        self.think_hi = int(out.get("reasoning_max_tokens", 640))
+
+    def chat_mode(self, body: dict[str, Any]) -> thinking.Mode:
+        """Thinking or chat mode, as vLLM's DSV4 encoder decides it (sim/twin/thinking.py)."""
+        return thinking.mode(thinking.template_kwargs(body))
 
     def prompt_ids(self, body: dict[str, Any], chat: bool, model: str = "") -> list[int]:
         """Render (chat) and tokenize the prompt; a token-id list prompt is taken as is."""
         if chat:
-            kwargs = body.get("chat_template_kwargs") or {}
-            thinking = bool(kwargs.get("thinking", kwargs.get("enable_thinking", True)))
-            effort = body.get("reasoning_effort") or kwargs.get("reasoning_effort") or "high"
+            m = self.chat_mode(body)
             msgs = params.chat_messages(body, model)
             try:
-                text = render_chat(msgs, thinking, effort)
+                text = render_chat(msgs, m.thinking, m.effort)
             except ValueError as exc:
                 raise BadRequest(str(exc)) from exc
             return self.encoder.encode(text)
@@ -123,7 +128,7 @@ class Builder:
         digest = hashlib.blake2b(array("q", ids).tobytes(), digest_size=8).hexdigest()
         canned = self._canned(body) if chat else None
         cum = self.acceptance.cum_for(request_text(body, chat))
-        return Prompt(ids, digest, tok_ms, canned, cum)
+        return Prompt(ids, digest, tok_ms, canned, cum, chat and self.chat_mode(body).thinking)
 
     def build(
         self,
@@ -157,13 +162,18 @@ class Builder:
             # vllm/v1/engine/parallel_sampling.py: child i of a seeded request uses seed + i.
             variant = ("seed", p.seed + index) if p.seed is not None else ("n", next(self._sampled))
         key = key_of(self.seed, prompt.digest, variant)
+        # Thinking mode: the model reasons first, closes it with </think>, then answers
+        # (the reply is reasoning tokens, one </think> token, the answer, then EOS).
+        think = natural_length(key_of(key, "think"), self.think_lo, self.think_hi)
+        think_len = think if prompt.thinking else None
+        head = 0 if think_len is None else think_len + 1
         if p.ignore_eos:
             target = max_tokens
         else:
-            target = min(max_tokens, natural_length(key, self.eos_lo, self.eos_hi))
+            target = min(max_tokens, head + natural_length(key, self.eos_lo, self.eos_hi))
         target = max(target, min(p.min_tokens, max_tokens))
         if prompt.canned is not None:
-            target = min(len(prompt.canned), max_tokens)
+            target = min(head + len(prompt.canned), max_tokens)
         drawer = AcceptanceDrawer(
             prompt.cum_accept or self.acceptance.default,
             self.prof.sampling,
@@ -181,6 +191,7 @@ class Builder:
             tokenize_ms=prompt.tokenize_ms,
             stop=list(p.stop),
             canned=prompt.canned,
+            think_len=think_len,
         )
 
     def _canned(self, body: dict[str, Any]) -> list[str] | None:

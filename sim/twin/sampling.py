@@ -61,6 +61,21 @@ def word(key: int, index: int) -> str:
     return " " + w
 
 
+END_THINK = "</think>"  # one token of DSV4's vocabulary (sim/twin/thinking.py)
+
+
+def piece(key: int, idx: int, canned: list[str] | None, think_len: int | None) -> str:
+    """The idx-th output token's text: a known answer's piece or a word; in thinking mode
+    ``think_len`` reasoning words come first, then ``</think>``, then the answer."""
+    if think_len is not None:
+        if idx < think_len:
+            return word(key_of(key, "think"), idx)
+        if idx == think_len:
+            return END_THINK
+        idx -= think_len + 1
+    return canned[idx] if canned is not None else word(key, idx)
+
+
 def natural_length(key: int, lo: int, hi: int) -> int:
     """Where this request would emit EOS if not told to ignore it."""
     lo, hi = max(1, lo), max(lo, hi)

@@ -28,6 +28,7 @@ from sim.twin.lifecycle import (
 )
 from sim.twin.prompting import PromptEncoder
 from sim.twin.ranks import Link, RendezvousError, join_rendezvous, serve_rendezvous
+from sim.twin.thinking import MODELLED_PARSERS
 from sim.twin.vllm_log import emit
 
 log = logging.getLogger("twin")
@@ -56,6 +57,12 @@ def run(argv: list[str]) -> int:
         log.warning("ignoring unknown flag %s (the twin accepts it; vLLM might not)", flag)
     for key in args.config_unknown:
         log.warning("ignoring unknown key %r in --config %s", key, args.config)
+    if args.reasoning_parser and args.reasoning_parser not in MODELLED_PARSERS:
+        log.warning(
+            "--reasoning-parser %s: the twin models only %s's split; replies are not split",
+            args.reasoning_parser,
+            "/".join(MODELLED_PARSERS),
+        )
     warm = warm_boot()
     log.info(
         "profile %s (%s); TileLang cache %s: %s boot",

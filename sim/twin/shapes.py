@@ -16,12 +16,19 @@ from sim.twin.vllm_log import VLLM_VERSION
 
 
 def usage(
-    prompt_len: int, completion: int, cached: int | None = None, full: bool = False
+    prompt_len: int,
+    completion: int,
+    cached: int | None = None,
+    full: bool = False,
+    reasoning: int | None = None,
 ) -> dict[str, Any]:
     """UsageInfo. ``cached`` is given only with --enable-prompt-tokens-details (vLLM fills
     prompt_tokens_details only then, serving.py ``enable_prompt_tokens_details``); a full
     response serializes every field, nulls included, a streamed usage chunk only those set
-    (vLLM dumps chunks with ``exclude_unset``)."""
+    (vLLM dumps chunks with ``exclude_unset``). ``reasoning`` is given only with a reasoning
+    parser: vllm/entrypoints/openai/chat_completion/serving.py sets
+    ``completion_tokens_details={"reasoning_tokens": N}`` on every chat usage then
+    (``_include_reasoning_tokens_details = bool(reasoning_parser)``)."""
     out: dict[str, Any] = {
         "prompt_tokens": prompt_len,
         "total_tokens": prompt_len + completion,
@@ -32,13 +39,17 @@ def usage(
         out["completion_tokens_details"] = None
     if cached is not None:
         out["prompt_tokens_details"] = {"cached_tokens": cached}
+    if reasoning is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return out
 
 
-def request_usage(reqs: list[Request], details: bool, full: bool = False) -> dict[str, Any]:
+def request_usage(
+    reqs: list[Request], details: bool, full: bool = False, reasoning: int | None = None
+) -> dict[str, Any]:
     """One response's usage: the prompt once, the completions of every choice summed."""
     cached = reqs[0].cached_tokens if details else None
-    return usage(reqs[0].prompt_len, sum(r.generated for r in reqs), cached, full)
+    return usage(reqs[0].prompt_len, sum(r.generated for r in reqs), cached, full, reasoning)
 
 
 def spec_metrics(req: Request, gamma: int, detailed: bool) -> dict[str, Any]:
@@ -183,16 +194,20 @@ class Shape:
 
     def full(
         self,
-        choices: list[tuple[str, str | None, Any]],
+        choices: list[tuple[str | None, str | None, Any, str | None]],
         use: dict[str, Any],
         metrics: dict[str, Any] | None,
     ) -> dict[str, Any]:
-        """The non-streamed response: one (text, finish_reason, logprobs) per choice.
+        """The non-streamed response: one (text, finish_reason, logprobs, reasoning) per choice.
 
+        ``reasoning`` is the message's vLLM field of that name (ChatMessage in
+        vllm/entrypoints/openai/chat_completion/protocol.py; 0.33 has no
+        ``reasoning_content``): null unless a reasoning parser split the reply, when
+        ``content`` is null if the reply was all reasoning (sim/twin/thinking.py).
         ``weight_versions`` is vLLM 0.33's (null unless ``return_weight_versions``);
         0.32, the CPU engine, has no such field."""
         out_choices = []
-        for i, (text, finish, lps) in enumerate(choices):
+        for i, (text, finish, lps, reasoning) in enumerate(choices):
             if self.chat:
                 message = {
                     "role": "assistant",
@@ -201,7 +216,7 @@ class Shape:
                     "annotations": None,
                     "audio": None,
                     "function_call": None,
-                    "reasoning": None,
+                    "reasoning": reasoning,
                 }
                 choice = {"index": i, "message": message, "logprobs": lps}
             else:

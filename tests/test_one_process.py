@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from pairctl.cli import main as cli
-from pairctl.engine import stack
 from pairctl.pair import config, derive, recipe, resolved
 from tests.fakes.fakepair import Env
 
@@ -31,7 +30,6 @@ ONCE = {
     derive.plan_hash: 1,
     derive.placeholders: 2,
     derive.vllm_args: 2,
-    stack.load_stack: 1,
 }
 
 

@@ -166,7 +166,7 @@ docker image inspect "$IMAGE" 2>&1; echo "rc=$?"
 def start_rank(pair: ResolvedPair, rank: int) -> int:
     """docker run one rank on its node (overlay mount only if OVERLAY_DIR exists there)."""
     node = pair.nodes[rank]
-    image = pair.image
+    image = pair.node_image(rank)
     caches = list(pair.caches.values())
     head = f"OV={shlex.quote(pair.overlay_dir)}\nIMAGE={shlex.quote(image)}\n"
     head += f"set -- {shlex.join(caches)}\n"

@@ -86,7 +86,7 @@ def build_rank(
     recipe = pair.recipe
     role = "head" if rank == 0 else "worker"
     name = container_name(pair.pair_id, rank)
-    image = pair.image
+    image = pair.node_image(rank)  # rank 1: a digest-pinned IMAGE's local tag
     values = pair.placeholders[rank]
     mounts = [Mount(pair.model_path, pair.model_path, ro=True)]
     mounts += [Mount(d, d) for d in pair.caches.values()]

@@ -427,13 +427,20 @@ def _vllm_match(data: dict[str, Any], path: str) -> str | None:
     return text
 
 
-def stacks_dir() -> Path:
+def stacks_dir(recipe: str | Path | None = None) -> Path:
+    """Where the stack files are: ``stacks/`` beside the recipe when it has one (a recipe
+    given by path, e.g. from an installed ``dspark`` outside the clone), else the project's
+    ``recipes/stacks``."""
+    if recipe is not None:
+        beside = Path(recipe).resolve().parent / "stacks"
+        if beside.is_dir():
+            return beside
     return home.project_root() / STACKS_DIR
 
 
-def names() -> list[str]:
+def names(recipe: str | Path | None = None) -> list[str]:
     """The declared stacks, by file name."""
-    return sorted(p.stem for p in stacks_dir().glob("*.yaml"))
+    return sorted(p.stem for p in stacks_dir(recipe).glob("*.yaml"))
 
 
 def _boot_identity(data: dict[str, Any], path: str) -> dict[str, Any]:
@@ -449,14 +456,16 @@ def _boot_identity(data: dict[str, Any], path: str) -> dict[str, Any]:
     }
 
 
-def load_stack(name: str) -> Stack:
-    """The stack called ``name`` (``recipes/stacks/NAME.yaml``), validated."""
+def load_stack(name: str, recipe: str | Path | None = None) -> Stack:
+    """The stack called ``name`` (``NAME.yaml`` in ``stacks_dir(recipe)``), validated."""
     if not _NAME_RE.match(name or ""):
         raise ConfigError(f"stack {name!r}: a stack name is lower-case letters, digits and '-'")
-    p = stacks_dir() / f"{name}.yaml"
+    p = stacks_dir(recipe) / f"{name}.yaml"
     if not p.is_file():
+        where = "" if home.found() else f"; {home.hint()}"
         raise ConfigError(
-            f"stack {name!r} is not declared ({p} not found); declared: {', '.join(names())}"
+            f"stack {name!r} is not declared ({p} not found); declared: "
+            f"{', '.join(names(recipe)) or 'none'}{where}"
         )
     try:
         data = yaml.safe_load(p.read_text())

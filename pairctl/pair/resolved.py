@@ -106,7 +106,7 @@ def resolve(
     full = derive.with_recipe_defaults(cfg, recipe)
     check_port_clash(cfg, full["PORT"])
     check_passthrough(list(extra))
-    stack = load_stack(derive.stack_name(full, recipe))
+    stack = load_stack(derive.stack_name(full, recipe), recipe.path)
     image = derive.resolve_image(full, recipe, stack)
     serve, notes = stacked.serve_keys(recipe.serve, stack, image_patched)
     notes += stacked.env_notes(recipe.env, stack)

@@ -307,7 +307,14 @@ def test_watch_start_line_shows_the_probe_schedule(monkeypatch) -> None:
     monkeypatch.setattr(ops, "pair_monitors", lambda *a: SimpleNamespace(after_ok_probe=None))
     monkeypatch.setattr(ops, "NodeWatch", lambda *a: None)
     monkeypatch.setattr(ops.watch, "serve", lambda dog, what: seen.append(what) or 0)
-    pair = SimpleNamespace(pair_id="p", endpoint="http://127.0.0.1:9", api_key="", cfg={})
+    pair = SimpleNamespace(
+        pair_id="p",
+        endpoint="http://127.0.0.1:9",
+        api_key="",
+        cfg={},
+        stack=SimpleNamespace(boot_identity=None),
+        nodes=[None, None],
+    )
     a = frontdoor.Args(cmd="watch", probe_every=321.0, canary_every=0.0)
     assert ops.watchdog(a, pair, lambda: 0) == 0
     (what,) = seen

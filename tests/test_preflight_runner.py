@@ -74,6 +74,7 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
         check_args=False,
         local_argv=None,
         check_reach=False,
+        check_fabric_ssh=False,
         check_image=False,
     ):
         ev = Evidence(config=dict(pair.evidence_config), resolved=resolved, image="img:1")
@@ -98,6 +99,9 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
             ev = replace(ev, image_probes={"0": ran})
             on_stage(probe.IMAGE, ev)
             seen_at[probe.IMAGE] = list(emitted)
+        if check_fabric_ssh:  # FABRIC2 = SPARK2 here: nothing to ask, the stage is reached
+            on_stage(probe.FABRIC, ev)
+            seen_at[probe.FABRIC] = list(emitted)
         return ev
 
     return fake_gather, emitted, seen_at

@@ -29,7 +29,7 @@ from pairctl.pair.plan import container_name
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import runner
 from pairctl.sentinel.pair import check_at_up, pair_monitors
-from pairctl.status import memory, watch
+from pairctl.status import memory, ownership, watch
 from pairctl.status import pair as pst
 from pairctl.status import view as status_view
 from pairctl.status.memwatch import NodeWatch
@@ -175,9 +175,14 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
     say = watch.printer(pair.pair_id)
     base = pair.endpoint
     mon = pair_monitors(pair, a.canary_every, a.probe_every, say)
+    identity = pair.stack.boot_identity == "fingerprint"
+    prover = ownership.Prover(
+        base, wc.probe_timeout_s, pair.api_key, pair.pair_id, identity, pair.nodes[0]
+    )
     dog = watch.Watchdog(
         wc,
-        probe=lambda: watch.probe_token(base, wc.probe_timeout_s, pair.api_key),
+        probe=prover.probe,
+        owner=prover.foreign,
         restart=restart,
         log=say,
         busy=lambda: lock_busy(lock_path(pair)),
@@ -192,6 +197,9 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
         f"(up --timeout {a.timeout}); a failed restart waits {wc.backoff_s:g} s, doubling "
         f"up to {wc.backoff_max_s:g} s; both nodes' memory read each cycle; a restart waits "
         f"for rank 1's ssh to answer. Acceptance probe {probe}, output canary {canary}: "
-        "events only, never a restart"
+        "events only, never a restart. Nothing is done against a server not proven this "
+        "pair's ("
+        + ("its system_fingerprint names this boot" if identity else "labels only: weaker")
+        + ")"
     )
     return watch.serve(dog, what)

@@ -288,9 +288,19 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
         9,
         "EXIT_KEY",
         "API key problem: the endpoint answered 401/403 to `VLLM_API_KEY` (wrong, or unset "
-        "while the server requires one). `status` says so; `watch` stops without restarting "
-        "the pair (a restart cannot fix a key): fix `VLLM_API_KEY` in the env file",
+        "while the server requires one) and this pair's rank 0 runs on `SPARK1`. `status` says "
+        "so; `watch` stops without restarting the pair (a restart cannot fix a key): fix "
+        "`VLLM_API_KEY` in the env file",
         "API key rejected (fix VLLM_API_KEY)",
+    ),
+    ExitCode(
+        10,
+        "EXIT_FOREIGN",
+        "`status`: foreign: the server answering at `SPARK1:PORT` is proven not this pair's "
+        "running rank 0 (another pair's head, another boot of this pair, a non-dsv4 server, or "
+        "one that refuses our key while no container of this pair runs there); `watch` takes no "
+        "action against it and keeps watching: check `SPARK1` and `PORT` in the env file",
+        "endpoint is not this pair's (check SPARK1/PORT)",
     ),
     ExitCode(
         130,
@@ -343,6 +353,7 @@ EXIT_GATE = 6
 EXIT_DEGRADED = 7
 EXIT_DOWN = 8
 EXIT_KEY = 9
+EXIT_FOREIGN = 10
 EXIT_INTERRUPTED = 130
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pairctl.engine.image import ImageFacts
 from pairctl.nodes.docker import Container
+from pairctl.preflight.fabric_ssh import FabricSsh
 from pairctl.preflight.imageprobe import ImageProbe
 from pairctl.preflight.probe_host import IbPort, Link
 from pairctl.preflight.reach import Reach
@@ -115,6 +116,7 @@ class Evidence:
     )
     argv_check: ArgvCheck = field(default_factory=ArgvCheck)
     reach: Reach = field(default_factory=Reach)  # rank 1 -> MASTER_ADDR:MASTER_PORT
+    fabric_ssh: FabricSsh = field(default_factory=FabricSsh)  # ssh to FABRIC2 (bulk copies)
     # the image's own interpreter, per probed node ("0", "1"): pairctl.preflight.imageprobe
     image_probes: dict[str, ImageProbe] = field(default_factory=dict)
 
@@ -136,6 +138,7 @@ class Evidence:
             nodes={r: NodeEvidence.from_dict(n) for r, n in data["nodes"].items()},
             argv_check=ArgvCheck(**data.get("argv_check", {})),
             reach=Reach(**data.get("reach", {})),
+            fabric_ssh=FabricSsh(**data.get("fabric_ssh", {})),
             image_probes={
                 r: ImageProbe.from_dict(p) for r, p in (data.get("image_probes") or {}).items()
             },

@@ -28,7 +28,7 @@ from pairctl.pair.config import CACHE_VARS
 from pairctl.pair.derive import OVERLAY_MOUNT, container_env, is_secret
 from pairctl.pair.plan import LABEL_PAIR
 from pairctl.pair.resolved import ResolvedPair
-from pairctl.preflight import argcheck, imageprobe, probe_host, reach
+from pairctl.preflight import argcheck, fabric_ssh, imageprobe, probe_host, reach
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
 from pairctl.preflight.imageprobe import ImageProbe
 from pairctl.preflight.roce import PROBE_SECTION as _ROCE_SECTION
@@ -70,11 +70,12 @@ else echo "dir=no"; fi
 _SCRIPT += _ROCE_SECTION + probe_host.PROBE_SECTION + "sec end\n"
 
 
-def probe_script(pair: ResolvedPair) -> str:
-    """The probe with this pair's values bound as shell variables (safely quoted)."""
+def probe_script(pair: ResolvedPair, rank: int = 0) -> str:
+    """The probe for one rank's node with this pair's values bound as shell variables
+    (safely quoted); IMAGE as that node names it (``ResolvedPair.node_image``)."""
     binds = {
         "LABEL": LABEL_PAIR,
-        "IMAGE": pair.image,
+        "IMAGE": pair.node_image(rank),
         "MODEL": pair.model_path,
         "MODEL_FILES": " ".join(MODEL_FILES),
         "TL": pair.tilelang_cache_dir,
@@ -197,7 +198,7 @@ def parse_probe(text: str) -> NodeEvidence:
 
 def collect(node: Node, pair: ResolvedPair) -> NodeEvidence:
     """Run the probe on a node; evidence plus how the transport went."""
-    res = node.run_script(probe_script(pair), timeout=60)
+    res = node.run_script(probe_script(pair, node.rank), timeout=60)
     ev = parse_probe(res.out)
     return replace(
         ev,
@@ -218,9 +219,11 @@ def resolve(host: str) -> str | None:
 # Stages of gather(), in the order their evidence can arrive ("rank0"/"rank1" either way;
 # "argv" right after "rank0", whose image facts the image's parser needs; "reach" once both
 # probes are in: rank 0's port listing must not see the test's own listener; "image" once
-# every probed node's image probe is in, each started when its node's probe showed the image).
+# every probed node's image probe is in, each started when its node's probe showed the image;
+# "fabric", the ssh to FABRIC2, alongside the probes).
 NAMES, RANK0, RANK1, ARGV, REACH = "names", "rank0", "rank1", "argv", "reach"
 IMAGE = "image"
+FABRIC = "fabric"
 _IMAGE_JOB = {RANK0: "image0", RANK1: "image1"}
 HEARTBEAT_S = 5.0
 
@@ -258,7 +261,7 @@ def probe_image(node: Node, pair: ResolvedPair, ev: NodeEvidence) -> ImageProbe:
     return imageprobe.run(
         node,
         pair_id=pair.pair_id,
-        image=pair.image,
+        image=pair.node_image(node.rank),  # rank 1: a digest-pinned IMAGE's local name
         image_id=ev.image_facts.id,
         interpreter=pair.stack.interpreter,
         env=probe_env(pair, node.rank, ev),
@@ -276,6 +279,7 @@ def gather(
     check_args: bool = False,
     local_argv: ArgvCheck | None = None,
     check_reach: bool = False,
+    check_fabric_ssh: bool = False,
     check_image: bool = False,
 ) -> Evidence:
     """Evidence from both nodes plus local name resolution (secrets masked in ``config``).
@@ -295,6 +299,10 @@ def gather(
 
     ``check_image`` asks for the image probe on each node that answered and has the image,
     started as soon as that node's probe is in (stage ``IMAGE`` once all are done).
+
+    ``check_fabric_ssh`` asks for the bulk copies' ssh to FABRIC2
+    (``pairctl.preflight.fabric_ssh``, stage ``FABRIC``), alongside the probes; with
+    FABRIC2 = SPARK2 there is nothing more to ask and the stage is reached at once.
     """
     say = progress or (lambda _msg: None)
     image = pair.image
@@ -328,15 +336,22 @@ def gather(
             f"rank 1 over ssh ({n1.addr}; ssh gives up after {SSH_CONNECT_TIMEOUT_S} s "
             "without an answer)"
         )
+    ask_fabric = check_fabric_ssh and probe_rank1 and pair.fabric2 != pair.spark2
+    if check_fabric_ssh and not ask_fabric and on_stage:
+        on_stage(FABRIC, ev)
+    if ask_fabric:
+        waits[FABRIC] = f"ssh to FABRIC2 ({pair.fabric2}) for the bulk copies"
     say("probing " + " and ".join(waits.values()))
     started = time.monotonic()
     seen: set[str] = set()  # stages whose result is in ev
     image_left: set[str] = set()  # image probes still running
     image_fired = False
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=6) as pool:
         futures = {pool.submit(collect, n0, pair): RANK0}
         if probe_rank1:
             futures[pool.submit(collect, n1, pair)] = RANK1
+        if ask_fabric:
+            futures[pool.submit(fabric_ssh.probe, n1, pair.fabric2)] = FABRIC
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=HEARTBEAT_S, return_when=FIRST_COMPLETED)
@@ -346,6 +361,8 @@ def gather(
                     ev = replace(ev, argv_check=fut.result())
                 elif stage == REACH:
                     ev = replace(ev, reach=fut.result())
+                elif stage == FABRIC:
+                    ev = replace(ev, fabric_ssh=fut.result())
                 elif stage in _IMAGE_JOB.values():
                     key = stage[-1]
                     ev = replace(ev, image_probes={**ev.image_probes, key: fut.result()})

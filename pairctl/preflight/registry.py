@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.check import Check, CheckSpec, Inputs
-from pairctl.preflight.checks_fabric import PF_FABRIC_ADDR, PF_FABRIC_REACH
+from pairctl.preflight.checks_fabric import PF_FABRIC_ADDR, PF_FABRIC_HOSTKEY, PF_FABRIC_REACH
 from pairctl.preflight.checks_host import (
     PF_JIT_CACHES,
     PF_MASTER_PORT_FREE,
@@ -67,6 +67,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     PF_NCCL_IFACE,
     PF_FABRIC_ADDR,
     PF_FABRIC_REACH,
+    PF_FABRIC_HOSTKEY,
     PF_TILELANG_CACHE,
     PF_JIT_CACHES,
     PF_MEMORY,

@@ -3,9 +3,10 @@ with a judge that can fail: two boots.
 
 1. A healthy server with the CPU stack's ngram drafts (5 tokens, prompt_lookup_max 4) and no
    per-request metrics: the probe reads its drafts by difference of /metrics. The record of
-   the shipped prompts (64-token replies here) is made with ``sentinel record``; traffic of other shapes (a counting loop, prose) runs
-   between probe rounds and during them, and shows its own acceptance on /metrics; every
-   reading taken during traffic is dropped, every round reads ok.
+   the shipped prompts (64-token replies here) is made with ``sentinel record``; traffic of
+   other shapes (a counting loop, prose) runs between probe rounds and during them, and
+   shows its own acceptance on /metrics; every reading taken during traffic is dropped,
+   every round reads ok.
 2. The same tiny model served with a draft whose weights were not loaded (its embedding at
    zero, sim/engine/broken_draft.py), answering with per-request spec-decode metrics: the
    output text is the healthy server's token for token, and the probe fires (position 0).

@@ -160,7 +160,7 @@ def test_preflight_runs_the_images_parser_when_vllm_is_not_local(
     assert p.returncode == rc, p.stdout + p.stderr
     check = next(c for c in json.loads(out.read_text())["checks"] if c["id"] == "PF-VLLM-ARGS")
     assert check["status"] == status, check
-    runs = [c for c in pair.calls() if c["argv"][:2] == ["run", "--rm"]]
+    runs = argcheck_runs(pair)
     assert len(runs) == 1 and runs[0]["host"] == "h1"  # on SPARK1, once
     assert "dsv4.pair=pair-a" in runs[0]["argv"]
     # the image's own interpreter, the fork stack's (the recipe's default): not a python3
@@ -171,8 +171,17 @@ def test_preflight_runs_the_images_parser_when_vllm_is_not_local(
         assert "--max-num-seq" in check["detail"]
     # a pass is remembered per image ID: the next preflight does not start a container
     pair.run("preflight", env=fresh)
-    again = [c for c in pair.calls() if c["argv"][:2] == ["run", "--rm"]]
+    again = argcheck_runs(pair)
     assert len(again) == (1 if status == "PASS" else 2)
+
+
+def argcheck_runs(pair: Env) -> list[dict]:
+    """The argv check's throwaways (the image probe runs its own, role imageprobe)."""
+    return [
+        c
+        for c in pair.calls()
+        if c["argv"][:2] == ["run", "--rm"] and "dsv4.role=argcheck" in c["argv"]
+    ]
 
 
 def test_plan_without_local_vllm_says_who_checks(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Waits, ports and windows bounded; a refused key and Ctrl-C answered in one true line.
 
 Each case failed on the code before: `inf` (or 1e309) was a wait without end for `sentinel
-record --live-s`, the gate's `--ready-timeout-s` and `bench.headline_real --boot-timeout-s`;
+record --live-s` (now `--busy-wait`, held to the same bound), the gate's `--ready-timeout-s`
+and `bench.headline_real --boot-timeout-s`;
 ports above 65535 passed; `status --watch`/`watch` took refresh intervals that print 40 lines
 a second; a 401 was "'data' (is the server up...)" from `sim.diffcheck record` and "set
 --api-key" (a flag it lacks) from `sentinel record`; Ctrl-C in the gate's readiness wait was
@@ -47,9 +48,10 @@ def refused(main, argv: list[str], capsys) -> str:
 
 # ---- durations: finite, at most a week ----------------------------------------------------------
 @pytest.mark.parametrize("value", ENDLESS)
-def test_sentinel_record_live_s_refuses_an_endless_wait(value: str, capsys) -> None:
-    line = refused(record.parse_args, ["--url", "127.0.0.1:1", "--live-s", value], capsys)
-    assert "--live-s: must be >= 0 and <= 604800 seconds" in line and value in line
+def test_sentinel_record_busy_wait_refuses_an_endless_wait(value: str, capsys) -> None:
+    argv = ["--url", "127.0.0.1:1", "--out", "/tmp/r.json", "--busy-wait", value]
+    line = refused(record.parse_args, argv, capsys)
+    assert "--busy-wait: must be >= 0 and <= 604800 seconds" in line and value in line
 
 
 @pytest.mark.parametrize("value", ENDLESS)
@@ -121,26 +123,23 @@ def test_refresh_intervals_that_flood_the_terminal_are_refused(argv, needle) -> 
     assert parse(["status", "--interval", "0.2"]).interval == 0.2  # one reading: no floor
 
 
-def test_sentinel_record_live_window_has_a_floor(capsys) -> None:
-    argv = ["--url", "127.0.0.1:1", "--live-s", "3", "--window-s", "0.025"]
-    assert "--window-s: must be >= 1 and" in refused(record.parse_args, argv, capsys)
-
-
 # ---- a refused API key, named by where the key comes from -------------------------------------
-def test_sentinel_record_names_vllm_api_key_not_a_flag_it_lacks(monkeypatch, capsys) -> None:
+def test_sentinel_record_names_vllm_api_key_not_a_flag_it_lacks(
+    monkeypatch, capsys, tmp_path
+) -> None:
     monkeypatch.setenv("VLLM_API_KEY", WRONG)
     with MockServer(MockConfig(api_key=KEY)) as m:
-        rc = record.main(["--url", m.url, "--gate-rounds", "1"])
+        rc = record.main(["--url", m.url, "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
     assert rc == EXIT_FAILED, err
     assert "HTTP 401" in err and "refused the API key given as VLLM_API_KEY" in err
     assert "OPENAI_API_KEY" not in err and "given as --api-key" not in err and WRONG not in err
 
 
-def test_sentinel_record_without_a_key_says_set_vllm_api_key(monkeypatch, capsys) -> None:
+def test_sentinel_record_without_a_key_says_set_vllm_api_key(monkeypatch, capsys, tmp_path):
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     with MockServer(MockConfig(api_key=KEY)) as m:
-        rc = record.main(["--url", m.url, "--gate-rounds", "1"])
+        rc = record.main(["--url", m.url, "--out", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
     assert rc == EXIT_FAILED and "requires an API key: set VLLM_API_KEY" in err, err
 

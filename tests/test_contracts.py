@@ -252,6 +252,12 @@ def test_docs_state_watchs_defaults_as_the_contract() -> None:
         f"`--backoff` seconds (default {c.WATCH_BACKOFF_S:g}, doubling up to "
         f"{c.WATCH_BACKOFF_MAX_S:g} s)" in text
     )
+    assert f"`--probe-every S` (default {c.PROBE_EVERY_S};" in text
+    assert (
+        f"`mean - spread - max({c.PROBE_ABSOLUTE_MARGIN:.2f}, {c.PROBE_RELATIVE_MARGIN:g} x mean)`"
+        in text
+    )
+    assert f"`--repeats` times (default {c.PROBE_REPEATS})" in text
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (
         f"one token every {c.WATCH_INTERVAL_S:g} s and, after {c.WATCH_FAILURES} failures" in readme
@@ -272,11 +278,27 @@ def test_watchs_defaults_are_the_contracts() -> None:
         c.WATCH_BACKOFF_MAX_S,
     )
     assert monitors.MonitorConfig().canary_every_s == c.CANARY_EVERY_S
-    assert monitors.MonitorConfig().window_s == c.ACCEPTANCE_WINDOW_S
+    assert monitors.MonitorConfig().probe_every_s == c.PROBE_EVERY_S
 
 
-def test_watch_start_line_shows_the_acceptance_window(monkeypatch) -> None:
-    """The start line says the window in seconds (it once printed the format literal)."""
+def test_the_probes_margins_and_repeats_are_the_contracts() -> None:
+    from pairctl.sentinel import judgement, record
+
+    c = contracts
+    assert judgement.Margins() == judgement.Margins(
+        c.PROBE_ABSOLUTE_MARGIN, c.PROBE_RELATIVE_MARGIN
+    )
+    a = record.parse_args(["--url", "http://127.0.0.1:9", "--out", "/tmp/x.json"])
+    assert (a.repeats, a.absolute_margin, a.relative_margin) == (
+        c.PROBE_REPEATS,
+        c.PROBE_ABSOLUTE_MARGIN,
+        c.PROBE_RELATIVE_MARGIN,
+    )
+
+
+def test_watch_start_line_shows_the_probe_schedule(monkeypatch) -> None:
+    """The start line says the probe's period in seconds (it once printed the format
+    literal)."""
     from types import SimpleNamespace
 
     from pairctl.cli import ops
@@ -285,9 +307,16 @@ def test_watch_start_line_shows_the_acceptance_window(monkeypatch) -> None:
     monkeypatch.setattr(ops, "pair_monitors", lambda *a: SimpleNamespace(after_ok_probe=None))
     monkeypatch.setattr(ops, "NodeWatch", lambda *a: None)
     monkeypatch.setattr(ops.watch, "serve", lambda dog, what: seen.append(what) or 0)
-    pair = SimpleNamespace(pair_id="p", endpoint="http://127.0.0.1:9", api_key="", cfg={})
-    a = frontdoor.Args(cmd="watch", acceptance_window=321.0, canary_every=0.0)
+    pair = SimpleNamespace(
+        pair_id="p",
+        endpoint="http://127.0.0.1:9",
+        api_key="",
+        cfg={},
+        stack=SimpleNamespace(boot_identity=None),
+        nodes=[None, None],
+    )
+    a = frontdoor.Args(cmd="watch", probe_every=321.0, canary_every=0.0)
     assert ops.watchdog(a, pair, lambda: 0) == 0
     (what,) = seen
-    assert "Acceptance sentinel over 321 s windows" in what, what
+    assert "Acceptance probe every 321 s" in what, what
     assert "{" not in what and "output canary off" in what

@@ -74,7 +74,10 @@ def test_the_cpu_stack_changes_only_what_it_declares(rank: int) -> None:
     ]
     # and nothing else is there but the stack's flags and the launcher's per-rank ones
     per_rank = {"node-rank", "master-addr", "master-port", "headless"}
-    assert {f[0] for f in ours} - names - declared - per_rank == set()
+    # rank 0's boot identity (recipes/stacks/cpu.yaml boot_identity; pairctl/pair/plan.py)
+    identity = {"fingerprint-mode", "fingerprint-value"} if rank == 0 else set()
+    assert CPU.boot_identity == "fingerprint"
+    assert {f[0] for f in ours} - names - declared - per_rank == identity
     got = dict(ours)
     assert json.loads(got["speculative-config"][0]) == {
         "method": "ngram",

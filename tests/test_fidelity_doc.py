@@ -156,6 +156,11 @@ def _stack_items(stack: Stack) -> list[tuple[str, str, str]]:
     else:
         conc = "no cap, no patch needed"
     rows.append(("concurrency", conc, c.source or "-"))
+    if stack.boot_identity == "fingerprint":
+        ident = "rank 0 `--fingerprint-mode custom --fingerprint-value dsv4/PAIR_ID/BOOT_ID`"
+        rows.append(("boot identity", ident, stack.boot_identity_source))
+    else:
+        rows.append(("boot identity", "- (labels only)", "-"))
     for k in stack.known_bad:
         versions = ", ".join(f"`{v}`" for v in k.versions)
         rows.append((f"known bad `{k.component}`", versions, k.source))

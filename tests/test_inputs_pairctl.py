@@ -257,6 +257,7 @@ def fake_pair(monkeypatch: pytest.MonkeyPatch):
             pair_id="pair-b",
             nodes=(SimpleNamespace(rank=0), SimpleNamespace(rank=1)),
             plan_hash="p",
+            stack=SimpleNamespace(boot_identity=None),  # the fork: no per-boot identity
         )
         return st.collect(pair, None, 1.0)[0]
 
@@ -265,11 +266,12 @@ def fake_pair(monkeypatch: pytest.MonkeyPatch):
 
 def test_the_seed_incident_another_pairs_endpoint_is_not_ours(fake_pair) -> None:
     """Pair B's env file with SPARK1 = pair A's head: no pair-B container there, yet pair A's
-    endpoint answers. Before: "degraded", exit 7, with pair A's model and figures as B's."""
+    endpoint answers. Before: "degraded", exit 7, with pair A's model and figures as B's; now
+    "foreign" (pairctl/status/ownership.py: the server that answered is not ours)."""
     answered = Health(True, ["dsv4"], False, "ok", True, False, None)
     a_head = Container("c1", "dsv4-pair-a-rank0", "running", {LABEL_PAIR: "pair-a"})
     status = fake_pair(answered, [_rank(0, st.MISSING), _rank(1, st.MISSING)], [a_head])
-    assert status.verdict == st.DOWN and status.exit_code == contracts.EXIT_DOWN
+    assert status.verdict == st.FOREIGN and status.exit_code == contracts.EXIT_FOREIGN
     assert status.serving is None and status.endpoint.models == []
     assert status.endpoint.ours == st.NOT_OURS
     assert "may be pair pair-a's" in status.endpoint.detail

@@ -18,6 +18,7 @@ from pairctl.preflight import CHECKS, Need
 from tests.fakes.fakepair import FAKES, LAUNCHER, Env, free_port
 
 EXIT_RUNTIME, EXIT_USAGE, EXIT_PREFLIGHT, EXIT_DEGRADED, EXIT_DOWN = 1, 2, 3, 7, 8
+EXIT_FOREIGN = 10
 
 
 def touched_nothing(pair: Env) -> bool:
@@ -126,7 +127,8 @@ def test_sync_overlays_off_spark1_is_refused_like_up(pair: Env) -> None:
     assert up.returncode == sync.returncode == EXIT_PREFLIGHT, sync.stdout + sync.stderr
     assert "FAIL  PF-SELF-IS-SPARK1" in sync.stdout and "nothing was copied" in sync.stderr
     assert not (pair.tmp / "overlays").exists()
-    assert not [c for c in pair.calls("ssh") if "tar" in " ".join(c["argv"])]
+    # no overlay copy went to rank 1 (sync-overlays unpacks with `tar -C STAGE -xf -`)
+    assert not [c for c in pair.calls("ssh") if "tar -C" in " ".join(c["argv"])]
 
 
 def _slow_ssh(tmp: Path, seconds: float) -> tuple[Path, Path]:
@@ -186,7 +188,7 @@ def test_status_exit_codes_down_degraded_healthy(pair: Env) -> None:
     assert p.returncode == EXIT_DOWN, p.stdout + p.stderr
     assert "DOWN" in p.stdout and "why down" in p.stdout
     p = pair.run("status")  # something answers at SPARK1:PORT, but no container of ours runs
-    assert p.returncode == EXIT_DOWN, p.stdout  # not this pair's endpoint: no figures shown
+    assert p.returncode == EXIT_FOREIGN, p.stdout  # not this pair's endpoint: no figures shown
     assert "container dsv4-pair-a-rank1 missing" in p.stdout
     assert "not this pair's endpoint" in p.stdout and "decode:" not in p.stdout
     assert pair.run("up").returncode == 0
@@ -206,7 +208,7 @@ def test_status_json_is_the_documented_document(pair: Env) -> None:
     p = pair.run("status", "--json", "--interval", "0.2")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert doc["schema_version"] == 2 and doc["verdict"] == "healthy" and doc["exit_code"] == 0
+    assert doc["schema_version"] == 3 and doc["verdict"] == "healthy" and doc["exit_code"] == 0
     assert doc["endpoint"]["ours"] == "yes"
     assert [r["state"] for r in doc["ranks"]] == ["running", "running"]
     assert all(r["uptime_s"] is not None and r["uptime_s"] >= 0 for r in doc["ranks"])
@@ -276,7 +278,7 @@ def test_pair_status_of_is_the_python_interface(pair: Env, monkeypatch) -> None:
     monkeypatch.setenv("FAKE_PY", sys.executable)
     st = pair_status_of(pair.env_file, interval_s=0.1)
     # No container of this pair yet: whatever answers at SPARK1:PORT is not shown as ours.
-    assert st.verdict == "down" and st.exit_code == EXIT_DOWN
+    assert st.verdict == "foreign" and st.exit_code == EXIT_FOREIGN
     assert not st.endpoint.healthy and st.endpoint.ours == "no" and st.serving is None
     assert [r.state for r in st.ranks] == ["missing", "missing"]
     assert pair.run("up").returncode == 0

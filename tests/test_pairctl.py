@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from pairctl.nodes.ssh import ssh_argv
-from pairctl.pair.config import CACHE_VARS, VAR_NAMES, ConfigError, load_env_file, parse_env
+from pairctl.pair.config import (
+    CACHE_VARS,
+    VAR_NAMES,
+    VARS,
+    ConfigError,
+    load_env_file,
+    parse_env,
+)
 from pairctl.pair.plan import mask_argv
 from pairctl.pair.recipe import load_recipe
 from pairctl.pair.resolved import resolve
@@ -44,8 +51,10 @@ from pairctl.preflight.checks_launch import check_no_compressed_mla, check_no_ra
 from pairctl.preflight.checks_match import check_image, check_model, check_overlays
 from pairctl.preflight.checks_rdma import check_hca
 from pairctl.preflight.evidence import Evidence, NodeEvidence
+from pairctl.preflight.imageprobe import ImageProbe, parse_output
 from pairctl.preflight.probe import parse_probe
 from pairctl.preflight.reach import Reach
+from tests.fakes.fakepair import image_probe_reply
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -177,7 +186,16 @@ def test_evidence_json_round_trip_keeps_the_recorded_shape() -> None:
     )
     data = json.loads(json.dumps(as_json([], evidence)))
     assert data["schema_version"] == 1 and data["ok"] is True and data["checks"] == []
-    assert set(data["evidence"]) == {"config", "resolved", "image", "nodes", "argv_check", "reach"}
+    assert set(data["evidence"]) == {
+        "config",
+        "resolved",
+        "image",
+        "nodes",
+        "argv_check",
+        "reach",
+        "fabric_ssh",
+        "image_probes",
+    }
     node = data["evidence"]["nodes"]["1"]
     assert node["containers"][0] == {
         "id": "abc",
@@ -198,6 +216,36 @@ def test_env_example_documents_every_variable() -> None:
     for example in sorted((REPO / "pairs").glob("*.env.example")):
         cfg = load_env_file(example)
         assert cfg.unknown == (), example
+
+
+# A home directory in a value is one person's machine: one under /home or /Users, root's,
+# or ~ and $HOME (which the env file does not expand: python-dotenv without interpolation).
+PERSONAL_PATH = re.compile(r"(?<![\w.-])(/home/|/Users/|/root(?:/|$)|~/|\$\{?HOME\b)")
+
+
+def test_examples_and_defaults_name_no_personal_home_paths() -> None:
+    """.env.example, the pairs' examples and the variables' defaults carry paths any
+    operator can use as they are (a directory they make, the Quickstart's /srv/dsv4), never
+    the seed's /home/bird/...: a copied example must not point at someone's home."""
+    examples = [REPO / ".env.example", *sorted((REPO / "pairs").glob("*.example"))]
+    assert len(examples) >= 4
+    bad = []
+    for path in examples:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            value = line.split("#", 1)[0]  # comments may cite ssh's own ~/.ssh defaults
+            if PERSONAL_PATH.search(value) or re.search(r"\bbird\b", value):
+                bad.append(f"{path.relative_to(REPO)}:{n}: {line}")
+    bad += [
+        f"default {v.name}={v.default}"
+        for v in VARS
+        if v.default and PERSONAL_PATH.search(v.default)
+    ]
+    assert not bad, "\n".join(bad)
+    cfg = load_env_file(REPO / ".env.example")
+    for name in ("MODEL_PATH", "OVERLAY_DIR", *CACHE_VARS):
+        assert cfg[name].startswith("/srv/dsv4/"), (name, cfg[name])  # one dir to make
+    assert PERSONAL_PATH.search("MODEL_PATH=/home/bird/models/x")  # the rule itself bites
+    assert not PERSONAL_PATH.search("OVERLAY_DIR=/srv/dsv4/overlays")
 
 
 def test_pair_examples_are_distinct_pairs() -> None:
@@ -256,7 +304,7 @@ def test_defaults_and_dotenv_semantics(tmp_path: Path) -> None:
     cfg = load_env_file(f)
     assert cfg["SPARK1"] == "10.0.0.1" and cfg["MODEL_PATH"] == "/m"
     assert cfg.master_addr == "10.0.0.1" and cfg["PORT"] == ""  # empty = recipe's port
-    assert cfg["OVERLAY_DIR"] == "/home/bird/vllm-overlays"
+    assert cfg["OVERLAY_DIR"] == "/srv/dsv4/overlays"
     assert cfg.unknown == ("TYPO_VAR",)
 
 
@@ -457,8 +505,16 @@ def test_check_overlays_compares_only_what_ships() -> None:
 def _decide(n1: NodeEvidence, n0: NodeEvidence | None = None, **env: str) -> dict[str, str]:
     cfg = parse_env(dict(ENV, **env))
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    evidence = Evidence(resolved=RESOLVED, nodes={"0": n0 or ev(), "1": n1}, reach=REACHED)
-    checks = decide(resolve(cfg, recipe), evidence, {"a.py": "x"})
+    # the image probe found a clean image of the pair's stack on each reached node
+    pair = resolve(cfg, recipe)
+    found = parse_output(image_probe_reply(pair.stack.name)["out"])
+    probed = {"0": ImageProbe("rank 0 (10.0.0.1)", "sha256:1", "py", True, "", False, found)}
+    if n1.reachable:
+        probed["1"] = replace(probed["0"], where="rank 1 (10.0.0.2)")
+    evidence = Evidence(
+        resolved=RESOLVED, nodes={"0": n0 or ev(), "1": n1}, reach=REACHED, image_probes=probed
+    )
+    checks = decide(pair, evidence, {"a.py": "x"})
     assert [c.id for c in checks] == [s.id for s in CHECKS]  # report order = registry order
     return {c.id: c.status for c in checks}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 from pairctl.nodes.ssh import Node
@@ -18,9 +19,14 @@ from pairctl.pair.config import parse_env
 from pairctl.pair.plan import build_rank, render_plan
 from pairctl.pair.recipe import load_recipe
 from pairctl.pair.resolved import resolve
-from pairctl.preflight import FAIL, PASS, SKIP, WARN
-from pairctl.preflight.checks_fabric import check_fabric_addr, check_fabric_reach
+from pairctl.preflight import FAIL, PASS, SKIP, WARN, fabric_ssh
+from pairctl.preflight.checks_fabric import (
+    check_fabric_addr,
+    check_fabric_hostkey,
+    check_fabric_reach,
+)
 from pairctl.preflight.evidence import NodeEvidence
+from pairctl.preflight.fabric_ssh import FabricSsh
 from pairctl.preflight.probe import parse_ifaddrs, parse_probe
 from pairctl.preflight.reach import Reach, reach_master
 from tests.fakes.fakepair import Env
@@ -213,3 +219,93 @@ def test_launcher_preflight_reaches_the_master_port_through_fake_ssh(pair: Env) 
     assert ids["PF-FABRIC-ADDR"] == "PASS" and ids["PF-FABRIC-REACH"] == "PASS"
     assert data["evidence"]["reach"]["ok"] is True
     assert len(pair.calls("ssh")) >= 2  # rank 1's probe, then its side of the reach test
+
+
+# --- PF-FABRIC-HOSTKEY: the bulk copies' ssh to FABRIC2, host key checked -----------------
+
+FAILED = "Host key verification failed."
+
+
+def test_fabric_hostkey_verdicts() -> None:
+    p = pair(FABRIC2="192.168.100.12")
+    ok = FabricSsh(ran=True, host="192.168.100.12", known_rc=0, same_rc=0)
+    assert check_fabric_hostkey(p, ok).status == PASS
+    unknown = replace(ok, known_rc=255, known_err="No ED25519 host key is known ...\n" + FAILED)
+    c = check_fabric_hostkey(p, unknown)
+    assert c.status == WARN and "FABRIC2 192.168.100.12 is not in known_hosts" in c.detail
+    assert "`ssh 192.168.100.12 true`" in c.detail and "`ssh-keygen -l -F 10.1.0.12`" in c.detail
+    changed = replace(unknown, known_err="REMOTE HOST IDENTIFICATION HAS CHANGED!\n" + FAILED)
+    c = check_fabric_hostkey(p, changed)
+    assert c.status == WARN and "`ssh-keygen -R 192.168.100.12`" in c.detail
+    other = replace(ok, same_rc=255, same_err="Host key for 10.1.0.12 has changed\n" + FAILED)
+    c = check_fabric_hostkey(p, other)
+    assert c.status == FAIL and "names another machine" in c.detail
+    down = replace(ok, known_rc=255, known_err="connect to host 192.168.100.12 port 22: refused")
+    assert check_fabric_hostkey(p, down).status == WARN
+    assert check_fabric_hostkey(p, FabricSsh()).status == SKIP
+    same = pair()  # FABRIC2 empty = SPARK2: PF-SSH's ssh is the copies' ssh
+    assert check_fabric_hostkey(same, FabricSsh()).status == PASS
+    with_port = pair(FABRIC2="192.168.100.12", SSH_PORT="2222")
+    c = check_fabric_hostkey(with_port, unknown)
+    assert "`ssh -p 2222 192.168.100.12 true`" in c.detail
+    assert "`ssh-keygen -l -F '[10.1.0.12]:2222'`" in c.detail
+
+
+KEY_H2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIRank1"
+KEY_H3 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOther"
+
+
+def fabric_pair(pair: Env, fabric_host: str, known: str) -> None:
+    """FABRIC2=127.0.0.3 reaching ``fabric_host``; known_hosts lines ``known``."""
+    pair.values["FABRIC2"] = "127.0.0.3"
+    pair.write_env()
+    pair.state["hosts"]["h3"] = dict(pair.state["hosts"]["h2"], addrs=["127.0.0.3"])
+    pair.state["ssh"]["127.0.0.3"] = fabric_host
+    pair.state["hostkeys"] = {"h2": KEY_H2, "h3": KEY_H3}
+    pair.save()
+    Path(pair.values["SSH_KNOWN_HOSTS_FILE"]).write_text(known)
+
+
+def hostkey_probe(pair: Env, monkeypatch) -> FabricSsh:
+    for k, v in pair.environ().items():
+        monkeypatch.setenv(k, v)
+    from pairctl.contracts import DEFAULT_RECIPE
+    from pairctl.pair.resolved import load
+
+    resolved = load(pair.env_file, DEFAULT_RECIPE)
+    return fabric_ssh.probe(resolved.nodes[1], resolved.fabric2)
+
+
+def test_fabric_hostkey_probe_with_openssh_like_checks(pair: Env, monkeypatch) -> None:
+    """The two ssh runs against the fake ssh, which checks keys as OpenSSH does."""
+    fabric_pair(pair, "h2", f"127.0.0.2,127.0.0.3 {KEY_H2}\n")
+    seen = hostkey_probe(pair, monkeypatch)
+    assert check_fabric_hostkey(load_pair(pair), seen).status == PASS
+    alias = [c["argv"] for c in pair.calls("ssh") if "HostKeyAlias=127.0.0.2" in c["argv"]]
+    assert len(alias) == 1 and alias[0][alias[0].index("--") - 1] == "127.0.0.3"
+    fabric_pair(pair, "h2", f"127.0.0.2 {KEY_H2}\n")  # FABRIC2 never contacted
+    assert check_fabric_hostkey(load_pair(pair), hostkey_probe(pair, monkeypatch)).status == WARN
+    # FABRIC2 is another machine whose key someone accepted: the copies would go there
+    fabric_pair(pair, "h3", f"127.0.0.2 {KEY_H2}\n127.0.0.3 {KEY_H3}\n")
+    seen = hostkey_probe(pair, monkeypatch)
+    assert seen.known_rc == 0 and seen.same_rc == 255
+    c = check_fabric_hostkey(load_pair(pair), seen)
+    assert c.status == FAIL and "FABRIC2 127.0.0.3 presents a host key" in c.detail
+
+
+def load_pair(pair: Env):
+    from pairctl.contracts import DEFAULT_RECIPE
+    from pairctl.pair.resolved import load
+
+    return load(pair.env_file, DEFAULT_RECIPE)
+
+
+def test_launcher_preflight_checks_the_fabric_host_key(pair: Env) -> None:
+    fabric_pair(pair, "h3", f"127.0.0.2 {KEY_H2}\n127.0.0.3 {KEY_H3}\n")
+    out = pair.tmp / "pf.json"
+    p = pair.run("preflight", "--json", str(out))
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "FAIL  PF-FABRIC-HOSTKEY" in p.stdout, p.stdout
+    data = json.loads(out.read_text())
+    assert data["evidence"]["fabric_ssh"]["host"] == "127.0.0.3"
+    assert data["evidence"]["fabric_ssh"]["same_rc"] == 255

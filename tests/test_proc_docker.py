@@ -430,6 +430,10 @@ FLAG_CORPUS = [
     # the throwaway argv check: attached, removed after, no network, the image's python3
     "run --rm --label dsv4.pair=p --label dsv4.role=argcheck --network none --gpus all "
     "-e VLLM_LOGGING_LEVEL=ERROR --entrypoint python3 img -c 'print(1)' '[[\"m\"]]'",
+    # the image probe: attached, removed after, no network, no GPU, the stack's interpreter
+    "run --rm --label dsv4.pair=p --label dsv4.role=imageprobe --network none "
+    "-v /ov:/opt/dsv4-flash-overlays:ro -e PATH=/opt/env/bin:/usr/bin "
+    "--entrypoint /opt/env/bin/python img -c 'print(1)'",
     "run --rm --entrypoint",
     "run --rm --device",
     # image ship: save on rank 0, load on rank 1
@@ -442,6 +446,12 @@ FLAG_CORPUS = [
     "load --input=/dev/null -q",
     "load extra",
     "load -x",
+    # image ship names a digest-pinned image on rank 1 (it loads untagged)
+    "tag sha256:" + "ab" * 32 + " reg/img:pinned-" + "cd" * 32,
+    "tag img:1 img:2",
+    "tag img:1",
+    "tag a b c",
+    "tag --bogus a b",
 ]
 
 
@@ -633,3 +643,34 @@ def test_save_and_load_fail_like_docker(tmp_path: Path) -> None:
     bad.write_bytes(b"not a tar at all" * 100)
     res = docker(st, "load", "-i", str(bad))
     assert res.returncode == 1 and "Error response from daemon" in res.stderr
+
+
+def test_an_image_saved_by_digest_loads_untagged_and_tag_names_it(tmp_path: Path) -> None:
+    """`docker save repo@sha256:D` writes no name (moby/moby#22011; #46533 keeps it so for
+    the containerd store), so the load prints the ID and only the ID finds the image, with
+    no RepoDigests; `docker tag ID NAME` names it, and a digest is refused as the target
+    (moby client/image_tag.go), as image ship meets them on rank 1."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    image_id = "sha256:" + "cd" * 32
+    ref = "reg/img@sha256:" + "ee" * 32
+    assert docker(a, "load-fake", ref, image_id, "--digest", ref).returncode == 0
+    assert docker(a, "image", "inspect", "--format", "{{.Id}}", ref).stdout.strip() == image_id
+    tar = tmp_path / "img.tar"
+    assert docker(a, "save", "-o", str(tar), ref).returncode == 0
+    res = docker(b, "load", "-i", str(tar))
+    assert res.returncode == 0 and res.stdout == f"Loaded image ID: {image_id}\n", res
+    missing = docker(b, "image", "inspect", ref)
+    assert missing.returncode == 1 and f"No such image: {ref}" in missing.stderr
+    info = json.loads(docker(b, "image", "inspect", image_id).stdout)[0]
+    assert info["Id"] == image_id and info["RepoTags"] == [] and info["RepoDigests"] == []
+    refused = docker(b, "tag", image_id, ref)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "refusing to create a tag with a digest reference"
+    pinned = "reg/img:pinned-" + "ee" * 32
+    assert docker(b, "tag", image_id, pinned).returncode == 0
+    info = json.loads(docker(b, "image", "inspect", pinned).stdout)[0]
+    assert info["Id"] == image_id and info["RepoTags"] == [pinned]
+    res = docker(b, "tag", "nope:1", "x:1")
+    assert res.returncode == 1 and "No such image: nope:1" in res.stderr

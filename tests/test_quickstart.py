@@ -4,7 +4,9 @@ the image (a stand-in for `image ship --build`'s build) and neither has the mode
 `plan`, `image ship`, `model fetch` (a stand-in Hugging Face CLI on rank 0, since the
 hosts reach no hub), `sync-overlays`, `preflight` and `up`, to a chat with the recipe's
 served model name. The image and the checkpoint really travel to rank 1's own disk over
-ssh, and preflight then finds the same image ID and the same model commit on both.
+ssh to rank 1's fabric address (its sshd log says which address each connection came in on),
+and preflight then finds the same image ID and the same model commit on both. A second
+walk ships a digest-pinned image, which docker loads untagged on rank 1.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from pairctl.engine.image import pinned_tag
 from sim.rehearsal import chat, hosts, pairenv
 from tests.support.rehearsal import pair_fixture, run_launcher
 from tests.support.shards import shard_bytes
@@ -78,6 +81,16 @@ def fresh_pair(pair: hosts.Pair) -> Iterator[tuple[hosts.Pair, Path, Path]]:
     run_launcher(pair, REPO, "down", env_file=env_file, timeout=120)
 
 
+def sshd_log(host: hosts.Host) -> str:
+    """The host's sshd log (LogLevel VERBOSE: "Connection from A port P on B port 22")."""
+    return (host.root / "sshd" / "sshd.log").read_text(errors="replace")
+
+
+def came_in_on(log: str, addr: str) -> int:
+    """How many ssh connections in ``log`` arrived on the host's address ``addr``."""
+    return log.count(f" on {addr} port 22")
+
+
 def launch(pair: hosts.Pair, env_file: Path, *args: str, timeout: float = 240) -> tuple[int, str]:
     res = run_launcher(pair, REPO, *args, env_file=env_file, timeout=timeout)
     out = res.stdout + res.stderr
@@ -97,16 +110,22 @@ def test_quickstart_from_two_fresh_hosts_to_a_served_chat(
     # step 3: the image onto rank 1, over ssh, through rank 1's own disk
     stage = pair.h1.node_view / "image-stage"
     assert pair.h2.docker("image", "inspect", pairenv.IMAGE).returncode != 0
+    before = len(sshd_log(pair.h2))
     rc, out = launch(pair, env_file, "image", "ship", "--stage", str(stage))
     assert rc == 0, out
     assert f"{pairenv.IMAGE} = {pairenv.IMAGE_ID} on both ranks" in out
+    during = sshd_log(pair.h2)[before:]
+    assert came_in_on(during, pair.h2.fabric_ip) >= 1, during  # the tar, over the fabric
+    assert came_in_on(during, pair.h2.ip) >= 1, during  # docker load and inspect, on SPARK2
     got = pair.h2.docker("image", "inspect", "--format", "{{.Id}}", pairenv.IMAGE)
     assert got.stdout.strip() == pairenv.IMAGE_ID
     rc, out = launch(pair, env_file, "image", "ship", "--stage", str(stage))
     assert rc == 0 and "nothing to ship" in out, out
     # step 4: the checkpoint, downloaded on rank 0 and copied to rank 1's disk
+    before = len(sshd_log(pair.h2))
     rc, out = launch(pair, env_file, "model", "fetch", "--downloader", str(hf), timeout=300)
     assert rc == 0, out
+    assert came_in_on(sshd_log(pair.h2)[before:], pair.h2.fabric_ip) >= 1
     assert "identical on both ranks" in out and "all 2 shards" in out
     for name in SHARDS:
         a = pair.h1.on_disk(lay.model_path) / name
@@ -121,6 +140,7 @@ def test_quickstart_from_two_fresh_hosts_to_a_served_chat(
     rc, out = launch(pair, env_file, "preflight")
     assert rc == 0, out
     assert any("PF-MODEL-REVISION" in ln and "PASS" in ln for ln in out.splitlines()), out
+    assert "PASS  PF-FABRIC-HOSTKEY" in out, out
     assert not any("PF-IMAGE-MATCH" in ln and "FAIL" in ln for ln in out.splitlines()), out
     # step 7 and 8: up, then a chat with the served name
     rc, out = launch(pair, env_file, "up", "--timeout", "180", timeout=300)
@@ -131,3 +151,33 @@ def test_quickstart_from_two_fresh_hosts_to_a_served_chat(
     assert reply.simulator and reply.usage.get("completion_tokens", 0) > 0
     rc, out = launch(pair, env_file, "down")
     assert rc == 0, out
+
+
+def test_a_digest_pinned_image_loads_untagged_on_rank1_and_is_named_there(
+    fresh_pair: tuple[hosts.Pair, Path, Path],
+) -> None:
+    """`image ship --pull`'s case (rank 0 pulled IMAGE=repo@sha256:D): docker save of a
+    digest reference writes no name, so rank 1's docker load leaves the image untagged
+    (moby/moby#22011); image ship compares IDs, names it repo:pinned-D there, never copies
+    it twice, and preflight finds the same ID on both under each node's name for it."""
+    pair, env_file, _ = fresh_pair
+    ref = "ghcr.io/example/dsv4-rehearsal@sha256:" + "5e" * 32
+    image_id = "sha256:" + "7a" * 32  # not the image rank 1 has already: this one must travel
+    res = pair.h1.docker("load-fake", ref, image_id, "--digest", ref)
+    assert res.returncode == 0, res.stderr
+    pinned_env = env_file.with_name("digest.env")
+    text = env_file.read_text()
+    pinned_env.write_text(text.replace(f"IMAGE={pairenv.IMAGE}", f"IMAGE={ref}"))
+    assert f"IMAGE={ref}" in pinned_env.read_text()
+    stage = pair.h1.node_view / "image-stage"
+    rc, out = launch(pair, pinned_env, "image", "ship", "--stage", str(stage))
+    assert rc == 0, out
+    assert f"{ref} = {image_id} on both ranks" in out and f"tagged {pinned_tag(ref)}" in out
+    assert pair.h2.docker("image", "inspect", ref).returncode != 0  # as docker: untagged
+    got = pair.h2.docker("image", "inspect", "--format", "{{.Id}}", pinned_tag(ref))
+    assert got.stdout.strip() == image_id
+    rc, out = launch(pair, pinned_env, "image", "ship", "--stage", str(stage))
+    assert rc == 0 and "nothing to ship" in out, out
+    rc, out = launch(pair, pinned_env, "preflight")
+    line = next(ln for ln in out.splitlines() if "PF-IMAGE-MATCH" in ln)
+    assert line.startswith("PASS") and image_id in line, out

@@ -8,10 +8,12 @@ run in the safest form that still proves it works: as written where that is safe
 performance model, the preflight catalogue, `plan` against a loopback copy of
 .env.example, the whole simulator block on loopback), else `--help` of the same module or
 launcher command (which fails on a module that does not exist, the ModuleNotFoundError a
-fresh machine used to get), `make -n` for make targets, and an existence check for files a
-command copies or sources. A command no rule covers fails the test, naming it, so a new
-README command cannot go unchecked. A bare `python` is the venv's (the README's
-`source .venv/bin/activate`).
+fresh machine used to get), `make -n` for make targets, an existence check for files a
+command copies or sources, and `bash -n` (the syntax) for the node set-up a Quickstart asks
+of the operator on a Spark (`sudo ...`, `newgrp`, a first `ssh FABRIC2`), which changes the
+machine or needs the pair and so is never run here. A command no rule covers fails the
+test, naming it, so a new README command cannot go unchecked. A bare `python` is the
+venv's (the README's `source .venv/bin/activate`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,12 @@ PREFIXES = (
     "cp ",
     "source ",
     "curl ",
+    "sudo ",
+    "newgrp ",
 )
+# The operator's one-time node set-up (root, a new login, a first ssh contact): never run
+# here, its syntax checked.
+NODE_SETUP = ("sudo ", "newgrp ", "ssh ")
 SIM_BLOCK_MARK = "sim.twin serve"
 PYTHON_M = re.compile(r"^(?:\.venv/bin/)?python3? -m (\S+)\s*(.*)$")
 LAUNCHER = re.compile(r"^(?:cd launch && )?(?:\./|launch/)dspark_launch\.sh\s*(.*)$")
@@ -126,6 +133,8 @@ def plan_for(cmd: str, tmp: Path) -> tuple[str, list[str] | None]:
         return "file exists", ["test", "-f", shlex.split(cmd)[1]]
     if cmd.startswith("curl "):
         return "needs a running pair (the simulator block runs curl)", None
+    if cmd.startswith(NODE_SETUP):
+        return "node set-up on a Spark: bash -n", ["bash", "-n", "-c", cmd]
     m = PYTHON_M.match(cmd)
     if m:
         module, rest = m.groups()
@@ -212,6 +221,7 @@ def test_readme_simulator_block_runs_as_written() -> None:
         "python3 scripts/spark_twin.py truth",  # what the README once said: no such file now
         ".venv/bin/python -m bench.no_such_bench --url http://127.0.0.1:8000",
         "launch/dspark_launch.sh frobnicate",
+        'sudo usermod -aG docker "$USER',  # an unterminated quote: bash -n refuses it
     ],
 )
 def test_a_broken_readme_command_would_fail(broken: str, tmp_path: Path) -> None:
@@ -231,6 +241,7 @@ STACK_PATHS = ("fork", "upstream", "cpu")  # recipes/stacks/NAME.yaml, the rehea
 # that file must contain): a line the code cannot print sends an operator looking for it.
 SUCCESS_PRINTERS = {
     "IMAGE = sha256:": ("pairctl/engine/imageship.py", "on both ranks ("),
+    "dsv4 engine image ok: ": ("launch/image/Dockerfile", 'print("dsv4 engine image ok: vLLM"'),
     "healthy after ": (
         "pairctl/lifecycle/steps.py",
         'f"healthy after {elapsed}: {base}/v1 serving',

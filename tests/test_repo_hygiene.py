@@ -49,8 +49,9 @@ SYS_PATH_EDIT = r"\bsys\.path\.(insert|append|extend)\b|\bsys\.path\s*\+?="
 # Absolute paths of the machines this repository was built, tuned and tested on: never in a
 # tracked file. A reader's machine has none of them; results record repo-relative paths and
 # scratch files by name (bench/kernels/fp8_tune/table.py). Deliberately not matched, because
-# they are paths of the deployment, the same on every user's machine: the Spark user's home
-# in the defaults and examples (/home/bird/..., the seed's layout), container paths
+# they are paths of the deployment, the same on every user's machine: the seed's Spark user's
+# home (/home/bird/..., the seed's layout; the systemd unit's example install path; the env
+# defaults and examples use /srv/dsv4, tests/test_pairctl.py checks), container paths
 # (/root/.cache, /root/.triton, /opt/...) and fixed /tmp files a tool itself creates
 # (/tmp/P.lock, /tmp/router.txt). What is matched, by prefix:
 #   /work/...          development checkouts and worktrees (/work/main, /work/wt/NAME);
@@ -209,7 +210,7 @@ def test_no_build_machine_path_in_any_tracked_file():
     """No tracked text file names a path that exists only on a machine that built, tuned or
     tested the repository: development checkouts (/work/...), root's scratch (/root/out),
     other people's homes, CI and pytest temporary directories. Paths of the deployment that
-    are the same for every user (the Spark user's /home/bird defaults from the seed,
+    are the same for every user (the seed's /home/bird layout,
     container caches under /root/.cache, /opt mounts, fixed /tmp files of our own tools) are
     allowed; ``BUILD_MACHINE_PATHS`` says why each rule is what it is."""
     bad = build_machine_paths([p for p in tracked_files() if p != SELF])

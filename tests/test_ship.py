@@ -19,7 +19,7 @@ import pytest
 
 from pairctl.contracts import DEFAULT_RECIPE, REPO
 from pairctl.engine import imageship
-from pairctl.engine.imageship import DEFAULT_DOCKERFILE, build_argv, dockerfile_for
+from pairctl.engine.imageship import DEFAULT_DOCKERFILE, build_argv, dockerfile_for, ship
 from pairctl.engine.stack import Stack, parse_stack
 from pairctl.nodes.modelfetch import INDEX, fetch, verify
 from pairctl.nodes.shardcheck import shard_problem
@@ -27,7 +27,7 @@ from pairctl.nodes.transfer import TransferError, send_tree
 from pairctl.pair.config import ConfigError
 from pairctl.pair.resolved import ResolvedPair, load
 from tests.conftest import require
-from tests.fakes.fakepair import IMAGE, IMAGE_ID, SECRET, Env
+from tests.fakes.fakepair import FAKES, IMAGE, IMAGE_ID, SECRET, Env
 from tests.support.shards import shard_bytes, write_checkpoint
 
 EXIT_RUNTIME, EXIT_USAGE, EXIT_PREFLIGHT = 1, 2, 3
@@ -419,3 +419,158 @@ def test_the_shard_check_agrees_with_the_safetensors_loader(tmp_path: Path, cut:
     with pytest.raises(Exception):  # noqa: B017 - the loader's own error type varies by cause
         with safe_open(str(part), framework="numpy") as f:
             f.get_tensor("w")
+
+
+# --- the bulk copies go over the fabric (FABRIC2), control stays on SPARK2 -------------------
+
+FABRIC2 = "127.0.0.3"  # rank 1's second address (its RoCE link on a Spark); SPARK2 is .2
+H2_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIRank1HostKey"
+OTHER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAnotherMachine"
+
+
+def on_fabric(pair: Env, known: str = f"127.0.0.2,{FABRIC2}") -> None:
+    """Rank 1 reachable at SPARK2 and at FABRIC2, one host key; ``known`` = the names
+    known_hosts lists with that key (the fake ssh then checks host keys as OpenSSH does)."""
+    pair.values["FABRIC2"] = FABRIC2
+    pair.write_env()
+    pair.state["ssh"][FABRIC2] = "h2"
+    pair.state["hostkeys"] = {"h2": H2_KEY}
+    pair.save()
+    Path(pair.values["SSH_KNOWN_HOSTS_FILE"]).write_text(f"{known} {H2_KEY}\n")
+
+
+def ssh_commands(pair: Env, host: str) -> list[str]:
+    """The remote commands ssh ran on ``host`` (the address it dialled)."""
+    out = []
+    for call in pair.calls("ssh"):
+        argv = call["argv"]
+        cut = argv.index("--")
+        if argv[cut - 1] == host:
+            out.append(" ".join(argv[cut + 1 :]))
+    return out
+
+
+def ship_in_process(pair: Env) -> int:
+    """``image ship`` with rank 1's stage on another directory (the fakes' two nodes share
+    one disk, so a tar in the same directory would already be "on rank 1")."""
+    pair.state["hosts"]["h2"]["images"] = {}
+    pair.save()
+    stage, far = pair.tmp / "stage", pair.tmp / "rank1-stage"
+    return ship(load(pair.env_file, DEFAULT_RECIPE), stage=str(stage), remote_stage=str(far))
+
+
+def test_image_ship_streams_to_fabric2_and_loads_over_spark2(fakes_env: Env, capsys) -> None:
+    pair = fakes_env
+    on_fabric(pair)
+    assert ship_in_process(pair) == 0
+    data = [c for c in ssh_commands(pair, FABRIC2) if "cat >>" in c]
+    assert len(data) == 1 and ".tar.partial" in data[0]  # the tar's bytes: over the fabric
+    assert not [c for c in ssh_commands(pair, "127.0.0.2") if "cat >>" in c]
+    control = ssh_commands(pair, "127.0.0.2")
+    assert any("docker load" in c for c in control)
+    assert any("docker image inspect" in c for c in control)
+    assert not [c for c in ssh_commands(pair, FABRIC2) if "docker" in c]
+    assert f"to rank 1 ({FABRIC2}, fabric)" in capsys.readouterr().err
+
+
+def test_fabric2_equal_to_spark2_changes_nothing(fakes_env: Env) -> None:
+    pair = fakes_env
+    assert ship_in_process(pair) == 0
+    assert [c for c in ssh_commands(pair, "127.0.0.2") if "cat >>" in c]
+    assert {c["argv"][c["argv"].index("--") - 1] for c in pair.calls("ssh")} == {"127.0.0.2"}
+
+
+def test_an_unknown_fabric2_host_key_is_refused_and_says_what_to_run(
+    fakes_env: Env, capsys
+) -> None:
+    pair = fakes_env
+    on_fabric(pair, known="127.0.0.2")  # the operator never contacted FABRIC2
+    kh = Path(pair.values["SSH_KNOWN_HOSTS_FILE"])
+    before = kh.read_text()
+    assert ship_in_process(pair) == EXIT_RUNTIME
+    err = capsys.readouterr().err
+    assert "Host key verification failed" in err
+    assert f"FABRIC2 {FABRIC2} is not in known_hosts" in err
+    assert f"`ssh -o UserKnownHostsFile={kh} -l bird {FABRIC2} true`" in err, err
+    assert f"`ssh-keygen -l -F 127.0.0.2 -f {kh}`" in err
+    assert kh.read_text() == before  # nothing accepted on the operator's behalf
+    assert not [a for a in docker_calls(pair, "h2") if a[0] == "load"]
+
+
+def test_model_copy_goes_over_the_fabric_and_verify_over_spark2(hub: tuple[Env, Path]) -> None:
+    pair, hf = hub
+    on_fabric(pair)
+    resolved = load(pair.env_file, DEFAULT_RECIPE)
+    far = pair.tmp / "rank1-disk"
+    assert fetch(resolved, downloader_cmd=str(hf), far_root=str(far)) == 0
+    shards = [c for c in ssh_commands(pair, FABRIC2) if "cat >>" in c]
+    assert len(shards) == len(list(far.rglob("*"))) - 3  # every file (not the 3 dirs)
+    assert not [c for c in ssh_commands(pair, "127.0.0.2") if "cat >>" in c]
+    assert any("find . -type f" in c for c in ssh_commands(pair, "127.0.0.2"))  # verify
+
+
+# --- a digest-pinned IMAGE (moby/moby#22011: docker load leaves it untagged) -----------------
+
+DIGEST_IMAGE = "ghcr.io/example/dspark@sha256:" + "d1" * 32
+PINNED = "ghcr.io/example/dspark:pinned-" + "d1" * 32
+
+
+def digest_pair(pair: Env, rank1: dict | None = None) -> None:
+    pair.values["IMAGE"] = DIGEST_IMAGE
+    pair.write_env()
+    pulled = {"Id": IMAGE_ID, "Env": [], "Entrypoint": None, "RepoDigests": [DIGEST_IMAGE]}
+    pair.state["hosts"]["h1"]["images"] = {DIGEST_IMAGE: pulled}
+    pair.state["hosts"]["h2"]["images"] = rank1 or {}
+    pair.save()
+
+
+def test_a_digest_pinned_image_ships_once_and_preflight_matches_it(pair: Env) -> None:
+    digest_pair(pair)
+    stage = pair.tmp / "stage"
+    p = pair.run("image", "ship", "--stage", str(stage))
+    assert p.returncode == 0, p.stderr
+    assert f"{DIGEST_IMAGE} = {IMAGE_ID} on both ranks" in p.stdout and PINNED in p.stdout
+    h2 = pair.load()["hosts"]["h2"]["images"]
+    assert DIGEST_IMAGE not in h2 and h2[PINNED]["Id"] == IMAGE_ID  # loaded untagged, then named
+    assert h2[PINNED]["RepoDigests"] == []
+    tags = [a for a in docker_calls(pair, "h2") if a[0] == "tag"]
+    assert tags == [["tag", IMAGE_ID, PINNED]]
+    again = pair.run("image", "ship", "--stage", str(stage))
+    assert again.returncode == 0 and "nothing to ship" in again.stdout, again.stderr
+    assert len([a for a in docker_calls(pair, "h1") if a[0] == "save"]) == 1  # never re-copied
+    p = pair.run("preflight")
+    line = next(ln for ln in p.stdout.splitlines() if "PF-IMAGE-MATCH" in ln)
+    assert line.startswith("PASS"), p.stdout
+
+
+def test_rank1_with_the_image_id_gets_a_tag_not_a_copy(pair: Env) -> None:
+    """An earlier ship loaded it (untagged), or rank 1 pulled it itself: the ID is there."""
+    digest_pair(pair, rank1={IMAGE_ID: {"Id": IMAGE_ID}})
+    p = pair.run("image", "ship", "--stage", str(pair.tmp / "stage"))
+    assert p.returncode == 0, p.stderr
+    assert "already there, nothing copied" in p.stdout
+    assert not [a for a in docker_calls(pair, "h1") if a[0] == "save"]
+    assert not [a for a in docker_calls(pair, "h2") if a[0] == "load"]
+    assert pair.load()["hosts"]["h2"]["images"][PINNED]["Id"] == IMAGE_ID
+
+
+def test_the_fake_docker_loses_the_digest_as_docker_does(pair: Env, tmp_path: Path) -> None:
+    """The stand-in under these tests: `docker save repo@sha256:D` then `docker load` gives
+    an image found by its ID only (moby/moby#22011, #46533), and `docker tag` refuses a
+    digest target (moby client/image_tag.go)."""
+    digest_pair(pair)
+    env = pair.environ()
+    tar = tmp_path / "x.tar"
+    fake = [str(FAKES / "docker")]
+    run = lambda host, *a: subprocess.run(  # noqa: E731
+        [*fake, *a], env=dict(env, FAKE_HOST=host), capture_output=True, text=True
+    )
+    assert run("h1", "save", "-o", str(tar), DIGEST_IMAGE).returncode == 0
+    loaded = run("h2", "load", "-i", str(tar))
+    assert loaded.stdout == f"Loaded image ID: {IMAGE_ID}\n", loaded
+    assert run("h2", "image", "inspect", DIGEST_IMAGE).returncode == 1
+    info = json.loads(run("h2", "image", "inspect", IMAGE_ID).stdout)[0]
+    assert info["RepoTags"] == [] and info["RepoDigests"] == []
+    refused = run("h2", "tag", IMAGE_ID, DIGEST_IMAGE)
+    assert refused.returncode == 1
+    assert "refusing to create a tag with a digest reference" in refused.stderr

@@ -264,3 +264,12 @@ def test_every_stacks_line_parses_with_vllm_033() -> None:
     out, err = argcheck.run_script_locally(argvs)
     data = json.loads(out.split(argcheck.MARK, 1)[1])
     assert [r["ok"] for r in data["results"]] == [True] * 4, (data, err[-500:])
+
+
+@pytest.mark.parametrize("name", ["fork", "upstream", "cpu"])
+def test_the_declared_kv_dtype_is_the_one_the_line_passes(name: str) -> None:
+    """kv_cache_dtype describes the stack (the probe reads it); the flags must agree."""
+    stack = load_stack(name)
+    argv = _pair(ENGINE_STACK=name).vllm_argv[0]
+    passed = _flag(argv, "--kv-cache-dtype")
+    assert (passed[-1] if passed else None) == stack.kv_cache_dtype

@@ -131,6 +131,44 @@ def test_fault_grammar_per_rank():
             faults.parse(bad, 0)
 
 
+def test_draft_faults_parse_for_rank_0_only_and_say_what_is_wrong():
+    from sim.twin.draft_faults import DraftFault
+
+    spec = "draft-weights-dropped; draft-grammar; draft-first-collapse:0.1; draft-decay:0.5:2"
+    r0, r1 = faults.parse(spec, 0), faults.parse(spec, 1)
+    assert r0.draft == [
+        DraftFault("draft-weights-dropped"),
+        DraftFault("draft-grammar"),
+        DraftFault("draft-first-collapse", 0.1),
+        DraftFault("draft-decay", 0.5, 2),
+    ]
+    assert r1.draft == []  # the draft runs with rank 0's scheduler
+    assert faults.parse("draft-first-collapse", 0).draft[0].factor == 0.05
+    for bad, why in (
+        ("draft-grammar:1", "wrong number of fields"),
+        ("draft-decay:2", "FACTOR must be in"),
+        ("draft-first-collapse:1.5", "P must be in"),
+        ("draft-weights-dropped:x:y", "wrong number of fields"),
+        ("draft-decay:-1", "must be >= 0"),
+    ):
+        with pytest.raises(faults.FaultSpecError, match=why):
+            faults.parse(bad, 0)
+
+
+def test_draft_faults_keep_each_position_at_most_the_one_before():
+    from sim.twin.acceptance_model import _cum
+    from sim.twin.draft_faults import DraftFault
+
+    healthy = [0.95, 0.9, 0.86, 0.82, 0.8]
+    for f in (DraftFault("draft-weights-dropped"), DraftFault("draft-grammar"),
+              DraftFault("draft-first-collapse", 0.05)):  # fmt: skip
+        got = _cum(f.apply(list(healthy)))
+        assert all(0 <= b <= a <= 1 for a, b in zip([1.0, *got], got, strict=False)), f
+    assert _cum(DraftFault("draft-grammar").apply(list(healthy)))[1:3] == pytest.approx(
+        [0.224, 0.0]
+    )
+
+
 def test_default_profile_reproduces_the_seed_figures():
     p = profile.load(None)  # spark-pair.yaml
     d = profile.derived(

@@ -25,6 +25,7 @@ import requests
 
 from pairctl.engine.stack import HOOKS_ENV, load_stack
 from tests.support.ckpt_edit import copy_without
+from tests.support.real_engine import SPEC as NGRAM
 from tests.support.real_engine import RealServer, tiny_model
 from tests.support.twin import free_port
 
@@ -32,8 +33,6 @@ pytestmark = pytest.mark.needs_engine
 
 TARGET_GONE = "model.layers.0.mlp.down_proj.weight"
 DRAFT_GONE = "model.layers.1.self_attn.o_proj.weight"
-BASE = ["--tokenizer-mode", "deepseek_v4", "--enforce-eager"]
-NGRAM = '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4}'
 
 
 def _draft(path: Path) -> str:
@@ -53,8 +52,7 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
 
 def _serve(tmp_path: Path, name: str, model: Path, spec: str, guard: str) -> RealServer:
     env = {HOOKS_ENV: load_stack("cpu").hooks_json(), "VLLM_DSV4_WEIGHT_GUARD": guard}
-    flags = [*BASE, "--speculative-config", spec]
-    return RealServer(free_port(), tmp_path / f"{name}.log", model=model, flags=flags, env=env)
+    return RealServer(free_port(), tmp_path / f"{name}.log", spec, model=model, env=env)
 
 
 def test_the_copy_lacks_exactly_the_tensor(ckpts) -> None:

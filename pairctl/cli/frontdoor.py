@@ -28,13 +28,13 @@ from pairctl.cli.pairopts import (
 )
 from pairctl.cli.usage import usage
 from pairctl.contracts import (
-    ACCEPTANCE_WINDOW_S,
     BOOT_TIMEOUT_S,
     CANARY_EVERY_S,
     DEFAULT_ENV,
     DEFAULT_RECIPE,
     IMAGE_STAGE_DIR,
     OVERLAY_SRC,
+    PROBE_EVERY_S,
     STATUS_WATCH_MIN_S,
     WATCH_BACKOFF_MAX_S,
     WATCH_BACKOFF_S,
@@ -74,7 +74,7 @@ class Args:
     backoff: float = WATCH_BACKOFF_S
     backoff_max: float = WATCH_BACKOFF_MAX_S
     canary_every: float = float(CANARY_EVERY_S)
-    acceptance_window: float = float(ACCEPTANCE_WINDOW_S)
+    probe_every: float = float(PROBE_EVERY_S)
     catalogue_md: bool = False
     action: str = ""
     build: bool = False

@@ -28,8 +28,8 @@ from pairctl.nodes.docker import pair_containers
 from pairctl.pair.plan import container_name
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import runner
-from pairctl.sentinel.pair import pair_monitors
-from pairctl.status import memory, watch
+from pairctl.sentinel.pair import check_at_up, pair_monitors
+from pairctl.status import memory, ownership, watch
 from pairctl.status import pair as pst
 from pairctl.status import view as status_view
 from pairctl.status.memwatch import NodeWatch
@@ -147,12 +147,19 @@ def logs(a: Args, pair: ResolvedPair) -> int:
 
 
 def gate(pair: ResolvedPair) -> int:
-    """The post-up quality gate, in this process; the endpoint stays up either way."""
+    """The post-up quality gate, then the acceptance probe (recorded where the pair's key
+    has no record yet, else judged against it: pairctl.sentinel.pair.check_at_up), in this
+    process; the endpoint stays up either way."""
     rc = run_for_pair(pair.endpoint, pair.api_key)  # the key in headers, no proxy
     if rc != EXIT_OK:
         log(f"quality gate FAILED against {pair.endpoint} (endpoint left running for inspection)")
         return EXIT_GATE
     print("quality gate passed")
+    ok, line = check_at_up(pair, log)
+    if not ok:
+        log(f"{line} (endpoint left running for inspection)")
+        return EXIT_GATE
+    print(line)
     return EXIT_OK
 
 
@@ -167,10 +174,15 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
     )
     say = watch.printer(pair.pair_id)
     base = pair.endpoint
-    mon = pair_monitors(pair, a.canary_every, a.acceptance_window, say)
+    mon = pair_monitors(pair, a.canary_every, a.probe_every, say)
+    identity = pair.stack.boot_identity == "fingerprint"
+    prover = ownership.Prover(
+        base, wc.probe_timeout_s, pair.api_key, pair.pair_id, identity, pair.nodes[0]
+    )
     dog = watch.Watchdog(
         wc,
-        probe=lambda: watch.probe_token(base, wc.probe_timeout_s, pair.api_key),
+        probe=prover.probe,
+        owner=prover.foreign,
         restart=restart,
         log=say,
         busy=lambda: lock_busy(lock_path(pair)),
@@ -178,12 +190,16 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
         after_ok=mon.after_ok_probe,
     )
     canary = f"every {a.canary_every:g} s" if a.canary_every else "off"
+    probe = f"every {a.probe_every:g} s" if a.probe_every else "off"
     what = (
         f"{base}/v1: a 1-token completion every {wc.interval_s:g} s (answer within "
         f"{wc.probe_timeout_s:g} s); after {wc.failures} failures in a row: down, then up "
         f"(up --timeout {a.timeout}); a failed restart waits {wc.backoff_s:g} s, doubling "
         f"up to {wc.backoff_max_s:g} s; both nodes' memory read each cycle; a restart waits "
-        f"for rank 1's ssh to answer. Acceptance sentinel over {a.acceptance_window:g} s "
-        f"windows, output canary {canary}: events only, never a restart"
+        f"for rank 1's ssh to answer. Acceptance probe {probe}, output canary {canary}: "
+        "events only, never a restart. Nothing is done against a server not proven this "
+        "pair's ("
+        + ("its system_fingerprint names this boot" if identity else "labels only: weaker")
+        + ")"
     )
     return watch.serve(dog, what)

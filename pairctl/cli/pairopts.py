@@ -15,10 +15,10 @@ from typing import Any
 from pairctl.cli import argtypes
 from pairctl.cli.options import ENV_FILE, INTERVAL, JSON, RECIPE
 from pairctl.contracts import (
-    ACCEPTANCE_WINDOW_S,
     BOOT_TIMEOUT_S,
     CANARY_EVERY_S,
     IMAGE_STAGE_DIR,
+    PROBE_EVERY_S,
     STATUS_INTERVAL_S,
     STATUS_REFRESH_S,
     STATUS_WATCH_MIN_S,
@@ -59,7 +59,8 @@ def _lines(text: str) -> int:
 
 
 def _canary_every(text: str) -> float:
-    """0 (off) or at least 60 s: the canary is meant to cost seconds an hour, not a load."""
+    """0 (off) or at least 60 s: the canary and the acceptance probe are meant to cost
+    seconds an hour, not a load."""
     try:
         v = float(text)
     except ValueError:
@@ -225,14 +226,13 @@ OPTIONS: tuple[Opt, ...] = (
         "S",
     ),
     Opt(
-        ("--acceptance-window",),
-        "acceptance_window",
+        ("--probe-every",),
+        "probe_every",
         ("watch",),
-        f"seconds of spec-decode counters the acceptance sentinel judges (default "
-        f"{ACCEPTANCE_WINDOW_S}; "
-        "longer while fewer drafts than the baseline's minimum). A drop is an event, never "
-        "a restart",
-        argtypes.seconds(0),
+        f"seconds between rounds of the acceptance probe (3 fixed greedy prompts, each judged "
+        f"against its own record, asked while the pair is idle; default {PROBE_EVERY_S}; 0 = "
+        "off). A fault is an event, never a restart",
+        _canary_every,
         "S",
     ),
     Opt(

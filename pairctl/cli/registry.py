@@ -68,7 +68,7 @@ GROUPS: dict[str, Command | dict[str, Command]] = {
     "fleet": Command("pairctl.fleet.cli", "several pairs behind one router (plan|up|down|...)"),
     "gate": Command("pairctl.gate.cli", "the quality gate against an endpoint"),
     "sentinel": {
-        "record": Command("pairctl.sentinel.record", "record a recipe's acceptance baseline"),
+        "record": Command("pairctl.sentinel.record", "record the acceptance probe (a good pair)"),
     },
     "bench": BENCHES,
     "sim": SIM,

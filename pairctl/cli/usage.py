@@ -51,11 +51,11 @@ COMMAND_HELP = {
     "watch": "watchdog: a 1-token completion every --interval s; after --failures failed "
     "probes in a row, down then up (backoff after a failed up); a 401/403 (wrong key) stops "
     "it with exit 9 and never restarts the pair. Runs until stopped: SIGTERM exit 0 (systemd's "
-    "stop), Ctrl-C 130; one "
-    "timestamped line per event. After each good probe: the acceptance sentinel (acceptance "
-    "per draft position against the recipe's recorded band) and, every --canary-every s, the "
-    "output canary; both log events and never restart. launch/dsv4-watch@.service runs it "
-    "under systemd.",
+    "stop), Ctrl-C 130; one timestamped line per event. After good probes: every "
+    "--probe-every s the acceptance probe (fixed greedy prompts, acceptance per draft "
+    "position against each prompt's own record) and every --canary-every s the output "
+    "canary; both log events and never restart. launch/dsv4-watch@.service runs it under "
+    "systemd.",
 }
 
 

@@ -129,10 +129,17 @@ def phase_table_md() -> str:
 
 # The boot-phase poll of `up` (docker inspect + log tail per rank, then /health).
 BOOT_POLL_S = 2.0
-# watch's output canary and acceptance sentinel (pairctl/sentinel): seconds between canary
-# runs (5 short greedy answers: seconds of load an hour) and the sentinel's window.
+# watch's output canary and acceptance probe (pairctl/sentinel): seconds between canary
+# runs (5 short greedy answers: seconds of load an hour) and between probe rounds (3
+# greedy prompts of 256 tokens, asked only while the pair is idle: ~15 s of decode a round).
 CANARY_EVERY_S = 15 * 60
-ACCEPTANCE_WINDOW_S = 10 * 60
+PROBE_EVERY_S = 15 * 60
+# The probe's record: each prompt read PROBE_REPEATS times on a pair known to be good; a
+# reading FAULTs below mean - spread - max(PROBE_ABSOLUTE_MARGIN, PROBE_RELATIVE_MARGIN x
+# mean) at any draft position (pairctl/sentinel/judgement.py says what that catches).
+PROBE_REPEATS = 3
+PROBE_ABSOLUTE_MARGIN = 0.10
+PROBE_RELATIVE_MARGIN = 0.25
 
 # watch (pairctl.status.watch): one 1-token completion every WATCH_INTERVAL_S, each allowed
 # WATCH_PROBE_TIMEOUT_S (queueing included); WATCH_FAILURES failed probes in a row restart
@@ -261,8 +268,9 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
     ExitCode(
         6,
         "EXIT_GATE",
-        "the post-`up` quality gate (`--gate`) failed (endpoint left running)",
-        "quality gate failed",
+        "the post-`up` quality gate (`--gate`) failed, or the acceptance probe after it "
+        "fell below its record (endpoint left running)",
+        "quality gate or acceptance probe failed",
     ),
     ExitCode(
         7,
@@ -280,9 +288,19 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
         9,
         "EXIT_KEY",
         "API key problem: the endpoint answered 401/403 to `VLLM_API_KEY` (wrong, or unset "
-        "while the server requires one). `status` says so; `watch` stops without restarting "
-        "the pair (a restart cannot fix a key): fix `VLLM_API_KEY` in the env file",
+        "while the server requires one) and this pair's rank 0 runs on `SPARK1`. `status` says "
+        "so; `watch` stops without restarting the pair (a restart cannot fix a key): fix "
+        "`VLLM_API_KEY` in the env file",
         "API key rejected (fix VLLM_API_KEY)",
+    ),
+    ExitCode(
+        10,
+        "EXIT_FOREIGN",
+        "`status`: foreign: the server answering at `SPARK1:PORT` is proven not this pair's "
+        "running rank 0 (another pair's head, another boot of this pair, a non-dsv4 server, or "
+        "one that refuses our key while no container of this pair runs there); `watch` takes no "
+        "action against it and keeps watching: check `SPARK1` and `PORT` in the env file",
+        "endpoint is not this pair's (check SPARK1/PORT)",
     ),
     ExitCode(
         130,
@@ -335,6 +353,7 @@ EXIT_GATE = 6
 EXIT_DEGRADED = 7
 EXIT_DOWN = 8
 EXIT_KEY = 9
+EXIT_FOREIGN = 10
 EXIT_INTERRUPTED = 130
 
 

@@ -26,14 +26,15 @@ GATE_EXITS: tuple[ExitCode, ...] = (
 
 # python -m pairctl.sentinel [record]: nothing is written unless the exit is 0.
 SENTINEL_EXITS: tuple[ExitCode, ...] = (
-    ExitCode(0, "EXIT_OK", "baseline written", "baseline written"),
+    ExitCode(0, "EXIT_OK", "probe record written", "probe record written"),
     ExitCode(
         1,
         "EXIT_FAILED",
-        "endpoint unreachable, no spec-decode counters, or no window with enough drafts "
-        "(nothing written)",
-        "endpoint unreachable, no spec-decode counters, or no window with enough drafts "
-        "(nothing written)",
+        "endpoint unreachable, no spec-decode counters, a probe prompt not read (an error, too "
+        "few drafts, the pair busy for --busy-wait s), or the file not writable (nothing "
+        "written)",
+        "endpoint unreachable, no spec-decode counters, a probe prompt not read, or the file "
+        "not writable (nothing written)",
     ),
     ExitCode(2, "EXIT_USAGE", "usage or configuration error (bad flag, env file, recipe)", "usage"),
     ExitCode(

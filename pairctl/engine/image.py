@@ -66,3 +66,30 @@ def pythonpath(image: ImageFacts | None, overlay_path: str) -> str:
 def digest_pinned(ref: str) -> bool:
     """True when an image reference names its content (``repo@sha256:...``)."""
     return "@sha256:" in ref
+
+
+# The tag `image ship` gives a digest-pinned IMAGE on rank 1. `docker save repo@sha256:D`
+# writes the image without a name (moby/moby#22011; moby/moby#46533 keeps that for the
+# containerd store), so `docker load` on rank 1 gives an untagged image that `repo@sha256:D`
+# does not find (its RepoDigests stay empty until a pull), and `docker tag` refuses a digest
+# as the target ("refusing to create a tag with a digest reference", moby client
+# image_tag.go). So rank 1 names it `repo:pinned-D`, derived from IMAGE alone (plan shows
+# it without asking a node); PF-IMAGE-MATCH still compares the image IDs, so a tag moved
+# by hand is caught before `up` uses it.
+PINNED_TAG_PREFIX = "pinned-"
+
+
+def pinned_tag(ref: str) -> str:
+    """``repo[:tag]@sha256:D`` → ``repo:pinned-D``; any other reference unchanged."""
+    if not digest_pinned(ref):
+        return ref
+    name, _, digest = ref.partition("@")
+    head, slash, last = name.rpartition("/")
+    repo = f"{head}{slash}{last.partition(':')[0]}"
+    return f"{repo}:{PINNED_TAG_PREFIX}{digest.removeprefix('sha256:')}"
+
+
+def node_ref(ref: str, rank: int) -> str:
+    """The reference of IMAGE on one rank's node: IMAGE itself, except rank 1's local name
+    for a digest-pinned IMAGE (``pinned_tag``), which `image ship` tags after the load."""
+    return pinned_tag(ref) if rank == 1 else ref

@@ -3,12 +3,15 @@
 Rank 0 builds it (``--build``: the engine stack's Dockerfile, ``image.dockerfile`` in
 recipes/stacks/NAME.yaml: launch/image/Dockerfile for ``fork``, the DSpark fork on the
 Spark's vLLM base; launch/image/upstream/Dockerfile for ``upstream``), pulls it (``--pull``:
-a registry reference, best pinned by digest), or already has it. Rank 1 gets it over the
-pair's ssh, never from a registry, so the two cannot drift: ``docker save`` to a tar on
-rank 0, a resumable copy (pairctl.nodes.transfer), ``docker load`` on rank 1, then the
-image ID (the digest of the image's config) compared on both.
-A rank 1 that already has the same ID is left alone. Only the pair's IMAGE reference is
-ever saved, loaded or tagged: no other image on either node is touched.
+a registry reference, best pinned by digest), or already has it. Rank 1 gets it from rank 0,
+never from a registry, so the two cannot drift: ``docker save`` to a tar on rank 0, a
+resumable copy over the fabric (ssh to FABRIC2, pairctl.nodes.fabric), ``docker load`` on
+rank 1, then the image ID (the digest of the image's config) compared on both. A rank 1
+that already has that ID, under any name or none, gets no copy: at most a ``docker tag``.
+A digest-pinned IMAGE loads untagged (moby/moby#22011), so rank 1 names it
+``repo:pinned-D`` (pairctl.engine.image.node_ref), the name preflight and ``up`` use there.
+Only the pair's IMAGE is ever saved, loaded or tagged: no other image on either node is
+touched.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, IMAGE_STAGE_DIR, REPO
+from pairctl.engine.image import node_ref
 from pairctl.log import logger
+from pairctl.nodes import fabric
 from pairctl.nodes.docker import NO_SUCH_IMAGE, daemon_problem, node_user
 from pairctl.nodes.ssh import Node
-from pairctl.nodes.transfer import PARTIAL, TransferError, send_tree
+from pairctl.nodes.transfer import PARTIAL, TransferError
 from pairctl.pair.config import ConfigError
 from pairctl.pair.resolved import ResolvedPair
 
@@ -164,9 +169,13 @@ def ship(
     if pull and _stream(["docker", "pull", image]) != 0:
         log(f"docker pull {image} failed on {rank0.label}; nothing was shipped")
         return EXIT_RUNTIME
+    local = node_ref(image, 1)  # IMAGE, or a digest-pinned IMAGE's name on rank 1
     try:
         id0 = image_id(rank0, image)
-        id1 = image_id(rank1, image) if id0 else ""
+        id1 = image_id(rank1, local) if id0 else ""
+        # rank 1 may hold rank 0's image under another name or none (an earlier load of a
+        # digest-pinned IMAGE, its own pull): then it needs a tag, not a copy
+        there = bool(id0) and id1 != id0 and image_id(rank1, id0) == id0
     except DockerUnreachable as exc:
         log(f"{exc}; nothing was shipped")
         return EXIT_RUNTIME
@@ -180,32 +189,57 @@ def ship(
         print(f"{image} = {id0} on both ranks; nothing to ship")
         return EXIT_OK
     if id1:
-        log(f"{rank1.label} has {image} = {id1}, rank 0 has {id0}: replacing it with rank 0's")
+        log(f"{rank1.label} has {local} = {id1}, rank 0 has {id0}: replacing it with rank 0's")
+    if there:
+        return name_on_rank1(rank1, image, local, id0, "already there, nothing copied")
     name = tar_name(id0)
     tar = Path(stage) / name
     far = (remote_stage or stage).rstrip("/")
     try:
         save(rank0, image, tar)
-        sent, nbytes = send_tree(rank1, tar.parent, far, [name], f"{image}")
-        log(f"copied {nbytes / 2**30:.1f} GiB to {rank1.label}" if sent else "tar already there")
+        sent, nbytes = fabric.send(rank1, pair.fabric2, tar.parent, far, [name], f"{image}")
+        via = fabric.bulk_node(rank1, pair.fabric2).label
+        log(f"copied {nbytes / 2**30:.1f} GiB to {via}" if sent else "tar already there")
         far_tar = f"{far}/{name}"
         res = rank1.run(["docker", "load", "-i", far_tar], timeout=7200)
         if res.rc != 0:
             raise TransferError(
                 f"docker load on {rank1.label} failed: {(res.err or res.out).strip()[-300:]}"
             )
-        id1 = image_id(rank1, image)
+        loaded = image_id(rank1, id0)  # by ID: a digest-pinned IMAGE loads untagged
     except TransferError as exc:
         log(f"{exc}")
         return EXIT_RUNTIME
-    if id1 != id0:
+    if loaded != id0:
         log(
-            f"after docker load, {rank1.label} has {image} = {id1 or 'nothing'}, rank 0 "
-            f"{id0}: the copy is not the image; {far_tar} removed, run image ship again"
+            f"after docker load, {rank1.label} has no image {id0} (rank 0's {image}): the "
+            f"copy is not the image; {far_tar} removed, run image ship again"
         )
         rank1.run(["rm", "-f", far_tar])
         return EXIT_RUNTIME
     rank1.run(["rm", "-f", far_tar])
     tar.unlink(missing_ok=True)
-    print(f"{image} = {id0} on both ranks (docker load on {rank1.label}, image ID checked)")
+    return name_on_rank1(rank1, image, local, id0, "docker load, image ID checked")
+
+
+def name_on_rank1(rank1: Node, image: str, local: str, id0: str, how: str) -> int:
+    """Rank 1 holds image ``id0``: make ``local`` (IMAGE, or a digest-pinned IMAGE's
+    ``repo:pinned-D``) name it there, by ID, and check that it does."""
+    tagged = ""
+    try:
+        if image_id(rank1, local) != id0:
+            res = rank1.run(["docker", "tag", id0, local])
+            if res.rc != 0:
+                why = (res.err or res.out).strip()[-300:]
+                log(f"docker tag {id0} {local} on {rank1.label} failed: {why}")
+                return EXIT_RUNTIME
+            tagged = f", tagged {local}"
+        named = image_id(rank1, local)
+    except DockerUnreachable as exc:
+        log(f"{exc}")
+        return EXIT_RUNTIME
+    if named != id0:
+        log(f"{local} on {rank1.label} is not {id0} after docker tag; run image ship again")
+        return EXIT_RUNTIME
+    print(f"{image} = {id0} on both ranks ({how} on {rank1.label}{tagged})")
     return EXIT_OK

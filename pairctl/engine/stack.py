@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from pairctl import home
+from pairctl.engine import pep440
 from pairctl.pair.config import ConfigError
 
 SUPPORTED_STACK_VERSIONS = (1,)
@@ -33,6 +34,7 @@ TOP_KEYS = {
     "name",
     "description",
     "vllm",
+    "vllm_match",
     "image",
     "interpreter",
     "entrypoint",
@@ -49,11 +51,16 @@ TOP_KEYS = {
     "components",
     "known_bad",
     "tradeoffs",
+    "boot_identity",
 }
 IMAGE_KEYS = {"default", "obtain", "dockerfile", "pull", "source"}
 OBTAIN = ("build", "pull", "rehearsal")
 FLAG_ACTIONS = ("set", "add", "drop")
 TIMEOUT_KEYS = {"engine_ready_s", "first_boot_s", "source"}
+# How the server tells which boot of which pair answered (pairctl.status.ownership):
+# "fingerprint": vLLM's --fingerprint-mode custom --fingerprint-value (the string comes back
+# as system_fingerprint on every non-streaming response).
+BOOT_IDENTITIES = ("fingerprint",)
 CONCURRENCY_KEYS = {"max_num_seqs", "requires_patch", "without_patch", "source"}
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -181,6 +188,13 @@ class Stack:
     # pairctl.engine.bootlog's vLLM 0.33 needles, a marker with a needle's text replacing it.
     boot_markers_replace: bool = False
     overlay_gaps: tuple[OverlayGap, ...] = ()
+    # PEP 440 specifiers for other vLLM versions that are this stack too (the official line
+    # after the release it was measured on: ">=0.27.1"); None: ``vllm`` exactly.
+    vllm_match: str | None = None
+    # "fingerprint" when this stack's vLLM takes --fingerprint-mode/--fingerprint-value
+    # (``BOOT_IDENTITIES``); None: no per-boot identity, ownership falls back to labels.
+    boot_identity: str | None = None
+    boot_identity_source: str = ""
 
     def summary(self) -> str:
         """One line for ``plan``: which vLLM runs, and how the container starts it."""
@@ -393,26 +407,66 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
         paths_source=" ".join(str(data.get("paths_source") or "").split()),
         timeouts_source=" ".join(str(timeouts.get("source") or "").split()),
         overlay_gaps=gaps,
+        vllm_match=_vllm_match(data, path),
+        **_boot_identity(data, path),
     )
 
 
-def stacks_dir() -> Path:
+def _vllm_match(data: dict[str, Any], path: str) -> str | None:
+    """``vllm_match``: PEP 440 specifiers (``>=0.27.1``), checked here so a typo is a config
+    error and not a stack that silently identifies nothing."""
+    raw = data.get("vllm_match")
+    if raw is None:
+        return None
+    text = str(raw)
+    if not pep440.is_specifier(text):
+        raise _err(path, f"vllm_match {text!r} must be PEP 440 specifiers, e.g. '>=0.27.1'")
+    try:
+        pep440.check_specifiers(text)
+    except pep440.InvalidVersion as exc:
+        raise _err(path, f"vllm_match: {exc}") from exc
+    return text
+
+
+def stacks_dir(recipe: str | Path | None = None) -> Path:
+    """Where the stack files are: ``stacks/`` beside the recipe when it has one (a recipe
+    given by path, e.g. from an installed ``dspark`` outside the clone), else the project's
+    ``recipes/stacks``."""
+    if recipe is not None:
+        beside = Path(recipe).resolve().parent / "stacks"
+        if beside.is_dir():
+            return beside
     return home.project_root() / STACKS_DIR
 
 
-def names() -> list[str]:
+def names(recipe: str | Path | None = None) -> list[str]:
     """The declared stacks, by file name."""
-    return sorted(p.stem for p in stacks_dir().glob("*.yaml"))
+    return sorted(p.stem for p in stacks_dir(recipe).glob("*.yaml"))
 
 
-def load_stack(name: str) -> Stack:
-    """The stack called ``name`` (``recipes/stacks/NAME.yaml``), validated."""
+def _boot_identity(data: dict[str, Any], path: str) -> dict[str, Any]:
+    """``boot_identity: {kind: fingerprint, source: ...}`` or null (the default)."""
+    raw = data.get("boot_identity")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or raw.get("kind") not in BOOT_IDENTITIES:
+        raise _err(path, f"boot_identity needs kind: one of {list(BOOT_IDENTITIES)}, and a source")
+    return {
+        "boot_identity": raw["kind"],
+        "boot_identity_source": _sourced(raw, "boot_identity", path),
+    }
+
+
+def load_stack(name: str, recipe: str | Path | None = None) -> Stack:
+    """The stack called ``name`` (``NAME.yaml`` in ``stacks_dir(recipe)``), validated."""
     if not _NAME_RE.match(name or ""):
         raise ConfigError(f"stack {name!r}: a stack name is lower-case letters, digits and '-'")
-    p = stacks_dir() / f"{name}.yaml"
+    p = stacks_dir(recipe) / f"{name}.yaml"
     if not p.is_file():
+        where = "" if home.found() else f"; {home.hint()}"
         raise ConfigError(
-            f"stack {name!r} is not declared ({p} not found); declared: {', '.join(names())}"
+            f"stack {name!r} is not declared ({p} not found); declared: "
+            f"{', '.join(names(recipe)) or 'none'}{where}"
         )
     try:
         data = yaml.safe_load(p.read_text())

@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-# A healthy class may run at this share of its figure before an alert (the sentinel's
-# FIRST_FACTOR in pairctl/sentinel/baseline.py reasons the same way).
+# A healthy class may run at this share of its figure before an alert (a harder stretch of
+# the same kind of traffic runs below its class, not to half of it).
 HALF = 0.5
 # Conditional acceptance judged for "later positions collapse": position LATE given LATE - 1.
 LATE = 2
@@ -39,8 +39,8 @@ LATE = 2
 # 15-min window is ~0.9k drafts of 5 (one stream decoding for about a minute of the window):
 # the standard error of an acceptance share from that many drafts is at most 0.017, far under the
 # gap between a floor and the class above it. Position LATE - 1 is tried less often than
-# position 0: 0.25 accepted per second is 225 tries of position LATE in the window (the
-# sentinel's DEFAULT_MIN_TRIALS is 200).
+# position 0: 0.25 accepted per second is 225 tries of position LATE in the window (a
+# standard error of at most 0.034 on its conditional acceptance).
 MIN_DRAFT_TOKENS_PER_S = 5.0
 MIN_LATE_TRIES_PER_S = 0.25
 DEFAULT_OUTPUT = Path("monitoring/prometheus/dsv4-acceptance-floors.yml")

@@ -163,10 +163,11 @@ docker image inspect "$IMAGE" 2>&1; echo "rc=$?"
 """
 
 
-def start_rank(pair: ResolvedPair, rank: int) -> int:
-    """docker run one rank on its node (overlay mount only if OVERLAY_DIR exists there)."""
+def start_rank(pair: ResolvedPair, rank: int, boot_id: str | None = None) -> int:
+    """docker run one rank on its node (overlay mount only if OVERLAY_DIR exists there);
+    ``boot_id``: this boot's id, the same for both ranks (``pairctl.pair.plan.LABEL_BOOT``)."""
     node = pair.nodes[rank]
-    image = pair.image
+    image = pair.node_image(rank)
     caches = list(pair.caches.values())
     head = f"OV={shlex.quote(pair.overlay_dir)}\nIMAGE={shlex.quote(image)}\n"
     head += f"set -- {shlex.join(caches)}\n"
@@ -191,7 +192,7 @@ def start_rank(pair: ResolvedPair, rank: int) -> int:
             f"--entrypoint {pair.stack.entrypoint}"
         )
     overlay = "overlay=yes" in before
-    rp = build_rank(pair, rank, overlay=overlay, image_facts=facts)
+    rp = build_rank(pair, rank, overlay=overlay, image_facts=facts, boot_id=boot_id)
     log(
         f"start: rank {rank} ({rp.role}) on {node.label}: docker "
         + shlex.join(mask_argv(rp.docker_argv[:4]))

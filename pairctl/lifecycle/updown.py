@@ -11,6 +11,7 @@ two operators, or an operator and the watchdog, never race on one pair.
 
 from __future__ import annotations
 
+import secrets
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -85,8 +86,10 @@ def boot(pair: ResolvedPair, timeout_s: float, poll_s: float = BOOT_POLL_S) -> i
             if lc.cleanup(pair) != EXIT_OK:
                 log("could not remove this pair's stale containers; nothing new was started")
                 return EXIT_BOOT
+            boot_id = secrets.token_hex(6)  # this boot's identity (pairctl.status.ownership)
+            log(f"boot id {boot_id} (label dsv4.boot on both ranks)")
             for rank in (1, 0):
-                if lc.start_rank(pair, rank) != EXIT_OK:
+                if lc.start_rank(pair, rank, boot_id) != EXIT_OK:
                     log(f"rank {rank} did not start")
                     teardown(pair)
                     return EXIT_BOOT

@@ -4,9 +4,10 @@ files from the same Hugging Face commit.
 ``fetch`` downloads MODEL_REPO at MODEL_REVISION into MODEL_PATH on rank 0 with the
 Hugging Face CLI (``hf download REPO --revision COMMIT --local-dir MODEL_PATH``: its own
 progress bars, and it resumes an interrupted download), then copies the directory to the
-same path on rank 1 over the pair's ssh (pairctl.nodes.transfer: resumable, bytes/s), then
-verifies. ``HF_TOKEN`` reaches the downloader in its environment only, never on a command
-line or in a message. The commit is required: a moving ``main`` would give two pairs (or
+same path on rank 1 over the fabric (ssh to FABRIC2, pairctl.nodes.fabric; the transfer
+itself is pairctl.nodes.transfer: resumable, bytes/s), then verifies over SPARK2.
+``HF_TOKEN`` reaches the downloader in its environment only, never on a command line or in
+a message. The commit is required: a moving ``main`` would give two pairs (or
 a re-fetch) different weights. The download metadata ``hf download --local-dir`` writes
 (``.cache/huggingface/download/*.metadata``, which names the commit) travels too, so
 preflight's PF-MODEL-REVISION reads the same commit on both nodes.
@@ -31,9 +32,10 @@ from pathlib import Path
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME
 from pairctl.log import logger
+from pairctl.nodes import fabric
 from pairctl.nodes.shardcheck import shard_problem
 from pairctl.nodes.ssh import Node
-from pairctl.nodes.transfer import PARTIAL, TransferError, remote_sizes, send_tree, sha256_remote
+from pairctl.nodes.transfer import PARTIAL, TransferError, remote_sizes, sha256_remote
 from pairctl.pair.config import ConfigError
 from pairctl.pair.resolved import ResolvedPair
 
@@ -245,12 +247,15 @@ def fetch(
         return EXIT_RUNTIME
     far = far_root or pair.model_path
     try:
-        sent, nbytes = send_tree(rank1, root, far, files, Path(pair.model_path).name)
+        sent, nbytes = fabric.send(
+            rank1, pair.fabric2, root, far, files, Path(pair.model_path).name
+        )
     except TransferError as exc:
         log(str(exc))
         return EXIT_RUNTIME
     log(
-        f"copied {sent} file(s), {nbytes / 2**30:.1f} GiB to {rank1.label}"
+        f"copied {sent} file(s), {nbytes / 2**30:.1f} GiB to "
+        f"{fabric.bulk_node(rank1, pair.fabric2).label}"
         if sent
         else f"{rank1.label} already has every file at its size"
     )

@@ -15,6 +15,16 @@ from dataclasses import dataclass
 from pairctl.pair.config import PairConfig
 
 SSH_CONNECT_TIMEOUT_S = 10
+# Options that decide which host keys are trusted: set here only, never by a caller.
+_TRUST_OPTIONS = frozenset(
+    {
+        "batchmode",
+        "stricthostkeychecking",
+        "userknownhostsfile",
+        "globalknownhostsfile",
+        "knownhostscommand",
+    }
+)
 
 
 def ssh_to(
@@ -25,9 +35,15 @@ def ssh_to(
     identity_file: str = "",
     known_hosts_file: str = "",
     remote_cmd: str | None = None,
+    options: tuple[str, ...] = (),
 ) -> list[str]:
     """The one ssh argv builder (pairs and fleets): BatchMode and strict host-key checking
-    always on; empty settings mean ssh's defaults."""
+    always on; empty settings mean ssh's defaults. ``options`` are more ``-o K=V``; one
+    that says which host keys to trust is refused (ValueError), so no caller can loosen
+    the checking."""
+    for opt in options:
+        if opt.partition("=")[0].strip().lower() in _TRUST_OPTIONS:
+            raise ValueError(f"ssh option {opt!r} is the launcher's to set, not a caller's")
     argv = [
         "ssh",
         "-o",
@@ -41,6 +57,8 @@ def ssh_to(
     ]
     if known_hosts_file:
         argv += ["-o", f"UserKnownHostsFile={known_hosts_file}"]
+    for opt in options:
+        argv += ["-o", opt]
     if identity_file:
         argv += ["-i", identity_file, "-o", "IdentitiesOnly=yes"]
     if port:
@@ -53,15 +71,22 @@ def ssh_to(
     return argv
 
 
-def ssh_argv(cfg: PairConfig, remote_cmd: str | None = None) -> list[str]:
-    """ssh argv for SPARK2, with the pair's SSH_* settings."""
+def ssh_argv(
+    cfg: PairConfig,
+    remote_cmd: str | None = None,
+    host: str = "",
+    options: tuple[str, ...] = (),
+) -> list[str]:
+    """ssh argv for SPARK2 (or ``host``, another address of rank 1: its fabric one), with
+    the pair's SSH_* settings."""
     return ssh_to(
-        cfg["SPARK2"],
+        host or cfg["SPARK2"],
         user=cfg["SSH_USER"],
         port=cfg["SSH_PORT"],
         identity_file=cfg["SSH_IDENTITY_FILE"],
         known_hosts_file=cfg["SSH_KNOWN_HOSTS_FILE"],
         remote_cmd=remote_cmd,
+        options=options,
     )
 
 
@@ -76,11 +101,15 @@ class Result:
 
 @dataclass(frozen=True)
 class Node:
-    """One node of the pair. ``remote`` nodes are reached with ssh_argv."""
+    """One node of the pair. ``remote`` nodes are reached with ssh_argv: at SPARK2, or at
+    ``ssh_host`` when set (rank 1's fabric address, for the bulk copies:
+    pairctl.nodes.fabric)."""
 
     rank: int
     addr: str
     cfg: PairConfig
+    ssh_host: str = ""
+    ssh_options: tuple[str, ...] = ()  # more ``-o K=V`` (preflight's HostKeyAlias check)
 
     @property
     def remote(self) -> bool:
@@ -88,7 +117,7 @@ class Node:
 
     @property
     def label(self) -> str:
-        return f"rank {self.rank} ({self.addr})"
+        return f"rank {self.rank} ({self.addr}{', fabric' if self.ssh_host else ''})"
 
     def wrap(self, argv: list[str], secret_names: tuple[str, ...] = ()) -> list[str]:
         """argv to run locally for a command meant for this node.
@@ -102,11 +131,12 @@ class Node:
         if secret_names:
             reads = "".join(f"IFS= read -r {n}; " for n in secret_names)
             cmd = f"{reads}export {' '.join(secret_names)}; exec {cmd}"
-        return ssh_argv(self.cfg, cmd)
+        return ssh_argv(self.cfg, cmd, self.ssh_host, self.ssh_options)
 
     def ssh_argv(self, remote_cmd: str | None = None) -> list[str]:
-        """The ssh command line that reaches SPARK2 with this pair's ssh settings."""
-        return ssh_argv(self.cfg, remote_cmd)
+        """The ssh command line that reaches this node (SPARK2, or ``ssh_host``) with this
+        pair's ssh settings."""
+        return ssh_argv(self.cfg, remote_cmd, self.ssh_host, self.ssh_options)
 
     def run(
         self,

@@ -73,24 +73,24 @@ VARS: tuple[Var, ...] = (
         "engine stack (recipes/stacks/NAME.yaml: fork, upstream, cpu); empty = the recipe's",
     ),
     Var("MODEL_PATH", None, "abspath", "model directory, same path on both nodes"),
-    Var("OVERLAY_DIR", "/home/bird/vllm-overlays", "abspath", "overlay copy on both nodes"),
+    Var("OVERLAY_DIR", "/srv/dsv4/overlays", "abspath", "overlay copy on both nodes"),
     Var(
         "TILELANG_CACHE_DIR",
-        "/home/bird/.cache/tilelang",
+        "/srv/dsv4/cache/tilelang",
         "abspath",
         "persistent TileLang JIT cache on both nodes",
     ),
     # The other JIT caches a restart would otherwise rebuild (CACHE_VARS below):
     # each is mounted at the same path and set under its own name in the container.
-    Var("VLLM_CACHE_ROOT", "/home/bird/.cache/vllm", "abspath", "vLLM compile cache"),
-    Var("TRITON_CACHE_DIR", "/home/bird/.triton/cache", "abspath", "Triton kernel cache"),
+    Var("VLLM_CACHE_ROOT", "/srv/dsv4/cache/vllm", "abspath", "vLLM compile cache"),
+    Var("TRITON_CACHE_DIR", "/srv/dsv4/cache/triton", "abspath", "Triton kernel cache"),
     Var(
         "FLASHINFER_WORKSPACE_BASE",
-        "/home/bird/.cache/flashinfer-base",
+        "/srv/dsv4/cache/flashinfer-base",
         "abspath",
         "FlashInfer JIT workspace base (its cache is BASE/.cache/flashinfer)",
     ),
-    Var("DG_JIT_CACHE_DIR", "/home/bird/.cache/deep_gemm", "abspath", "DeepGEMM JIT cache"),
+    Var("DG_JIT_CACHE_DIR", "/srv/dsv4/cache/deep_gemm", "abspath", "DeepGEMM JIT cache"),
     Var(
         "RDMA_DEVICE_DIR",
         "/dev/infiniband",

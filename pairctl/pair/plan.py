@@ -29,6 +29,11 @@ LABEL_PAIR = "dsv4.pair"
 LABEL_RANK = "dsv4.rank"
 LABEL_ROLE = "dsv4.role"
 LABEL_PLAN = "dsv4.plan"
+# This boot's id, drawn by `up` (pairctl.lifecycle.updown.boot) for both ranks; not part of
+# the plan hash (that labels config drift, and a boot is not a config change).
+LABEL_BOOT = "dsv4.boot"
+# What `plan` shows where `up` puts the boot id.
+BOOT_PLACEHOLDER = "<BOOT_ID: drawn by up>"
 FORBIDDEN_ENV = "VLLM_DSV4_B12X_COMPRESSED_MLA"
 
 
@@ -69,24 +74,41 @@ def ipc_args(shm_size: str | None) -> list[str]:
     return ["--ipc", "host"]
 
 
+def boot_fingerprint(pair_id: str, boot_id: str) -> str:
+    """The ``system_fingerprint`` rank 0 of this boot answers with (pairctl.status.ownership)."""
+    return f"dsv4/{pair_id}/{boot_id}"
+
+
+def identity_args(pair: ResolvedPair, rank: int, boot_id: str) -> list[str]:
+    """Rank 0's vLLM flags that make every non-streaming reply name this pair and boot
+    (vllm/entrypoints/serve/utils/fingerprint.py, mode "custom"); only for a stack that
+    declares ``boot_identity: fingerprint``."""
+    if rank != 0 or pair.stack.boot_identity != "fingerprint":
+        return []
+    value = boot_fingerprint(pair.pair_id, boot_id)
+    return ["--fingerprint-mode", "custom", "--fingerprint-value", value]
+
+
 def build_rank(
     pair: ResolvedPair,
     rank: int,
     overlay: bool = True,
     image_facts: ImageFacts | None = None,
+    boot_id: str | None = None,
 ) -> RankPlan:
     """The docker run argv for one rank; ``overlay`` False drops the overlay mount.
 
     ``image_facts``: what ``docker image inspect`` says about the image on this rank's node
     (its PYTHONPATH is kept); None when it was not read (``plan``). The vLLM argv, the
     placeholders and the plan hash come from the resolved pair, computed once there.
+    ``boot_id``: this boot's id (``up``); None shows ``BOOT_PLACEHOLDER`` (``plan``).
     """
     if rank not in (0, 1):
         raise ConfigError(f"rank must be 0 or 1, not {rank}")
     recipe = pair.recipe
     role = "head" if rank == 0 else "worker"
     name = container_name(pair.pair_id, rank)
-    image = pair.image
+    image = pair.node_image(rank)  # rank 1: a digest-pinned IMAGE's local tag
     values = pair.placeholders[rank]
     mounts = [Mount(pair.model_path, pair.model_path, ro=True)]
     mounts += [Mount(d, d) for d in pair.caches.values()]
@@ -95,7 +117,8 @@ def build_rank(
     for m in recipe.mounts:
         mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
     env = container_env(recipe, rank, values, overlay, image_facts, pair.stack)
-    vargs = pair.vllm_argv[rank]
+    boot = boot_id or BOOT_PLACEHOLDER
+    vargs = (*pair.vllm_argv[rank], *identity_args(pair, rank, boot))
     argv: list[str] = [
         "run",
         "-d",
@@ -109,6 +132,8 @@ def build_rank(
         f"{LABEL_ROLE}={role}",
         "--label",
         f"{LABEL_PLAN}={pair.plan_hash}",
+        "--label",
+        f"{LABEL_BOOT}={boot}",
         "--network",
         "host",
         "--gpus",
@@ -203,6 +228,17 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
         )
         + f"; --entrypoint {stack.entrypoint} replaces any image ENTRYPOINT",
     ]
+    lines.append(
+        f"# boot identity: up draws a fresh id for each boot and fills {BOOT_PLACEHOLDER} "
+        f"(label {LABEL_BOOT} on both ranks"
+        + (
+            "; rank 0's --fingerprint-value, which vLLM returns as system_fingerprint"
+            if stack.boot_identity == "fingerprint"
+            else f"; stack {stack.name} declares no boot identity, so status/watch prove "
+            "ownership by labels only"
+        )
+        + "); the plan hash does not depend on it"
+    )
     if pair.stack_notes:
         lines.append(f"# stack {stack.name} changes the recipe's line ({len(pair.stack_notes)}):")
         lines += [f"#   {note}" for note in pair.stack_notes]

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pairctl.endpoint import Endpoint
+from pairctl.engine.image import node_ref
 from pairctl.engine.stack import Stack, load_stack
 from pairctl.nodes.ssh import Node, nodes
 from pairctl.pair import derive, stacked
@@ -81,6 +82,11 @@ class ResolvedPair:
         """The address a rank's node is reached at (SPARK1 for rank 0, SPARK2 for rank 1)."""
         return self.spark1 if rank == 0 else self.spark2
 
+    def node_image(self, rank: int) -> str:
+        """IMAGE as a rank's node names it: rank 1 holds a digest-pinned IMAGE under the
+        tag `image ship` gives it after the load (pairctl.engine.image.node_ref)."""
+        return node_ref(self.image, rank)
+
     def fabric_addr(self, rank: int) -> str:
         """The address a rank's engine uses on the fabric (its VLLM_HOST_IP): FABRIC1 for
         rank 0, FABRIC2 for rank 1."""
@@ -100,7 +106,7 @@ def resolve(
     full = derive.with_recipe_defaults(cfg, recipe)
     check_port_clash(cfg, full["PORT"])
     check_passthrough(list(extra))
-    stack = load_stack(derive.stack_name(full, recipe))
+    stack = load_stack(derive.stack_name(full, recipe), recipe.path)
     image = derive.resolve_image(full, recipe, stack)
     serve, notes = stacked.serve_keys(recipe.serve, stack, image_patched)
     notes += stacked.env_notes(recipe.env, stack)

@@ -5,16 +5,19 @@ router and clients reach a node; FABRIC1/FABRIC2 (default SPARK1/SPARK2) are eac
 VLLM_HOST_IP and, for rank 0, MASTER_ADDR's default. vLLM binds its cross-node message
 queue on VLLM_HOST_IP and rank 1 dials MASTER_ADDR for the TCP store, so an address on
 the LAN would carry every step's scheduler output over it while NCCL/Gloo use the
-interface named in NCCL_SOCKET_IFNAME. These checks tie the addresses to that interface.
+interface named in NCCL_SOCKET_IFNAME. These checks tie the addresses to that interface,
+and check the ssh the bulk copies (image ship, model fetch) take to FABRIC2.
 """
 
 from __future__ import annotations
 
 import ipaddress
 
+from pairctl.nodes.fabric import HOSTKEY_CHANGED, HOSTKEY_FAILED, hostkey_fix
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec, Need
 from pairctl.preflight.evidence import NodeEvidence
+from pairctl.preflight.fabric_ssh import FabricSsh
 from pairctl.preflight.reach import Reach
 
 PF_FABRIC_ADDR = CheckSpec(
@@ -145,3 +148,52 @@ def check_fabric_reach(pair: ResolvedPair, names: dict[str, str | None], r: Reac
             "MASTER_ADDR does not use the fabric",
         )
     return PF_FABRIC_REACH.verdict(PASS, f"rank 1 reached {target} from {r.peer or f2}")
+
+
+PF_FABRIC_HOSTKEY = CheckSpec(
+    "PF-FABRIC-HOSTKEY",
+    title="FABRIC2 presents a host key known_hosts trusts for SPARK2 (the same machine: FAIL "
+    "if not), and the bulk copies' ssh to FABRIC2 (image ship, model fetch) works with "
+    "BatchMode=yes and StrictHostKeyChecking=yes (WARN if not: only the copies need it); "
+    "nothing to check when FABRIC2 = SPARK2",
+    remedy="a FAIL: FABRIC2 is not rank 1's fabric address, fix it. A WARN: from rank 0, run "
+    "ssh FABRIC2 true once (with the pair's SSH_* settings) and answer yes only if the "
+    "fingerprint it shows is one `ssh-keygen -l -F SPARK2` prints. Never turn host-key "
+    "checking off",
+    needs=(Need.CONFIG, Need.FABRIC_SSH),
+    decide=lambda v: check_fabric_hostkey(v.pair, v.fabric_ssh),
+)
+
+
+def check_fabric_hostkey(pair: ResolvedPair, f: FabricSsh) -> Check:
+    f2, s2 = pair.fabric2, pair.spark2
+    if f2 == s2:
+        return PF_FABRIC_HOSTKEY.verdict(
+            PASS, f"FABRIC2 is SPARK2 ({s2}): the copies take the ssh PF-SSH checks"
+        )
+    if not f.ran:
+        return PF_FABRIC_HOSTKEY.verdict(SKIP, "not checked (rank 1 not probed)")
+    if f.same_rc != 0 and HOSTKEY_FAILED in f.same_err:
+        return PF_FABRIC_HOSTKEY.verdict(
+            FAIL,
+            f"FABRIC2 {f2} presents a host key that known_hosts does not trust for SPARK2 "
+            f"{s2}: FABRIC2 names another machine (or SPARK2's entry is another machine's); "
+            "set FABRIC2 to rank 1's own fabric address",
+        )
+    copies = "image ship and model fetch copy over it"
+    if f.known_rc != 0:
+        if HOSTKEY_FAILED in f.known_err:
+            fix = hostkey_fix(pair.nodes[1].cfg, f2, HOSTKEY_CHANGED in f.known_err)
+            return PF_FABRIC_HOSTKEY.verdict(WARN, f"{fix} ({copies})")
+        return PF_FABRIC_HOSTKEY.verdict(
+            WARN, f"ssh to FABRIC2 {f2} failed (rc={f.known_rc}; {copies}): {f.known_err[-200:]}"
+        )
+    if f.same_rc != 0:
+        return PF_FABRIC_HOSTKEY.verdict(
+            WARN,
+            f"ssh to FABRIC2 {f2} checked against SPARK2's host key failed (rc={f.same_rc}): "
+            f"{f.same_err[-200:]}",
+        )
+    return PF_FABRIC_HOSTKEY.verdict(
+        PASS, f"ssh to FABRIC2 {f2} works (its host key is known), and the key is SPARK2's"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from pairctl.nodes.docker_access import group_fix, permission_denied
 from pairctl.pair.plan import LABEL_PAIR
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
 from pairctl.preflight.evidence import NodeEvidence
@@ -119,7 +120,10 @@ def check_foreign(pair_id: str, n0: NodeEvidence, n1: NodeEvidence) -> Check:
         if not ev.reachable:
             continue
         if ev.docker_ps_rc not in (0, None):
-            errors.append(f"rank {rank}: docker ps failed: {ev.docker_ps_error}")
+            if permission_denied(ev.docker_ps_error):
+                errors.append(group_fix(rank))
+            else:
+                errors.append(f"rank {rank}: docker ps failed: {ev.docker_ps_error}")
             continue
         for c in ev.containers:
             other = c.labels.get(LABEL_PAIR)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from pairctl.engine.image import digest_pinned
+from pairctl.engine.image import digest_pinned, node_ref
+from pairctl.nodes.docker_access import group_fix, permission_denied
 from pairctl.preflight.check import FAIL, PASS, WARN, Check, CheckSpec, Need
 from pairctl.preflight.evidence import NodeEvidence
 from pairctl.preflight.probe import MODEL_FILES
@@ -27,11 +28,25 @@ PF_IMAGE_MATCH = CheckSpec(
 )
 
 
+def _missing(image: str, rank: int, ev: NodeEvidence) -> str:
+    """Why ``rank`` has no image ID: docker refused the user, or the image (under the
+    name that node uses for it) is not there."""
+    if permission_denied(ev.image_error):
+        return group_fix(rank)
+    local = node_ref(image, rank)
+    if local != image:
+        return (
+            f"rank {rank} has no {local} (the name image ship gives the digest-pinned "
+            f"{image} there after docker load, which leaves it untagged)"
+        )
+    return f"{image} not found on rank {rank}"
+
+
 def check_image(image: str, n0: NodeEvidence, n1: NodeEvidence) -> Check:
     ids = {0: n0.image_id, 1: n1.image_id}
-    missing = [f"rank {r}" for r, i in ids.items() if not i]
+    missing = [_missing(image, r, ev) for r, ev in ((0, n0), (1, n1)) if not ids[r]]
     if missing:
-        return PF_IMAGE_MATCH.verdict(FAIL, f"{image} not found on {', '.join(missing)}")
+        return PF_IMAGE_MATCH.verdict(FAIL, "; ".join(missing))
     if ids[0] != ids[1]:
         return PF_IMAGE_MATCH.verdict(FAIL, f"{image}: rank 0 {ids[0]} != rank 1 {ids[1]}")
     d0 = n0.image_facts.digests() if n0.image_facts else set()

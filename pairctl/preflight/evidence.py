@@ -14,6 +14,8 @@ from typing import Any
 
 from pairctl.engine.image import ImageFacts
 from pairctl.nodes.docker import Container
+from pairctl.preflight.fabric_ssh import FabricSsh
+from pairctl.preflight.imageprobe import ImageProbe
 from pairctl.preflight.probe_host import IbPort, Link
 from pairctl.preflight.reach import Reach
 from pairctl.preflight.roce import Gid
@@ -114,6 +116,9 @@ class Evidence:
     )
     argv_check: ArgvCheck = field(default_factory=ArgvCheck)
     reach: Reach = field(default_factory=Reach)  # rank 1 -> MASTER_ADDR:MASTER_PORT
+    fabric_ssh: FabricSsh = field(default_factory=FabricSsh)  # ssh to FABRIC2 (bulk copies)
+    # the image's own interpreter, per probed node ("0", "1"): pairctl.preflight.imageprobe
+    image_probes: dict[str, ImageProbe] = field(default_factory=dict)
 
     @property
     def rank0(self) -> NodeEvidence:
@@ -133,4 +138,8 @@ class Evidence:
             nodes={r: NodeEvidence.from_dict(n) for r, n in data["nodes"].items()},
             argv_check=ArgvCheck(**data.get("argv_check", {})),
             reach=Reach(**data.get("reach", {})),
+            fabric_ssh=FabricSsh(**data.get("fabric_ssh", {})),
+            image_probes={
+                r: ImageProbe.from_dict(p) for r, p in (data.get("image_probes") or {}).items()
+            },
         )

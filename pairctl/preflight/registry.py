@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.check import Check, CheckSpec, Inputs
-from pairctl.preflight.checks_fabric import PF_FABRIC_ADDR, PF_FABRIC_REACH
+from pairctl.preflight.checks_fabric import PF_FABRIC_ADDR, PF_FABRIC_HOSTKEY, PF_FABRIC_REACH
 from pairctl.preflight.checks_host import (
     PF_JIT_CACHES,
     PF_MASTER_PORT_FREE,
@@ -25,6 +25,7 @@ from pairctl.preflight.checks_identity import (
     PF_SELF_IS_SPARK1,
     PF_SSH,
 )
+from pairctl.preflight.checks_image import PF_IMAGE_OVERLAYS, PF_IMAGE_STACK, PF_IMAGE_VERSIONS
 from pairctl.preflight.checks_launch import (
     PF_API_KEY,
     PF_NO_COMPRESSED_MLA,
@@ -57,6 +58,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     PF_DISTINCT_NODES,
     PF_FOREIGN_PAIR,
     PF_IMAGE_MATCH,
+    PF_IMAGE_STACK,
+    PF_IMAGE_VERSIONS,
     PF_MODEL_MATCH,
     PF_MODEL_REVISION,
     PF_PORT_FREE,
@@ -64,6 +67,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     PF_NCCL_IFACE,
     PF_FABRIC_ADDR,
     PF_FABRIC_REACH,
+    PF_FABRIC_HOSTKEY,
     PF_TILELANG_CACHE,
     PF_JIT_CACHES,
     PF_MEMORY,
@@ -79,6 +83,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     PF_VLLM_ARGS,
     PF_API_KEY,
     PF_OVERLAYS,
+    PF_IMAGE_OVERLAYS,
 )
 BY_ID: dict[str, CheckSpec] = {c.id: c for c in CHECKS}
 if len(BY_ID) != len(CHECKS):

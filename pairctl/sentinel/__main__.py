@@ -1,4 +1,4 @@
-"""``python -m pairctl.sentinel record [options]``: record a recipe's acceptance baseline."""
+"""``python -m pairctl.sentinel record [options]``: record the acceptance probe of a pair."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ _EXIT = codes(SENTINEL_EXITS)
 
 USAGE = (
     "usage: python -m pairctl.sentinel record [options]\n"
-    "  record   record the recipe's acceptance baseline band (record --help for options)\n"
+    "  record   record the acceptance probe on a pair known to be good (record --help)\n"
 )
 
 

@@ -1,46 +1,36 @@
-"""What ``watch`` does besides its token probe: the acceptance sentinel and the output canary.
+"""What ``watch`` does besides its token probe: the acceptance probe and the output canary.
 
-Both run after a probe that succeeded (a pair that generates nothing is the restart
-policy's business), and both only ever log: an acceptance drop, a bad canary reply or a
-canary prompt that could not be judged (an error, the run itself failing included) is an
-event line, never a reason to restart (a restart keeps the bad draft or image, and would
-hide the cause). Each reading is also written to the pair's monitor record
-(``record_path``), which ``status`` shows as "recorded by watch".
-
-The sentinel's sliding window: every probe adds a snapshot of the spec-decode counters; the
-judgement covers the counters since the newest snapshot at least ``window_s`` old, or an
-older one (up to ``max_window_s``) when the window holds fewer drafts than the band's
-minimum. With one snapshot (watch just started, or a counter reset emptied the window
-because the server restarted) it covers the counters since the server started.
+Both run after a token probe that succeeded (a pair that generates nothing is the restart
+policy's business), and both only ever log: a probe FAULT or ERROR, a bad canary reply or a
+canary prompt that could not be judged is an event line, never a reason to restart (a
+restart keeps the bad draft or image, and would hide the cause). Each reading is also
+written to the pair's monitor record (``record_path``), which ``status`` shows as
+"recorded by watch". The probe's rounds: pairctl.sentinel.schedule.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pairctl.contracts import ACCEPTANCE_WINDOW_S, CANARY_EVERY_S
-from pairctl.sentinel.acceptance import DROP, Band, Counters, Reading, judge
+from pairctl.contracts import CANARY_EVERY_S, PROBE_EVERY_S
 from pairctl.sentinel.canary import CanaryResult, failed_run
+from pairctl.sentinel.schedule import BUSY_STATE, ERROR, FAULT, OK, ProbeSchedule, Reading
 
 DEFAULT_CANARY_EVERY_S = float(CANARY_EVERY_S)  # 4 runs an hour x 5 short greedy answers
-DEFAULT_WINDOW_S = float(ACCEPTANCE_WINDOW_S)
-DEFAULT_MAX_WINDOW_S = 3600.0
+DEFAULT_PROBE_EVERY_S = float(PROBE_EVERY_S)
 RECORD_FRESH_S = 3600.0  # status shows a record at most this old
 
 
 @dataclass(frozen=True)
 class MonitorConfig:
     canary_every_s: float = DEFAULT_CANARY_EVERY_S  # 0: no canary
-    window_s: float = DEFAULT_WINDOW_S
-    max_window_s: float = DEFAULT_MAX_WINDOW_S
-    sentinel: bool = True
+    probe_every_s: float = DEFAULT_PROBE_EVERY_S  # 0: no acceptance probe
 
 
 def record_path(lock_path: str, pair_id: str, spark1: str) -> Path:
@@ -48,54 +38,27 @@ def record_path(lock_path: str, pair_id: str, spark1: str) -> Path:
     return Path(lock_path).with_name(f"dsv4-monitor-{pair_id}-{spark1}.json")
 
 
-def pick_base(
-    samples: list[tuple[float, Counters]], now: float, window_s: float, min_drafts: float
-) -> tuple[float, Counters] | None:
-    """The snapshot the window starts at: the newest one at least ``window_s`` old, or an
-    older one while the window holds fewer than ``min_drafts`` drafts. None: no snapshot is
-    old enough yet (the window is then everything since the oldest); None with one snapshot
-    (the caller then judges the counters since the server started)."""
-    if len(samples) < 2:
-        return None
-    latest = samples[-1][1]
-    older = [s for s in samples[:-1] if now - s[0] >= window_s] or [samples[0]]
-    for t, c in reversed(older):
-        if latest.minus(c).drafts >= min_drafts:
-            return t, c
-    return older[0]
-
-
-class AcceptanceWindow:
-    """Counter snapshots over the last ``max_window_s`` seconds."""
-
-    def __init__(self, window_s: float, max_window_s: float) -> None:
-        self.window_s, self.max_window_s = window_s, max(max_window_s, window_s)
-        self.samples: deque[tuple[float, Counters]] = deque()
-
-    def add(self, t: float, c: Counters) -> None:
-        if self.samples and c.reset_since(self.samples[-1][1]):  # reset: a restarted pair
-            self.samples.clear()
-        self.samples.append((t, c))
-        while len(self.samples) > 2 and t - self.samples[1][0] >= self.max_window_s:
-            self.samples.popleft()
-
-    def reading(self, now: float, band: Band | None) -> Reading:
-        latest = self.samples[-1][1] if self.samples else None
-        need = band.min_drafts if band else 0
-        base = pick_base(list(self.samples), now, self.window_s, need)
-        if base is None:  # one snapshot (watch just started, or the server restarted)
-            return judge(None, latest, band, "since the server started")
-        return judge(base[1], latest, band, f"last {now - base[0]:.0f} s")
+def probe_line(r: Reading, last: str | None) -> str:
+    """The log line of a finished round (pairctl/sentinel/schedule.py's states)."""
+    where = f" [{r.key}]" if r.key else ""
+    if r.state == FAULT:
+        return f"ACCEPTANCE PROBE FAULT (no restart): {r.detail}{where}"
+    if r.state == ERROR:
+        return f"ACCEPTANCE PROBE ERROR (no restart): {r.detail}{where}"
+    if r.state == OK and last in (FAULT, ERROR):
+        return f"acceptance probe back at its record: {r.detail}{where}"
+    if r.state == BUSY_STATE:
+        return f"acceptance probe not judged: {r.detail}{where}"
+    return f"acceptance probe {r.state}: {r.detail}{where}"
 
 
 class Monitors:
-    """The sentinel and the canary for one pair; every effect injected (unit-tested)."""
+    """The acceptance probe and the canary for one pair; every effect injected."""
 
     def __init__(
         self,
         cfg: MonitorConfig,
-        counters: Callable[[], Counters | None],
-        band: Callable[[], Band | None],
+        probe: ProbeSchedule | None,
         canary: Callable[[], CanaryResult] | None,
         log: Callable[[str], None],
         record: Path | None = None,
@@ -103,19 +66,18 @@ class Monitors:
     ) -> None:
         import time
 
-        self.cfg, self.counters, self.band, self.canary = cfg, counters, band, canary
+        self.cfg, self.probe, self.canary = cfg, probe, canary
         self.log, self.record = log, record
         self.clock = clock or time.monotonic
-        self.window = AcceptanceWindow(cfg.window_s, cfg.max_window_s)
         self.last_state: str | None = None
         self.next_canary = self.clock()  # the first run right after the first good probe
         self.doc: dict[str, Any] = {}
 
     def after_ok_probe(self) -> None:
-        """One sentinel reading, and the canary when it is due; log, record."""
+        """The probe's readings that are due, and the canary when it is due; log, record."""
+        if self.probe is not None and self.cfg.probe_every_s > 0:
+            self._probe()
         now = self.clock()
-        if self.cfg.sentinel:
-            self._sentinel(now)
         if self.canary is not None and self.cfg.canary_every_s > 0 and now >= self.next_canary:
             self.next_canary = now + self.cfg.canary_every_s
             try:
@@ -129,27 +91,18 @@ class Monitors:
                 self.log(res.summary())
         self._write()
 
-    def _sentinel(self, now: float) -> None:
+    def _probe(self) -> None:
+        assert self.probe is not None
         try:
-            c = self.counters()
-            band = self.band()
-        except Exception as exc:  # noqa: BLE001 - a reading that failed is logged, not fatal
-            self.log(f"acceptance: no reading ({exc})")
+            r = self.probe.tick()
+        except Exception as exc:  # noqa: BLE001 - a probe that cannot run is an event
+            self.probe.started = None
+            r = Reading(ERROR, f"the probe could not run ({type(exc).__name__}: {exc})", "")
+        if r is None:
             return
-        if c is None:
-            self.doc["acceptance"] = None
-            return
-        self.window.add(now, c)
-        r = self.window.reading(now, band)
-        self.doc["acceptance"] = r.to_dict()
-        if r.state == self.last_state:
-            return
-        if r.state == DROP:
-            self.log(f"ACCEPTANCE DROP (no restart): {r.detail} [{r.window}]")
-        elif self.last_state == DROP:
-            self.log(f"acceptance back in band: {r.detail} [{r.window}]")
-        else:
-            self.log(f"acceptance {r.state}: {r.detail} [{r.window}]")
+        self.doc["probe"] = r.to_dict()
+        if r.state != self.last_state or r.event:
+            self.log(probe_line(r, self.last_state))
         self.last_state = r.state
 
     def _write(self) -> None:

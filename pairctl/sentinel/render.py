@@ -1,33 +1,23 @@
-"""The sentinel's and canary's lines in ``status`` (text and live view) from ``PairStatus``
-data only."""
+"""The acceptance probe's and canary's lines in ``status`` (text and live view) from
+``PairStatus`` data only."""
 
 from __future__ import annotations
 
 from typing import Any
 
-WHY_NONE = {
-    "insufficient": "not judged",
-    "no-baseline": "not judged",
-    "no-spec": "not judged",
-    "mismatch": "not judged",
-    "error": "not judged",
-}
-
 
 def acceptance_line(acc: dict[str, Any] | None) -> str | None:
-    """One line: the state, the depth ratio against the floor, or why it was not judged."""
+    """One line: the probe's last round as watch recorded it, or why there is none."""
     if not acc:
         return None
     state = acc.get("state", "?")
-    if state == "ok":
-        line = f"acceptance sentinel: in band ({acc['detail']}) [{acc['window']}]"
-        return line + (f"; note: {acc['note']}" if acc.get("note") else "")
-    if state == "drop":
-        return f"acceptance sentinel: DROP: {acc['detail']} [{acc.get('window')}]"
-    hint = ""
-    if state == "no-baseline":
-        hint = " (record one: python -m pairctl.sentinel record --env-file FILE)"
-    return f"acceptance sentinel: {WHY_NONE.get(state, state)}: {acc.get('detail')}{hint}"
+    detail = acc.get("detail")
+    if state in ("ok", "fault", "error", "busy"):
+        age = acc.get("age_s")
+        ago = f"recorded by watch {age:.0f} s ago, " if isinstance(age, int | float) else ""
+        label = {"ok": "at its record", "fault": "FAULT", "error": "ERROR", "busy": "not judged"}
+        return f"acceptance probe ({ago}round {acc.get('at')}): {label[state]}: {detail}"
+    return f"acceptance probe: {state}: {detail}"
 
 
 def canary_line(record: dict[str, Any] | None) -> str | None:

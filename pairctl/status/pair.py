@@ -5,15 +5,17 @@ endpoint's health and model, and live serving figures from ``/metrics``
 (``pairctl.status.metrics``), plus one verdict with its exit code: ``healthy`` (0) when both
 ranks run and the endpoint answers with a model, ``down`` (8) when no endpoint of this pair
 answers and no rank's container is known to run, ``unauthorized`` (9) when the endpoint
-answers 401/403 to the env file's VLLM_API_KEY (a key problem, not an outage), ``degraded``
+answers 401/403 to the env file's VLLM_API_KEY (a key problem, not an outage), ``foreign``
+(10) when the server answering is proven not this pair's (pairctl.status.ownership), ``degraded``
 (7) for anything in between (a rank gone while the endpoint still answers, containers
 running but the endpoint not healthy yet, a node that cannot be asked, a node in the
 critical memory band: ``pairctl.status.memory``).
 
-An endpoint's model and figures are shown only once it is proven this pair's: rank 0's
-container, selected by this pair's label, runs on SPARK1. Something else answering at
-SPARK1:PORT (another pair's head, because SPARK1 in this env file points at it) is named as
-"may be pair X's" and counts as no endpoint of ours. Fields are documented in
+An endpoint's model and figures are shown only once it is proven this pair's
+(pairctl.status.ownership: the 1-token probe's system_fingerprint names the boot of this
+pair's running rank 0; a stack without boot identity falls back to the weaker label proof).
+Something else answering at SPARK1:PORT (another pair's head, because SPARK1 in this env file
+points at it) is named and makes the verdict ``foreign``. Fields are documented in
 docs/INTERFACES.md; ``SCHEMA_VERSION`` changes when one changes meaning or goes away.
 """
 
@@ -28,16 +30,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pairctl import EXIT_DEGRADED, EXIT_DOWN, EXIT_KEY, EXIT_OK
-from pairctl.contracts import DEFAULT_RECIPE, STATUS_TOKEN_PROBE_S
+from pairctl.contracts import (
+    DEFAULT_RECIPE,
+    EXIT_DEGRADED,
+    EXIT_DOWN,
+    EXIT_FOREIGN,
+    EXIT_KEY,
+    EXIT_OK,
+    STATUS_TOKEN_PROBE_S,
+)
 from pairctl.lifecycle.steps import Health, probe_health
 from pairctl.nodes.docker import inspect, labelled_containers, pair_containers
 from pairctl.nodes.pressure import NodeMemory
 from pairctl.nodes.ssh import Node
-from pairctl.pair.plan import LABEL_PLAN, container_name
+from pairctl.pair.plan import LABEL_BOOT, LABEL_PLAN, container_name
 from pairctl.pair.resolved import ResolvedPair, load
 from pairctl.sentinel.pair import status_extras
-from pairctl.status import memory
+from pairctl.status import memory, ownership
 from pairctl.status.metrics import (
     GENERATION,
     MetricsSample,
@@ -46,11 +55,18 @@ from pairctl.status.metrics import (
     increase,
     scrape,
 )
-from pairctl.status.watch import KeyRejected, probe_token
+from pairctl.status.watch import Answer, KeyRejected, probe_answer
 
-SCHEMA_VERSION = 2  # 2: unauthorized verdict; endpoint.answered/key_rejected/ours
+SCHEMA_VERSION = 3  # 3: foreign verdict; endpoint.proof/proof_detail, ranks[].boot
 HEALTHY, DEGRADED, DOWN, UNAUTHORIZED = "healthy", "degraded", "down", "unauthorized"
-EXIT_CODES = {HEALTHY: EXIT_OK, DEGRADED: EXIT_DEGRADED, DOWN: EXIT_DOWN, UNAUTHORIZED: EXIT_KEY}
+FOREIGN = "foreign"
+EXIT_CODES = {
+    HEALTHY: EXIT_OK,
+    DEGRADED: EXIT_DEGRADED,
+    DOWN: EXIT_DOWN,
+    UNAUTHORIZED: EXIT_KEY,
+    FOREIGN: EXIT_FOREIGN,
+}
 # Is the server answering at SPARK1:PORT this pair's? (rank 0's labelled container runs)
 OURS, NOT_OURS, UNPROVEN, NO_ANSWER = "yes", "no", "unproven", "-"
 MISSING, UNKNOWN = "missing", "unknown"  # no container of this rank / node did not answer
@@ -71,6 +87,7 @@ class RankStatus:
     uptime_s: float | None  # seconds since started_at (this machine's clock)
     others: list[str]  # other containers of this pair on the node, "name (state)"
     plan: str | None  # the container's dsv4.plan label (hash of what it runs)
+    boot: str | None = None  # the container's dsv4.boot label (which boot of the pair)
 
     @property
     def running(self) -> bool:
@@ -89,6 +106,8 @@ class EndpointStatus:
     answered: bool = False  # some HTTP server answers at the URL
     key_rejected: bool = False  # /v1 answered 401/403 to VLLM_API_KEY
     ours: str = NO_ANSWER  # "yes" | "no" | "unproven" | "-" (nothing answered)
+    proof: str = ""  # "proven" | "disproven" | "unavailable" | "" (nothing answered)
+    proof_detail: str = ""  # the ownership proof's sentence
 
 
 @dataclass(frozen=True)
@@ -97,8 +116,8 @@ class PairStatus:
 
     schema_version: int
     pair_id: str
-    verdict: str  # "healthy" | "degraded" | "down"
-    exit_code: int  # 0, 7 or 8: what `status` exits with
+    verdict: str  # "healthy" | "degraded" | "down" | "unauthorized" | "foreign"
+    exit_code: int  # 0, 7, 8, 9 or 10: what `status` exits with
     reasons: list[str]  # why not healthy (empty when healthy)
     ranks: list[RankStatus]  # rank 0, rank 1
     endpoint: EndpointStatus
@@ -111,9 +130,10 @@ class PairStatus:
     # Why the engine did not generate a token though /health answers ("" = it generates, or
     # the endpoint was not healthy enough to ask): see ``engine_generates``.
     engine_error: str = ""
-    # The acceptance sentinel's reading and what `watch` recorded (sentinel + output canary),
-    # and their events, one line each (pairctl.sentinel; docs/INTERFACES.md). Events do not
-    # change the verdict or the exit code.
+    # The acceptance probe's last round and the output canary's last run, as `watch`
+    # recorded them, and their events, one line each (pairctl.sentinel; docs/INTERFACES.md).
+    # Live acceptance is `serving`'s display only. Events do not change the verdict or the
+    # exit code.
     acceptance: dict[str, Any] | None = None
     watch_record: dict[str, Any] | None = None
     events: list[str] = field(default_factory=list)
@@ -160,14 +180,14 @@ def rank_status(node: Node, pair_id: str, now: datetime) -> RankStatus:
         if when is not None:
             started = st.started_at
             uptime = max(0.0, (now - when).total_seconds())
-    plan = mine.labels.get(LABEL_PLAN)
+    plan, boot = mine.labels.get(LABEL_PLAN), mine.labels.get(LABEL_BOOT)
     return RankStatus(
-        node.rank, role, node.addr, True, "", name, mine.state, started, uptime, others, plan
+        node.rank, role, node.addr, True, "", name, mine.state, started, uptime, others, plan, boot
     )
 
 
 def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]]:
-    """healthy / degraded / down / unauthorized, and why (see the module docstring)."""
+    """healthy / degraded / down / unauthorized / foreign, and why (module docstring)."""
     reasons = []
     for r in ranks:
         if not r.reachable:
@@ -176,6 +196,8 @@ def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]
             reasons.append(f"rank {r.rank} ({r.addr}): container {r.container} {r.state}")
     if not ep.healthy:
         reasons.append(f"endpoint {ep.url}: {ep.detail}")
+    if ep.ours == NOT_OURS:
+        return FOREIGN, reasons
     if not reasons:
         return HEALTHY, []
     if ep.key_rejected and ep.ours != NOT_OURS:
@@ -200,52 +222,73 @@ def whose(node: Node, pair_id: str, h: Health) -> str:
     return "no pair's container runs there: some other server holds the port"
 
 
+def head_facts(rank0: RankStatus) -> ownership.Head:
+    """Rank 0's container as the ownership proof reads it."""
+    return ownership.Head(rank0.reachable, rank0.running, rank0.boot, rank0.error)
+
+
 def endpoint_status(
-    base: str, h: Health, rank0: RankStatus, node0: Node, pair_id: str
+    base: str, h: Health, rank0: RankStatus, node0: Node, pair_id: str, proof: ownership.Proof
 ) -> EndpointStatus:
-    """The endpoint as this pair's: its model and health count only when rank 0's labelled
-    container runs on SPARK1; another server answering there is named, not shown as ours."""
+    """The endpoint as this pair's: its model and health count only once the ownership
+    proof holds (``proof``); another server answering there is named, not shown as ours."""
     url = f"{base}/v1"
     if not h.answered:
         return EndpointStatus(url, False, h.detail, [], False)
-    if rank0.running:
+    said = (proof.outcome, proof.detail)
+    if proof.ours:
+        detail = h.detail if proof.outcome == ownership.PROVEN else f"{h.detail} ({proof.detail})"
         return EndpointStatus(
-            url, h.healthy, h.detail, h.models, h.simulator, True, h.key_rejected, OURS
+            url, h.healthy, detail, h.models, h.simulator, True, h.key_rejected, OURS, *said
         )
-    if not rank0.reachable:
+    if proof.outcome == ownership.UNAVAILABLE:
         why = (
-            f"answers ({h.detail}), but it cannot be proven this pair's: docker on SPARK1 "
-            f"{rank0.addr} could not be asked; its figures are not shown"
+            f"answers ({h.detail}), but it cannot be proven this pair's: {proof.detail}; "
+            "its figures are not shown"
         )
-        return EndpointStatus(url, False, why, [], False, True, h.key_rejected, UNPROVEN)
+        return EndpointStatus(url, False, why, [], False, True, h.key_rejected, UNPROVEN, *said)
     why = (
-        f"a server answers there, but no container of pair {pair_id} (label dsv4.pair="
-        f"{pair_id}) runs on SPARK1 {rank0.addr}: it is not this pair's endpoint; "
+        f"a server answers there, but it is not this pair's endpoint: {proof.detail}; "
         f"{whose(node0, pair_id, h)}. Its figures are not shown; check SPARK1 and PORT in "
         "the env file"
     )
-    return EndpointStatus(url, False, why, [], False, True, h.key_rejected, NOT_OURS)
+    return EndpointStatus(url, False, why, [], False, True, h.key_rejected, NOT_OURS, *said)
 
 
-def engine_generates(
-    base: str, api_key: str, prev: MetricsSample | None, last: MetricsSample | None
-) -> str:
+def prove(pair: ResolvedPair, h: Health, rank0: RankStatus) -> tuple[ownership.Proof, Answer]:
+    """The 1-token probe and the ownership proof on its answer (once anything answers)."""
+    if not h.answered:
+        return ownership.Proof(ownership.UNAVAILABLE, "nothing answered"), Answer(h.detail)
+    refused = False
+    if not (h.healthy or h.key_rejected):  # booting or broken: no completion to read yet
+        ans = Answer(h.detail)
+    else:
+        try:
+            ans = probe_answer(pair.endpoint, STATUS_TOKEN_PROBE_S, pair.api_key)
+        except KeyRejected as exc:
+            ans, refused = Answer(str(exc)), True
+    identity = pair.stack.boot_identity == "fingerprint"
+    url = f"{pair.endpoint}/v1"
+    proof = ownership.judge_answer(
+        pair.pair_id, identity, url, ans, refused or h.key_rejected, head_facts(rank0)
+    )
+    return proof, ans
+
+
+def engine_generates(probed: Answer, prev: MetricsSample | None, last: MetricsSample | None) -> str:
     """Empty when the engine generates tokens, else why not.
 
     vLLM's /health answers from the API server: with rank 1 killed while idle, or the two
     ranks partitioned, it stays 200 while no request can be served (the real engine in the
     rehearsal). Generated tokens in the window prove the engine alive without adding a
-    request; an idle pair is asked for one token (``watch``'s probe), at most
-    STATUS_TOKEN_PROBE_S seconds.
+    request; otherwise the answer of the 1-token probe (``watch``'s probe, at most
+    STATUS_TOKEN_PROBE_S seconds) that the ownership proof reads, ``probed``, says.
     """
     if prev is not None and last is not None:
         made = increase(prev.scrape.total(GENERATION), last.scrape.total(GENERATION))
         if made:
             return ""
-    try:
-        return probe_token(base, STATUS_TOKEN_PROBE_S, api_key) or ""
-    except KeyRejected as exc:
-        return str(exc)
+    return probed.why or ""
 
 
 def collect(
@@ -270,7 +313,8 @@ def collect(
         mem = pool.submit(memory.sample, node_list)
         ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), node_list))
         readings = mem.result()
-    ep = endpoint_status(base, h, ranks[0], node_list[0], pair.pair_id)
+    proof, probed = prove(pair, h, ranks[0])
+    ep = endpoint_status(base, h, ranks[0], node_list[0], pair.pair_id, proof)
     serving, last, prev, err = None, None, None, ""
     if ep.healthy:  # proven ours: only now are its figures this pair's figures
         prev = previous
@@ -287,7 +331,7 @@ def collect(
     name, reasons = verdict(ranks, ep)
     engine = ""
     if name == HEALTHY:
-        engine = engine_generates(base, key, prev, last)
+        engine = engine_generates(probed, prev, last)
         if engine:
             name = DEGRADED
             reasons.append(
@@ -298,8 +342,7 @@ def collect(
     if memory.reasons(readings):  # a node about to wedge is not a healthy pair
         reasons += memory.reasons(readings)
         name = DEGRADED if name == HEALTHY else name
-    window = f"last {serving.window_s:.1f} s" if serving and serving.window_s else "since start"
-    extras = status_extras(pair, prev and prev.scrape, last and last.scrape, window)
+    extras = status_extras(pair)
     status = PairStatus(
         schema_version=SCHEMA_VERSION,
         pair_id=pair.pair_id,

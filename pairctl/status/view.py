@@ -26,6 +26,7 @@ VERDICT_COLOUR = {
     "healthy": "bold green",
     "degraded": "bold yellow",
     "down": "bold red",
+    "foreign": "bold magenta",
     "unauthorized": "bold magenta",
 }
 MEMORY_STYLE = {"warning": "yellow", "critical": "bold red"}

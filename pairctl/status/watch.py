@@ -43,6 +43,8 @@ from pairctl.log import log
 
 # While waiting for a wedged rank 1's ssh, one "still waiting" line this often.
 LOST_HEARTBEAT_S = 600.0
+# While the server answering is not proven this pair's: the same reason again this often.
+FOREIGN_HEARTBEAT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,27 @@ class KeyRejected(Exception):
     """The endpoint answered 401/403: the pair's key is wrong or missing (not an outage)."""
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What one 1-token probe saw: why it failed (None: a token came), and the
+    ``system_fingerprint`` of the completion, if one answered 200 (the ownership proof's
+    evidence, pairctl.status.ownership)."""
+
+    why: str | None
+    fingerprint: str | None = None
+    completed: bool = False  # /v1/completions answered 200 with a body
+
+
 def probe_token(base: str, timeout: float, api_key: str = "") -> str | None:
     """Generate one token (greedy 1-token completion). None when it worked, else why not.
 
     Asked without any proxy and with the pair's API key (``lifecycle.session``). Raises
     ``KeyRejected`` on 401/403: no number of restarts makes a wrong key right."""
+    return probe_answer(base, timeout, api_key).why
+
+
+def probe_answer(base: str, timeout: float, api_key: str = "") -> Answer:
+    """``probe_token``, keeping the completion's ``system_fingerprint``."""
     import requests
 
     s = session(api_key)
@@ -75,10 +93,10 @@ def probe_token(base: str, timeout: float, api_key: str = "") -> str | None:
         if r.status_code in KEY_STATUSES:
             raise KeyRejected(f"GET {base}/v1/models: {key_problem(r.status_code, bool(api_key))}")
         if r.status_code != 200:
-            return f"GET {base}/v1/models: HTTP {r.status_code}"
+            return Answer(f"GET {base}/v1/models: HTTP {r.status_code}")
         data = r.json().get("data") or []
         if not data:
-            return f"GET {base}/v1/models: no model listed"
+            return Answer(f"GET {base}/v1/models: no model listed")
         model = data[0]["id"]
         r = s.post(
             f"{base}/v1/completions",
@@ -90,20 +108,23 @@ def probe_token(base: str, timeout: float, api_key: str = "") -> str | None:
                 f"POST {base}/v1/completions: {key_problem(r.status_code, bool(api_key))}"
             )
         if r.status_code != 200:
-            return f"POST {base}/v1/completions: HTTP {r.status_code}: {r.text[:200]}"
+            return Answer(f"POST {base}/v1/completions: HTTP {r.status_code}: {r.text[:200]}")
         body = r.json()
+        fp = body.get("system_fingerprint")
+        fp = fp if isinstance(fp, str) else None
         tokens = (body.get("usage") or {}).get("completion_tokens")
         if not body.get("choices") or tokens != 1:
-            return f"POST {base}/v1/completions: no token generated ({str(body)[:200]})"
+            why = f"POST {base}/v1/completions: no token generated ({str(body)[:200]})"
+            return Answer(why, fp, True)
+        return Answer(None, fp, True)
     except requests.Timeout:
-        return f"{base}: no answer within {timeout:g} s"
+        return Answer(f"{base}: no answer within {timeout:g} s")
     except requests.ConnectionError:
-        return f"{base}: connection failed (nothing listening, or host down)"
+        return Answer(f"{base}: connection failed (nothing listening, or host down)")
     except requests.RequestException as exc:
-        return f"{base}: {type(exc).__name__}: {str(exc)[:200]}"
-    except (ValueError, KeyError, TypeError) as exc:
-        return f"{base}: malformed answer: {exc}"
-    return None
+        return Answer(f"{base}: {type(exc).__name__}: {str(exc)[:200]}")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return Answer(f"{base}: malformed answer: {exc}")
 
 
 class Watchdog:
@@ -120,8 +141,14 @@ class Watchdog:
         clock: Callable[[], float] = time.monotonic,
         nodes: Callable[[], str | None] = lambda: None,
         after_ok: Callable[[], None] | None = None,
+        owner: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.cfg = cfg
+        # After each probe: None when the server that answered is this pair's (or nothing
+        # answered to judge), else why it is not (pairctl.status.ownership.Prover.foreign):
+        # then no restart, no monitor, no count toward one.
+        self.owner = owner
+        self.foreign_said: tuple[str, float] | None = None
         # Runs after each good probe: the acceptance sentinel and output canary
         # (pairctl.sentinel.monitors). It only logs; nothing it finds restarts the pair.
         self.after_ok = after_ok
@@ -148,6 +175,12 @@ class Watchdog:
             return self.cfg.interval_s
         lost = self.nodes()
         why = self.probe()
+        foreign = self.owner()
+        if foreign is not None:
+            return self._foreign(foreign)
+        if self.foreign_said is not None:
+            self.foreign_said = None
+            self.log("ownership proven again: the server answering is this pair's; resuming")
         if why is None:
             if self.failed:
                 self.log(f"ok: a token again after {self.failed} failed probe(s)")
@@ -190,6 +223,20 @@ class Watchdog:
             f"next probe in {wait:.0f} s"
         )
         return wait
+
+    def _foreign(self, why: str) -> float:
+        """Not this pair's server: take no action against it, say so (one line per change
+        of reason, then every FOREIGN_HEARTBEAT_S), keep watching."""
+        now = self.clock()
+        said = self.foreign_said
+        if said is None or said[0] != why or now - said[1] >= FOREIGN_HEARTBEAT_S:
+            self.foreign_said = (why, now)
+            self.log(
+                f"NOT OURS: {why}. No restart, no canary, no record against it; "
+                "watching until the proof holds again"
+            )
+        self.failed = 0
+        return self.cfg.interval_s
 
     def wait_for_ssh(self, lost: str | None) -> float | None:
         """A restart is due but rank 1 does not answer ssh: the host is wedged or rebooting

@@ -228,6 +228,7 @@ LOAD_SPEC = FlagSpec(
     bools={"quiet": ("-q", "--quiet")},
     values={"input": ("-i", "--input"), "platform": ("--platform",)},
 )
+TAG_SPEC = FlagSpec()
 LOAD_FAKE_SPEC = FlagSpec(
     values={"env": ("--env", "-e"), "entrypoint": ("--entrypoint",), "digest": ("--digest",)},
     repeat={"env", "entrypoint", "digest"},
@@ -440,6 +441,24 @@ def load_args(args: list[str]) -> LoadArgs:
     return LoadArgs(opts["input"], opts["quiet"])
 
 
+@dataclass(frozen=True)
+class TagArgs:
+    source: str  # an image name or ID
+    target: str  # a name (repo[:tag]), never a digest
+
+
+def tag_args(args: list[str]) -> TagArgs:
+    """`docker tag SOURCE TARGET` (image ship, on rank 1: a digest-pinned IMAGE's local
+    name). The client refuses a digest as the target before it asks the daemon (moby
+    client/image_tag.go: "refusing to create a tag with a digest reference"), exit 1."""
+    _, refs = parse_flags(args, TAG_SPEC, "tag")
+    if len(refs) != 2:
+        raise UsageError('"docker tag" requires exactly 2 arguments.', "tag")
+    if "@" in refs[1]:
+        raise CliError("refusing to create a tag with a digest reference", code=1)
+    return TagArgs(refs[0], refs[1])
+
+
 def verdict(argv: list[str]) -> str | None:
     """None if the real client would accept `docker ARGV...`'s flags, else the error."""
     parsers = {
@@ -451,6 +470,7 @@ def verdict(argv: list[str]) -> str | None:
         "rm": rm_args,
         "save": save_args,
         "load": load_args,
+        "tag": tag_args,
     }
     if not argv or argv[0] not in parsers:
         return f"docker: {argv[0] if argv else ''!r} is not in the contract's subset"

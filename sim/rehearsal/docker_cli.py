@@ -2,7 +2,8 @@
 
 The subset is fixed by docs/INTERFACES.md ("The docker CLI subset the launcher uses").
 Parsing is `docker_args` (strict, checked against the real client); `run` is
-`docker_run`; this module dispatches and answers ps/inspect/image inspect/logs/rm.
+`docker_run`; this module dispatches and answers ps/inspect/image inspect/logs/rm and
+image ship's save/load/tag.
 
 Harness-only subcommand: `docker load-fake IMAGE ID [--env K=V]...` "loads" an image on
 this host with the given ID, so tests can give the two hosts different image IDs.
@@ -34,6 +35,7 @@ from sim.rehearsal.docker_args import (
     ps_args,
     rm_args,
     save_args,
+    tag_args,
 )
 from sim.rehearsal.docker_run import cmd_run
 from sim.rehearsal.store import Store, StoreError, alive, write_json_atomic
@@ -199,7 +201,7 @@ def cmd_image(store: Store, args: list[str]) -> int:
         found.append(
             {
                 "Id": image["Id"],
-                "RepoTags": [ref],
+                "RepoTags": store.names_of(image["Id"]),
                 "RepoDigests": image.get("RepoDigests", []),
                 "Config": {
                     "Env": image["Env"],
@@ -315,8 +317,10 @@ def cmd_save(store: Store, args: list[str]) -> int:
 
 
 def cmd_load(store: Store, args: list[str]) -> int:
-    """`docker load [-i FILE] [-q]`: register every tagged image of the tar under its ID
-    (registry digests dropped, as docker does), printing `Loaded image: REF` each."""
+    """`docker load [-i FILE] [-q]`: register every image of the tar under its ID (registry
+    digests dropped, as docker does), printing `Loaded image: REF` for each name, or
+    `Loaded image ID: sha256:...` for an image the tar names none for (one saved by digest;
+    moby image/tarexport/load.go prints the ID when no tag was set)."""
     ld = load_args(args)
     try:
         src = open(ld.input, "rb") if ld.input else sys.stdin.buffer  # noqa: SIM115
@@ -331,10 +335,22 @@ def cmd_load(store: Store, args: list[str]) -> int:
             src.close()
     if not found:
         raise StoreError("Error response from daemon: no images found in the archive")
-    for ref, image in found:
-        store.load_image(ref, image["Id"], image["Env"], image["Entrypoint"], [])
-        if not ld.quiet:
-            print(f"Loaded image: {ref}")
+    for refs, image in found:
+        for ref in refs:
+            store.load_image(ref, image["Id"], image["Env"], image["Entrypoint"], [])
+            if not ld.quiet:
+                print(f"Loaded image: {ref}")
+        if not refs:
+            store.load_untagged(image["Id"], image["Env"], image["Entrypoint"])
+            if not ld.quiet:
+                print(f"Loaded image ID: {image['Id']}")
+    return 0
+
+
+def cmd_tag(store: Store, args: list[str]) -> int:
+    """`docker tag SOURCE TARGET` (SOURCE a name or an image ID)."""
+    tg = tag_args(args)
+    store.tag_image(tg.source, tg.target)
     return 0
 
 
@@ -362,6 +378,7 @@ COMMANDS = {
     "rm": cmd_rm,
     "save": cmd_save,
     "load": cmd_load,
+    "tag": cmd_tag,
     "load-fake": cmd_load_fake,
 }
 
@@ -380,7 +397,9 @@ rehearsal test host (state in $DSV4R_DOCKER_STATE):
   logs [--tail N] [-f] CONTAINER
   rm -f CONTAINER...
   save [-o FILE] IMAGE...      (a docker-save tar: manifest.json + config blobs)
-  load [-i FILE] [-q]          (registers each tagged image under its saved ID)
+  load [-i FILE] [-q]          (registers each image under its saved ID; one saved by
+                               digest loads untagged, as in docker)
+  tag SOURCE TARGET            (SOURCE a name or an image ID; TARGET never a digest)
   load-fake IMAGE ID [--env K=V]... [--entrypoint W]... [--digest REPO@sha256:D]...
          (harness only: "load" an image with this ID)
 """

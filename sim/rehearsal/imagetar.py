@@ -4,8 +4,13 @@ Shaped like docker's own (the OCI layout docker 25+ saves): `oci-layout`, `index
 `manifest.json` (`[{"Config": "blobs/sha256/<hex>", "RepoTags": [...], "Layers": [...]}]`)
 and the image config as the blob `blobs/sha256/<hex>`, whose `<hex>` is the image ID. As
 in docker, the ID survives the round trip and the registry digests (RepoDigests) do not:
-a loaded image has none until it is pushed or pulled. Unlike docker, the config blob is
-not re-hashed on load (the stand-ins' IDs are given, not computed from content).
+a loaded image has none until it is pushed or pulled. An image saved by digest
+(`docker save repo@sha256:D`) is written without a name, so it loads untagged: docker
+drops a digest reference from the archive's RepoTags, in the graph-driver store
+(moby/moby#22011, "Digest is lost after loading a saved image") and the containerd one
+alike (moby/moby#46533: "Don't save image name/reference if it was selected by a digest",
+kept for moby's TestSaveLoadNoTag). Unlike docker, the config blob is not re-hashed on load
+(the stand-ins' IDs are given, not computed from content).
 """
 
 from __future__ import annotations
@@ -42,14 +47,15 @@ def write(out: IO[bytes], images: list[tuple[str, dict[str, Any]]]) -> None:
             if hexid not in seen:
                 _add(tar, f"blobs/sha256/{hexid}", json.dumps(config).encode())
                 seen.add(hexid)
-            manifest.append({"Config": f"blobs/sha256/{hexid}", "RepoTags": [ref], "Layers": []})
+            tags = [] if "@" in ref else [ref]  # a digest reference is not saved as a name
+            manifest.append({"Config": f"blobs/sha256/{hexid}", "RepoTags": tags, "Layers": []})
         _add(tar, "index.json", json.dumps({"schemaVersion": 2, "manifests": []}).encode())
         _add(tar, "manifest.json", json.dumps(manifest).encode())
 
 
-def read(src: IO[bytes]) -> list[tuple[str, dict[str, Any]]]:
-    """`(ref, image record)` for every tagged image in a docker-save tar; ValueError when
-    the stream is not one."""
+def read(src: IO[bytes]) -> list[tuple[list[str], dict[str, Any]]]:
+    """`(names, image record)` for every image in a docker-save tar (names empty: it loads
+    untagged); ValueError when the stream is not one."""
     blobs: dict[str, bytes] = {}
     manifest: Any = None
     try:
@@ -79,6 +85,5 @@ def read(src: IO[bytes]) -> list[tuple[str, dict[str, Any]]]:
             "Entrypoint": config.get("Entrypoint"),
             "RepoDigests": [],
         }
-        for ref in entry.get("RepoTags") or []:
-            out.append((ref, record))
+        out.append(([str(r) for r in entry.get("RepoTags") or []], record))
     return out

@@ -25,6 +25,10 @@ from sim.rehearsal.hosts import BASE_PATH, BIN_DIR, Host, Pair
 
 IMAGE = "dsv4-rehearsal:simulator"
 IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal simulator image").hexdigest()
+# The simulator image's PATH: sim/rehearsal/bin (its `vllm`, the twin), then the repo's
+# .venv/bin, whose python3 is real vLLM 0.33, the vLLM the twin imitates: what preflight's
+# image probe and the image's argv parser read there is real (pairctl/preflight/imageprobe.py).
+SIM_IMAGE_PATH = f"{BIN_DIR}:{ENGINE_VENV.parent / '.venv' / 'bin'}:{BASE_PATH}"
 MODEL_NAME = "DeepSeek-V4-Flash-DSpark"
 # The real-engine image: its `vllm` is real vLLM (CPU build; sim/rehearsal/bin/vllm reads
 # DSV4_REHEARSAL_ENGINE from the image's ENV), its python3 the engine venv's, as a real
@@ -123,8 +127,12 @@ def load_image(
     image_id: str = IMAGE_ID,
     image: str = IMAGE,
     entrypoint: tuple[str, ...] = (),
-    env: tuple[str, ...] = (),
+    env: tuple[str, ...] | None = None,
 ) -> None:
+    """``docker load-fake`` on ``host``; ``env`` None: the simulator image's own
+    (``SIM_IMAGE_PATH``) for the simulator image, none for any other."""
+    if env is None:
+        env = (f"PATH={SIM_IMAGE_PATH}",) if image == IMAGE else ()
     extra = [a for word in entrypoint for a in ("--entrypoint", word)]
     extra += [a for item in env for a in ("--env", item)]
     res = host.docker("load-fake", image, image_id, *extra)

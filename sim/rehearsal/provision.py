@@ -130,6 +130,9 @@ def _sshd_config(pair: Pair, host: Host) -> str:
             "# Rehearsal test host sshd (sim/rehearsal/hosts.py); nothing system-wide.",
             "Port 22",
             f"ListenAddress {host.ip}",
+            # and on the fabric, as a Spark's sshd listens on every address: the bulk copies
+            # (image ship, model fetch) reach rank 1 at FABRIC2
+            *([f"ListenAddress {host.fabric_ip}"] if host.fabric_ip else []),
             f"HostKey {sdir / 'ssh_host_ed25519_key'}",
             f"PidFile {sdir / 'sshd.pid'}",
             f"AuthorizedKeysFile {pair.base / 'client' / 'authorized_keys'}",
@@ -226,7 +229,10 @@ def _build(pair: Pair, log: Log) -> None:
         for sub in ("sshd", "node/docker", "node/run"):
             (host.root / sub).mkdir(parents=True, mode=0o700)
         pub = _keygen(host.root / "sshd" / "ssh_host_ed25519_key", f"root@{host.name}")
-        known.append(f"{host.ip},{host.name} {' '.join(pub.split()[:2])}")
+        # the fabric address too: the operator's one first contact with `ssh FABRIC2`
+        # (README Quickstart step 0), whose fingerprint is the host's own
+        names = ",".join(n for n in (host.ip, host.name, host.fabric_ip) if n)
+        known.append(f"{names} {' '.join(pub.split()[:2])}")
         (host.root / "sshd" / "sshd_config").write_text(_sshd_config(pair, host))
     pair.known_hosts.write_text("\n".join(known) + "\n")
     (pair.base / "pair.json").write_text(

@@ -125,7 +125,37 @@ class Store:
         write_json_atomic(self._images_path(), images)
 
     def image(self, name: str) -> dict[str, Any] | None:
-        return self.images().get(_normalise_image(name))
+        """An image as docker finds one: by name (`img` = `img:latest`), by a digest
+        reference among its RepoDigests (`repo[:tag]@sha256:D`; the tag is ignored, as
+        moby's reference store favours the digest), or by its full ID (`sha256:<hex>`)."""
+        images = self.images()
+        found = images.get(_normalise_image(name))
+        if found is not None:
+            return found
+        digest_ref = _digest_ref(name)
+        for record in images.values():
+            if record["Id"] == name or digest_ref in record.get("RepoDigests", []):
+                return record
+        return None
+
+    def names_of(self, image_id: str) -> list[str]:
+        """The names (RepoTags) an image ID has here; none when it was loaded untagged."""
+        return sorted(k for k, v in self.images().items() if v["Id"] == image_id and _is_tag(k))
+
+    def load_untagged(
+        self, image_id: str, env: list[str], entrypoint: list[str] | None = None
+    ) -> None:
+        """`docker load` of an image the archive names no tag for: found by its ID only."""
+        self.load_image(image_id, image_id, env, entrypoint, [])
+
+    def tag_image(self, source: str, target: str) -> None:
+        """`docker tag SOURCE TARGET`: TARGET names SOURCE's image from now on."""
+        record = self.image(source)
+        if record is None:
+            raise StoreError(f"Error response from daemon: No such image: {source}")
+        images = self.images()
+        images[_normalise_image(target)] = dict(record)
+        write_json_atomic(self._images_path(), images)
 
     # containers ----------------------------------------------------------------
     def new_id(self) -> str:
@@ -192,6 +222,20 @@ def _normalise_image(name: str) -> str:
     """`img` and `img:latest` are the same image, as in docker."""
     last = name.rsplit("/", 1)[-1]
     return name if ":" in last or "@" in last else f"{name}:latest"
+
+
+def _digest_ref(name: str) -> str:
+    """`repo[:tag]@sha256:D` → `repo@sha256:D` (how RepoDigests name it); '' otherwise."""
+    ref, at, digest = name.partition("@")
+    if not at:
+        return ""
+    head, slash, last = ref.rpartition("/")
+    return f"{head}{slash}{last.partition(':')[0]}@{digest}"
+
+
+def _is_tag(key: str) -> bool:
+    """An images.json key that is a name, not an untagged image's ID or a digest ref."""
+    return not key.startswith("sha256:") and "@" not in key
 
 
 def remove_created_paths(state_dir: Path) -> None:

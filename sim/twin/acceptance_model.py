@@ -4,10 +4,10 @@ Real DSpark acceptance depends on how predictable the text is (code well above p
 profile may say so with ``spec_decode.accept_by_content``: a list of ``{match: REGEX,
 accept_prob_by_pos: [...]}``, the first rule whose regex is found in the request's last
 user message (or completion prompt) gives its conditional acceptances, and a request no
-rule matches gets the profile's ``accept_prob_by_pos``. The fault ``draft-decay:FACTOR[:FROM]``
-(sim/twin/faults.py) multiplies the conditional acceptance of every position from FROM on
-by FACTOR, as a draft that lost the weights its later positions need does, while the
-target model, and so the output text, is unchanged. The counters then move as vLLM's do
+rule matches gets the profile's ``accept_prob_by_pos``. The draft faults
+(sim/twin/draft_faults.py: ``draft-decay``, ``draft-weights-dropped``, ``draft-grammar``,
+``draft-first-collapse``) turn every request's conditionals into a broken draft's, while
+the target model, and so the output text, is unchanged. The counters then move as vLLM's do
 (vllm/v1/spec_decode/metrics.py: ``observe_draft`` counts position i for each draft that
 accepted more than i tokens), because the engine draws from these marginals.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from sim.twin.draft_faults import DraftFault
 from sim.twin.profile import Profile, ProfileError
 
 
@@ -36,8 +37,8 @@ def _cum(cond: list[float]) -> list[float]:
 class AcceptanceModel:
     """The marginal acceptance per position (what ``AcceptanceDrawer`` takes) of a request."""
 
-    def __init__(self, prof: Profile, gamma: int, decay: tuple[float, int] | None = None) -> None:
-        self.gamma, self.decay = gamma, decay
+    def __init__(self, prof: Profile, gamma: int, faults: list[DraftFault] | None = None) -> None:
+        self.gamma, self.faults = gamma, list(faults or [])
         self.default = self._apply(prof.probs(gamma))
         self.rules: list[tuple[re.Pattern[str], list[float]]] = []
         for i, rule in enumerate(prof.section("spec_decode").get("accept_by_content") or []):
@@ -51,9 +52,8 @@ class AcceptanceModel:
             self.rules.append((pattern, self._apply(_padded(probs, gamma))))
 
     def _apply(self, cond: list[float]) -> list[float]:
-        if self.decay is not None:
-            factor, start = self.decay
-            cond = [p * factor if k >= start else p for k, p in enumerate(cond)]
+        for fault in self.faults:
+            cond = fault.apply(cond)
         return _cum(cond)
 
     def cum_for(self, text: str | None) -> list[float]:

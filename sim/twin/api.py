@@ -63,8 +63,15 @@ class TwinServer(ThreadingHTTPServer):
         # --reasoning-parser deepseek_v4: chat replies split into reasoning and content
         self.splits = serve_args.get("reasoning_parser") in thinking.MODELLED_PARSERS
         tp = int(serve_args.get("tensor_parallel_size") or 1)
-        digest = hashlib.sha256(json.dumps(serve_args, sort_keys=True, default=str).encode())
-        self.fingerprint = shapes.fingerprint(tp, digest.hexdigest())
+        # The hash stands for vllm_config.compute_hash(): what is served, not how it is named.
+        hashed = {k: v for k, v in serve_args.items() if not k.startswith("fingerprint_")}
+        digest = hashlib.sha256(json.dumps(hashed, sort_keys=True, default=str).encode())
+        self.fingerprint = shapes.fingerprint(
+            tp,
+            digest.hexdigest(),
+            str(serve_args.get("fingerprint_mode") or "full"),
+            serve_args.get("fingerprint_value"),
+        )
         self.tokens = auth.tokens(api_keys)
 
     def fire_foreign(self, spec: ForeignSpec) -> list[str]:

@@ -152,7 +152,7 @@ def start_server(
         cfg.max_model_len,
         prefix.block_size,
         answers_enabled=not faults.no_answers,
-        draft_decay=faults.draft_decay,
+        draft_faults=faults.draft,
     )
     try:
         server = TwinServer(

@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=0)
     a("--data-parallel-size", "-dp", type=pos, default=1)
     a("--enable-prompt-tokens-details", action="store_true")
+    # system_fingerprint's form (vllm/entrypoints/common/cli_args.py fingerprint_mode and
+    # fingerprint_value; built as vllm/entrypoints/serve/utils/fingerprint.py does).
+    a("--fingerprint-mode", choices=("full", "hash", "custom", "none"), default="full")
+    a("--fingerprint-value", default=None)
     a("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"), default="none")
     a(
         "--twin-profile",

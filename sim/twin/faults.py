@@ -18,6 +18,14 @@ limits an item to one rank; without it the item applies to every rank):
                                       (0-based, default 1) and later times FACTOR (0..1):
                                       a draft that lost the weights its later positions
                                       need; the output text stays the same (rank 0)
+    draft-weights-dropped             the field's dropped shared-expert draft weights: draft
+                                      acceptance 60% -> 26% (rank 0)
+    draft-grammar                     the field's tool-call grammar rejecting the drafts:
+                                      acceptance per position at most .914/.224/0/0/0
+    draft-first-collapse[:P]          the first draft position accepted at most with P
+                                      (default 0.05), and so every later one (rank 0)
+                                      (the draft faults, their sources and models:
+                                      sim/twin/draft_faults.py)
 
 Example: TWIN_FAULT='crash:compiling:rank1;foreign:4:10:30'
 """
@@ -25,6 +33,9 @@ Example: TWIN_FAULT='crash:compiling:rank1;foreign:4:10:30'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from sim.twin.draft_faults import KINDS as DRAFT_KINDS
+from sim.twin.draft_faults import DraftFault, parse_item
 
 PHASES = ("rendezvous", "joined", "loading", "compiling", "graphs", "serving")
 
@@ -42,7 +53,7 @@ class Faults:
     foreign: list[tuple[int, float, float]] = field(default_factory=list)
     stalls: dict[int, float] = field(default_factory=dict)
     no_answers: bool = False
-    draft_decay: tuple[float, int] | None = None  # (FACTOR, FROM)
+    draft: list[DraftFault] = field(default_factory=list)  # applied in order (rank 0)
     spec: str = ""
 
     def crash_delay(self, phase: str) -> float | None:
@@ -95,13 +106,15 @@ def parse(spec: str | None, rank: int) -> Faults:
         elif kind == "no-answers" and not args:
             if mine:
                 out.no_answers = True
-        elif kind == "draft-decay" and len(args) in (1, 2):
-            factor = _num(args[0], "FACTOR", item)
-            if factor > 1:
-                raise FaultSpecError(f"fault {item!r}: FACTOR must be in [0, 1]")
-            start = int(_num(args[1], "FROM", item)) if len(args) == 2 else 1
+        elif kind in DRAFT_KINDS:
+            try:
+                fault = parse_item(kind, args, lambda text, what, it=item: _num(text, what, it))
+            except FaultSpecError:
+                raise
+            except ValueError as exc:
+                raise FaultSpecError(f"fault {item!r}: {exc}") from None
             if mine and rank == 0:
-                out.draft_decay = (factor, start)
+                out.draft.append(fault)
         elif kind == "stall" and len(args) == 2:
             step = int(_num(args[0], "STEP", item))
             if mine and rank == 0:
@@ -110,7 +123,8 @@ def parse(spec: str | None, rank: int) -> Faults:
             raise FaultSpecError(
                 f"fault {item!r} not understood; expected slow-boot:FACTOR, "
                 "crash:PHASE[+SECS], foreign:N:AT_S:FOR_S, stall:STEP:SECS, no-answers or "
-                "draft-decay:FACTOR[:FROM], "
+                "draft-decay:FACTOR[:FROM], draft-weights-dropped, draft-grammar, "
+                "draft-first-collapse[:P], "
                 "optionally ending in :rank0 or :rank1"
             )
     return out

@@ -18,6 +18,7 @@ from typing import Any
 
 from sim.twin import params, thinking
 from sim.twin.acceptance_model import AcceptanceModel, request_text
+from sim.twin.draft_faults import DraftFault
 from sim.twin.engine import FOREVER, Engine, Request
 from sim.twin.params import BadRequest
 from sim.twin.prefix_cache import block_hashes
@@ -72,11 +73,11 @@ class Builder:
     max_model_len: int
     block_size: int
     answers_enabled: bool = True
-    draft_decay: tuple[float, int] | None = None  # the fault draft-decay:FACTOR[:FROM]
+    draft_faults: list[DraftFault] | None = None  # sim/twin/draft_faults.py
 
     def __post_init__(self) -> None:
         self.answers = load_answers(self.prof) if self.answers_enabled else {}
-        self.acceptance = AcceptanceModel(self.prof, self.gamma, self.draft_decay)
+        self.acceptance = AcceptanceModel(self.prof, self.gamma, self.draft_faults)
         self._sampled = itertools.count()
         out = self.prof.section("output")
         self.eos_lo = int(out.get("eos_min_tokens", 48))

@@ -118,8 +118,19 @@ def completion_logprobs(
     }
 
 
-def fingerprint(tp: int, config_hash: str) -> str:
-    """``system_fingerprint`` (vllm/entrypoints/serve/utils/fingerprint.py, mode "full")."""
+def fingerprint(
+    tp: int, config_hash: str, mode: str = "full", custom: str | None = None
+) -> str | None:
+    """``system_fingerprint`` as vLLM's build_system_fingerprint makes it
+    (vllm/entrypoints/serve/utils/fingerprint.py): "none" omits it (null), "custom" is
+    ``--fingerprint-value`` as given, "hash" is version and hash8, "full" (the default)
+    adds a tensor-parallel degree above 1."""
+    if mode == "none":
+        return None
+    if mode == "custom":
+        return custom
+    if mode == "hash":
+        return f"vllm-{VLLM_VERSION}-{config_hash[:8]}"
     parts = [f"vllm-{VLLM_VERSION}"] + ([f"tp{tp}"] if tp > 1 else [])
     return "-".join([*parts, config_hash[:8]])
 
@@ -136,10 +147,15 @@ class Shape:
     """
 
     def __init__(
-        self, rid: str, model: str, chat: bool, created: int, fingerprint: str = ""
+        self,
+        rid: str,
+        model: str,
+        chat: bool,
+        created: int,
+        fingerprint: str | None = f"vllm-{VLLM_VERSION}",
     ) -> None:
         self.rid, self.model, self.chat, self.created = rid, model, chat, created
-        self.fingerprint = fingerprint or f"vllm-{VLLM_VERSION}"
+        self.fingerprint = fingerprint
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}

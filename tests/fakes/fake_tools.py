@@ -4,15 +4,25 @@ Every call is appended to $FAKE_LOG as a JSON line {"host", "tool", "argv"} so t
 assert what was (and was not) run. Per-host state lives in $FAKE_STATE (JSON):
   {"hosts": {"h1": {"addrs": [...], "ifaces": {name: [addr]} (optional), "listen": [...],
                     "images": {ref: id | {"Id", "Env", "Entrypoint", "RepoDigests"}},
-                    (`docker save -o` / `load -i` write and read the runtime's tar)
+                    (`docker save -o` / `load -i` write and read the runtime's tar; an
+                    image is found by its name, its ID or a digest in its RepoDigests,
+                    as in docker; one saved by digest loads untagged, under its ID;
+                    `docker tag` adds a name)
                     "containers": [{"ID","Name","State","ExitCode","Labels":{},"Logs":[]}],
                     "run": "running" | "exited",
-                    "throwaway": {"out": "...", "rc": 0}}},
+                    "throwaway": {"out": "...", "rc": 0},
+                    "throwaways": {ROLE: {"out": "...", "rc": 0}}}},
    "ssh": {"ADDR": "h2"}, "ssh_fail": ""}
-`docker run --rm` (attached, the launcher's argv check) prints the host's "throwaway" output
-and exits with its rc, standing in for the image's python3; no container is recorded.
+`docker run --rm` (attached: the launcher's argv check, role argcheck, or the image probe,
+role imageprobe) prints the host's reply for the container's dsv4.role label ("throwaways",
+else "throwaway") and exits with its rc, standing in for the image's interpreter; no
+container is recorded.
 The local host is $FAKE_HOST (default h1); ssh runs the remote command with FAKE_HOST set to
 the mapped host. ssh refuses to run without BatchMode=yes and StrictHostKeyChecking=yes.
+With "hostkeys": {host: "TYPE KEY"} in the state, ssh also checks host keys as OpenSSH's
+strict checking does: the key of the host an address maps to must be in the
+UserKnownHostsFile (lines "name[,name...] TYPE KEY") under the address, or under
+HostKeyAlias when given; else it fails (255) with OpenSSH's words.
 
 docker's command line is parsed by `sim.rehearsal.docker_args`, the rehearsal runtime's
 strict parser (checked against the real docker client in tests/test_proc_docker.py): a
@@ -83,6 +93,7 @@ def docker(argv: list[str]) -> None:
         "rm": _rm,
         "save": _save,
         "load": _load,
+        "tag": _tag,
     }
     if cmd not in handlers:
         die(f"fake docker: unsupported command {cmd}")
@@ -100,10 +111,11 @@ def _run(h: dict, rest: list[str]) -> None:
     for item in run.env:  # bare -e NAME takes the client's value, like docker
         k, eq, v = item.partition("=")
         env[k] = v if eq else os.environ.get(k, "")
-    if run.image not in h.get("images", {}):
+    if _find_image(h.get("images", {}), run.image) is None:
         die(f"Unable to find image '{run.image}' locally", 125)
     if run.rm and not run.detach:
-        reply = h.get("throwaway")
+        role = run.label_dict().get("dsv4.role", "")
+        reply = (h.get("throwaways") or {}).get(role) or h.get("throwaway")
         if reply is None:
             die("fake docker: no throwaway reply configured for this host", 1)
         print(reply.get("out", ""))
@@ -184,19 +196,40 @@ def _inspect(h: dict, rest: list[str]) -> None:
         die("\n".join(f"Error: No such object: {ref}" for ref in missing))
 
 
+def _find_image(images: dict, ref: str) -> dict | None:
+    """The image record docker would find for ``ref``: by name, by full ID, or by a digest
+    reference (``repo[:tag]@sha256:D``, the tag ignored) among its RepoDigests."""
+    if ref in images:
+        return _image_record(images, ref)
+    name, at, digest = ref.partition("@")
+    head, slash, last = name.rpartition("/")
+    digest_ref = f"{head}{slash}{last.partition(':')[0]}@{digest}" if at else ""
+    for key in images:
+        img = _image_record(images, key)
+        if img["Id"] == ref or (digest_ref and digest_ref in img.get("RepoDigests", [])):
+            return img
+    return None
+
+
+def _names(images: dict, image_id: str) -> list[str]:
+    """RepoTags of an image ID: its names, not an untagged image's ID key or a digest."""
+    named = [k for k in images if not k.startswith("sha256:") and "@" not in k]
+    return sorted(k for k in named if _image_record(images, k)["Id"] == image_id)
+
+
 def _image(h: dict, rest: list[str]) -> None:
     ins = docker_args.image_inspect_args(rest)
     images = h.get("images", {})
     for ref in ins.refs:
-        if ref not in images:
+        if _find_image(images, ref) is None:
             die(f"Error: No such image: {ref}")
     found = []
     for ref in ins.refs:
-        img = images[ref] if isinstance(images[ref], dict) else {"Id": images[ref]}
+        img = _find_image(images, ref) or {}
         found.append(
             {
                 "Id": img["Id"],
-                "RepoTags": [ref],
+                "RepoTags": _names(images, img["Id"]),
                 "RepoDigests": img.get("RepoDigests", []),
                 "Config": {"Env": img.get("Env", []), "Entrypoint": img.get("Entrypoint")},
             }
@@ -240,13 +273,13 @@ def _save(h: dict, rest: list[str]) -> None:
     """`docker save -o FILE IMAGE...`: the same tar as the rehearsal runtime (imagetar)."""
     sv = docker_args.save_args(rest)
     images = h.get("images", {})
-    for ref in sv.refs:
-        if ref not in images:
-            die("Error response from daemon: reference does not exist")
+    found = [(ref, _find_image(images, ref)) for ref in sv.refs]
+    if any(img is None for _, img in found):
+        die("Error response from daemon: reference does not exist")
     if sv.output is None:
         die("fake docker: save writes only with -o FILE (extend fake_tools.py)")
     with open(sv.output, "wb") as fh:
-        imagetar.write(fh, [(ref, _image_record(images, ref)) for ref in sv.refs])
+        imagetar.write(fh, [(ref, img) for ref, img in found if img is not None])
 
 
 def _load(h: dict, rest: list[str]) -> None:
@@ -261,10 +294,21 @@ def _load(h: dict, rest: list[str]) -> None:
         die(f"open {ld.input}: {exc.strerror.lower()}")
     except ValueError as exc:
         die(f"Error response from daemon: {exc}")
-    for ref, image in found:
-        h.setdefault("images", {})[ref] = image
-        if not ld.quiet:
-            print(f"Loaded image: {ref}")
+    for refs, image in found:
+        for ref in refs or [image["Id"]]:  # untagged: found by its ID only
+            h.setdefault("images", {})[ref] = image
+            if not ld.quiet:
+                print(f"Loaded image: {ref}" if refs else f"Loaded image ID: {ref}")
+
+
+def _tag(h: dict, rest: list[str]) -> None:
+    """`docker tag SOURCE TARGET`: TARGET names SOURCE's image."""
+    tg = docker_args.tag_args(rest)
+    images = h.setdefault("images", {})
+    img = _find_image(images, tg.source)
+    if img is None:
+        die(f"Error response from daemon: No such image: {tg.source}")
+    images[tg.target] = dict(img)
 
 
 def ssh(argv: list[str]) -> None:
@@ -299,9 +343,40 @@ def ssh(argv: list[str]) -> None:
     host = st.get("ssh", {}).get(addr)
     if host is None:
         die(f"ssh: connect to host {addr} port 22: Connection timed out", 255)
+    if "hostkeys" in st:
+        _check_host_key(opts, addr, st["hostkeys"].get(host, ""))
     env = dict(os.environ, FAKE_HOST=host)
     p = subprocess.run(["sh", "-c", remote], env=env, stdin=sys.stdin, check=False)
     sys.exit(p.returncode)
+
+
+def _check_host_key(opts: list[str], addr: str, presented: str) -> None:
+    """OpenSSH's strict checking (sshconnect.c check_host_key): the presented key must be
+    known for the name looked up (HostKeyAlias, else the address)."""
+    values = dict(o[3:].partition("=")[::2] for o in opts if o.startswith("-o "))
+    name = values.get("HostKeyAlias", addr)
+    known: list[str] = []
+    path = Path(values.get("UserKnownHostsFile", "/nonexistent"))
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        names, _, key = line.partition(" ")
+        if name in names.split(","):
+            known.append(key.strip())
+    kind = presented.split(" ")[0].removeprefix("ssh-").upper()
+    if not known:
+        die(
+            f"No {kind} host key is known for {name} and you have requested strict checking.\n"
+            "Host key verification failed.",
+            255,
+        )
+    if presented not in known:
+        die(
+            "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+            "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+            "@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+            f"Host key for {name} has changed and you have requested strict checking.\n"
+            "Host key verification failed.",
+            255,
+        )
 
 
 def ip(argv: list[str]) -> None:

@@ -46,13 +46,15 @@ class RealServer:
         self,
         port: int,
         log_path: Path,
+        spec: str = SPEC,
+        extra: tuple[str, ...] = (),
         *,
         model: Path | None = None,
-        flags: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        """The tiny model with SERVE_FLAGS unless ``model``/``flags`` say otherwise;
-        ``env`` is added last (the overlays' flags, DSV4_OVERLAY_HOOKS)."""
+        """``spec``: the --speculative-config (default the recorded snapshot's ngram one);
+        ``extra``: more `vllm serve` flags; ``model``: another checkpoint than the tiny
+        model's; ``env``: added last (the overlays' flags, DSV4_OVERLAY_HOOKS)."""
         self.port, self.log_path = port, log_path
         full_env = dict(os.environ)
         full_env.update(
@@ -64,8 +66,8 @@ class RealServer:
             PYTHONPATH=str(REPO / "mods" / "dsv4-flash-overlays"),
         )
         full_env.update(env or {})
-        served = str(model or tiny_model())
-        argv = [str(ENGINE_PY.parent / "vllm"), "serve", served, *(flags or SERVE_FLAGS)]
+        flags = [*SERVE_FLAGS[:-1], spec, *extra]  # SERVE_FLAGS ends with the spec config
+        argv = [str(ENGINE_PY.parent / "vllm"), "serve", str(model or tiny_model()), *flags]
         argv += ["--host", "127.0.0.1", "--port", str(port)]
         self._fh = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(

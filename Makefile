@@ -10,6 +10,14 @@ WITH_VLLM ?= 1
 ENGINE_VENV ?= .venv-engine
 # `make rehearse ENGINE=sim` rehearses the simulator instead of the real CPU engine.
 ENGINE ?= cpu
+# CI installs ~4 GB of wheels from PyPI and a connection can drop mid-download (a CI run lost
+# torch at 400 of 555 MB). pip (>= 25.1, which every venv here upgrades to) resumes a dropped
+# download; each install also runs up to PIP_ATTEMPTS times, finished wheels coming from pip's cache.
+export PIP_RESUME_RETRIES ?= 50
+export PIP_RETRIES ?= 10
+PIP_ATTEMPTS ?= 3
+export PIP_ATTEMPTS
+PIP_TRY := bash scripts/pip_retry.sh
 
 .PHONY: help venv engine system-deps rehearse rehearse-fleet test lint pytest clean
 
@@ -23,13 +31,13 @@ help:
 
 $(VPY):
 	$(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q -U pip
+	$(PIP_TRY) $(VPY) -m pip install -q -U pip
 
 venv: $(VPY)
-	$(VPY) -m pip install -q -e '.[bench,sim,perfmodel,dev,fleet]' -e mods/dsv4-flash-overlays
+	$(PIP_TRY) $(VPY) -m pip install -q -e '.[bench,sim,perfmodel,dev,fleet]' -e mods/dsv4-flash-overlays
 	@if [[ "$(WITH_VLLM)" == "1" ]]; then \
 	  $(VPY) -c 'import vllm' 2>/dev/null || { echo "installing vllm==0.33.0 (~4 min, ~9 GB)"; \
-	  $(VPY) -m pip install -q 'vllm==0.33.0'; }; fi
+	  $(PIP_TRY) $(VPY) -m pip install -q 'vllm==0.33.0'; }; fi
 
 system-deps:
 	bash scripts/ensure_system_deps.sh

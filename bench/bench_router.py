@@ -126,9 +126,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--skip-multiturn", action="store_true", help="only part 2")
     p.add_argument("--skip-overhead", action="store_true", help="only part 1")
-    p.add_argument(
-        "--timeout-s", type=t.float_above(0.0), default=600, help="per-request socket timeout"
-    )
+    p.add_argument("--timeout-s", type=t.seconds(0), default=600, help="per-request socket timeout")
     p.add_argument(
         "--json",
         dest="json_path",

@@ -61,19 +61,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--model-dir", type=Path, default=None, help="serve this model dir instead")
     p.add_argument(
         "--ports",
-        type=argtypes.int_list,
+        type=argtypes.port_list(2),
         default="8101,8102",
         help="loopback ports of the off and the on server",
     )
-    p.add_argument(
-        "--boot-timeout-s", type=argtypes.float_above(0.0), default=600, help="wait for both"
-    )
+    p.add_argument("--boot-timeout-s", type=argtypes.seconds(0), default=600, help="wait for both")
     p.add_argument(
         "--log-dir", type=Path, default=None, help="server logs here (default: a new temp dir)"
     )
     args, rest = p.parse_known_args(argv)
-    if len(args.ports) != 2 or args.ports[0] == args.ports[1]:
-        p.error("--ports needs two different ports, e.g. 8101,8102")
     if not (args.engine_venv / "bin/vllm").exists():
         p.error(f"--engine-venv {args.engine_venv} has no bin/vllm; run make engine")
     return args, rest

@@ -12,7 +12,7 @@ of bench); this is its command line under the name the benches and the docs use,
 same flags, output and exit codes as ``python -m pairctl.gate``.
 
 Exit codes: 0 all prompts passed; 1 at least one failed (or the endpoint is unreachable);
-2 usage error.
+2 usage error; 130 interrupted (Ctrl-C).
 
 Example: python -m bench.quality_ref_dspark --url http://HOST:8000
 """

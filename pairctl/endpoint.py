@@ -275,14 +275,21 @@ def identify(models: Any, headers: Any) -> Identity:
 FINAL_STATUSES = (401, 403, 404)
 
 
-def key_hint(endpoint: Endpoint) -> str:
-    """Why a 401/403 came back: the key given was rejected, or none was given."""
+# Where a command's key comes from, as its 401/403 hint names it (the benches and the gate;
+# a command that reads the key elsewhere passes its own words to wait_ready).
+KEY_FROM_FLAGS = "--api-key or OPENAI_API_KEY"
+
+
+def key_hint(endpoint: Endpoint, key_from: str = KEY_FROM_FLAGS) -> str:
+    """Why a 401/403 came back (vLLM's middleware answers 401 {"error": "Unauthorized"} on
+    /v1, vllm/entrypoints/serve/middleware/authenticate.py): the key given was refused, or
+    none was given. ``key_from`` names the option or variable the key really comes from."""
     if endpoint.api_key:
         return (
-            " (the server rejected the API key given with --api-key or OPENAI_API_KEY; use "
-            "the key it was started with)"
+            f" (the server refused the API key given as {key_from}; use the key the server "
+            "was started with: vllm serve's --api-key, or VLLM_API_KEY in its environment)"
         )
-    return " (the server requires an API key: set --api-key or OPENAI_API_KEY)"
+    return f" (the server requires an API key: set {key_from})"
 
 
 class NotReady(RuntimeError):
@@ -295,8 +302,10 @@ def wait_ready(
     timeout_s: float,
     log: Callable[[str], None],
     every_s: float = 5.0,
+    key_from: str = KEY_FROM_FLAGS,
 ) -> Identity:
-    """Poll /v1/models until it lists a model; progress every `every_s` s on `log`."""
+    """Poll /v1/models until it lists a model; progress every `every_s` s on `log`; a
+    401/403 ends the wait at once, naming ``key_from`` (where the caller's key comes from)."""
     import requests
 
     target = endpoint.url("/v1/models")
@@ -315,7 +324,7 @@ def wait_ready(
             if r.status_code == 404:
                 last += " (no OpenAI-compatible server at this URL?)"
             elif r.status_code in (401, 403):
-                last += key_hint(endpoint)
+                last += key_hint(endpoint, key_from)
             if r.status_code in FINAL_STATUSES:  # an answer waiting will not change
                 raise NotReady(f"{target}: {last}")
         except requests.RequestException as e:

@@ -72,7 +72,7 @@ register_vllm_version() {
 
 install_repo() {
   local py="$1" repo="$2"
-  # The engine venv runs sim.engine (the rehearsal layer and the tiny-model builder);
+  # The engine venv runs sim.engine (the exec into real vLLM and the tiny-model builder);
   # vLLM already brings everything it imports (pyyaml, transformers, safetensors).
   # Asked from / in isolated mode: run from the repo, Python would find sim/ in the
   # current directory and the check would pass without the install the containers need.

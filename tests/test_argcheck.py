@@ -109,13 +109,15 @@ def test_cache_key_ignores_only_the_launchers_wiring() -> None:
 
 def test_throwaway_container_is_labelled_isolated_and_removed() -> None:
     cfg = parse_env(ENV)
-    argv = argcheck.container_argv(cfg["PAIR_ID"], "img:1", [["/m", "--max-num-seqs", "24"]])
+    argv = argcheck.container_argv(
+        cfg["PAIR_ID"], "img:1", [["/m", "--max-num-seqs", "24"]], "/opt/env/bin/python"
+    )
     i = argv.index("img:1")
     head = argv[:i]
     assert argv[:3] == ["docker", "run", "--rm"] and "-d" not in head
     assert "dsv4.pair=pair-a" in head and "dsv4.role=argcheck" in head
     assert head[head.index("--network") + 1] == "none"
-    assert head[head.index("--entrypoint") + 1] == "python3"
+    assert head[head.index("--entrypoint") + 1] == "/opt/env/bin/python"
     assert argv[i + 1] == "-c" and json.loads(argv[-1]) == [["/m", "--max-num-seqs", "24"]]
 
 
@@ -158,15 +160,28 @@ def test_preflight_runs_the_images_parser_when_vllm_is_not_local(
     assert p.returncode == rc, p.stdout + p.stderr
     check = next(c for c in json.loads(out.read_text())["checks"] if c["id"] == "PF-VLLM-ARGS")
     assert check["status"] == status, check
-    runs = [c for c in pair.calls() if c["argv"][:2] == ["run", "--rm"]]
+    runs = argcheck_runs(pair)
     assert len(runs) == 1 and runs[0]["host"] == "h1"  # on SPARK1, once
-    assert "--entrypoint" in runs[0]["argv"] and "dsv4.pair=pair-a" in runs[0]["argv"]
+    assert "dsv4.pair=pair-a" in runs[0]["argv"]
+    # the image's own interpreter, the fork stack's (the recipe's default): not a python3
+    # the seed's /opt/env image need not have on its PATH
+    argv = runs[0]["argv"]
+    assert argv[argv.index("--entrypoint") + 1] == "/opt/env/bin/python"
     if status == "FAIL":
         assert "--max-num-seq" in check["detail"]
     # a pass is remembered per image ID: the next preflight does not start a container
     pair.run("preflight", env=fresh)
-    again = [c for c in pair.calls() if c["argv"][:2] == ["run", "--rm"]]
+    again = argcheck_runs(pair)
     assert len(again) == (1 if status == "PASS" else 2)
+
+
+def argcheck_runs(pair: Env) -> list[dict]:
+    """The argv check's throwaways (the image probe runs its own, role imageprobe)."""
+    return [
+        c
+        for c in pair.calls()
+        if c["argv"][:2] == ["run", "--rm"] and "dsv4.role=argcheck" in c["argv"]
+    ]
 
 
 def test_plan_without_local_vllm_says_who_checks(tmp_path: Path) -> None:

@@ -193,7 +193,7 @@ def _wait(ep: Endpoint) -> str:
 
 def test_a_rejected_key_is_not_told_to_set_a_key(plain_http: str) -> None:
     given = _wait(Endpoint.parse(f"http://{plain_http}", api_key="wrong"))
-    assert "rejected the API key given" in given and "set --api-key" not in given
+    assert "refused the API key given as --api-key" in given and "set --api-key" not in given
     none = _wait(Endpoint.parse(f"http://{plain_http}"))
     assert "requires an API key: set --api-key" in none
 

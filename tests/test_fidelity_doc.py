@@ -1,9 +1,11 @@
 """docs/FIDELITY.md stays true: its flag table is exactly the items of the lines `plan`
-generates (with the generated values), and its needle table is pairctl.engine.bootlog's list, each
+generates (with the generated values), its stack table is exactly recipes/stacks/*.yaml
+(every item, value and source), and its needle table is pairctl.engine.bootlog's list, each
 needle in the installed file it names."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from dotenv import dotenv_values
 
 from pairctl.engine.bootlog import NEEDLES
+from pairctl.engine.stack import Stack, load_stack, names
 from pairctl.pair.config import CACHE_VARS, parse_env
 from pairctl.pair.derive import is_secret
 from pairctl.pair.plan import build_rank
@@ -84,6 +87,7 @@ NOT_VALUE_CHECKED = {
     "-e VLLM_HOST_IP",
     "-e NCCL_IB_GID_INDEX",  # only when the env file pins it
     "-e HOME",  # only with CONTAINER_USER
+    "-e DSV4_OVERLAY_HOOKS",  # the stack's overlays: section, as JSON
 }
 
 
@@ -112,3 +116,57 @@ def test_needle_table_rows_are_in_the_installed_files() -> None:
     for text, _, source in _table("| needle | phase | source file |"):
         path = site_packages() / source.strip("`")
         assert any(text.strip("`") in s for s in string_constants(path)), (text, source)
+
+
+def _stack_value(v: object) -> str:
+    if isinstance(v, dict):
+        return f"`{json.dumps(v, separators=(',', ':'))}`"
+    return f"`{v}`"
+
+
+def _stack_items(stack: Stack) -> list[tuple[str, str, str]]:
+    """(item, value, source) for every item of one stack, in declaration order."""
+    rows = [
+        ("vllm", f"`{stack.vllm}`", stack.image_source),
+        (
+            "image",
+            f"`{stack.image_default}` ({stack.obtain}"
+            + (f" `{stack.dockerfile}`" if stack.dockerfile else "")
+            + ")",
+            stack.image_source,
+        ),
+        ("interpreter", f"`{stack.interpreter}`", stack.paths_source),
+        ("entrypoint", f"`{stack.entrypoint}`", stack.paths_source),
+    ]
+    for v in stack.env:
+        shown = f"`{v.value}` in front of the image's" if v.prepend else _stack_value(v.value)
+        rows.append((f"`-e {v.name}`", shown, v.source))
+    for f in stack.flags:
+        shown = {"add": "on", "drop": "dropped"}.get(f.action) or _stack_value(f.value)
+        rows.append((f"`--{f.name}`", shown, f.source))
+    t = ", ".join(
+        f"{k} {v} s"
+        for k, v in (("engine_ready_s", stack.engine_ready_s), ("first_boot_s", stack.first_boot_s))
+        if v is not None
+    )
+    rows.append(("timeouts", t or "-", stack.timeouts_source or "-"))
+    c = stack.concurrency
+    if c.requires_patch:
+        conc = f"max-num-seqs {c.max_num_seqs} with `{c.requires_patch}`, else {c.without_patch}"
+    else:
+        conc = "no cap, no patch needed"
+    rows.append(("concurrency", conc, c.source or "-"))
+    for k in stack.known_bad:
+        versions = ", ".join(f"`{v}`" for v in k.versions)
+        rows.append((f"known bad `{k.component}`", versions, k.source))
+    return rows
+
+
+def stack_rows() -> list[list[str]]:
+    """The stack table's rows, as docs/FIDELITY.md must have them."""
+    return [[name, *item] for name in names() for item in _stack_items(load_stack(name))]
+
+
+def test_stack_table_is_the_declared_stacks() -> None:
+    rows = _table("| stack | item | value | source |")
+    assert rows == stack_rows(), "regenerate the stack table from recipes/stacks/ (rows differ)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import types
 
 import pytest
@@ -244,7 +245,8 @@ def test_untuned_gpu_warns_names_the_tune_command_and_filters_by_its_limit(
     with caplog.at_level(logging.WARNING, logger="dsv4_flash_overlays.fp8_head"):
         table = dispatch.table_for(fake_w)
     assert "NO TUNED CONFIG for NVIDIA GB10" in caplog.text
-    assert "python3 -m bench.kernels.fp8_tune" in caplog.text
+    # the interpreter the plugin runs in: the image's own (the fork's is /opt/env/bin/python)
+    assert f"{sys.executable} -m bench.kernels.fp8_tune" in caplog.text
     assert table == C.UNTUNED_TABLE
     monkeypatch.setattr(dispatch, "device_smem_limit", lambda d=None: 40 * 1024)  # tiny GPU
     small = dispatch.table_for(fake_w)

@@ -44,14 +44,20 @@ def test_plan_has_exact_lines_and_masks_secret(pair: Env) -> None:
             f"{pair.values['OVERLAY_DIR']}:/opt/dsv4-flash-overlays:ro",
             "-e PYTHONPATH=/opt/dsv4-flash-overlays",
             "-e VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=600",
-            "-e HF_TOKEN ",
+            # the fork stack (the recipe's): its vllm, its env, its flags after the recipe's
+            "--entrypoint /opt/env/bin/vllm",
+            "-e VLLM_USE_B12X_MOE=1",
+            "-e VLLM_ENGINE_READY_TIMEOUT_S=3600",
             f"--node-rank {rank}",
             "--master-addr 127.0.0.1",
             "--long-prefill-token-threshold 4096",
-            "--max-num-seqs 24",
+            "--max-num-seqs 1 ",  # capped: the image is not known to carry the Keys patch
+            "--trust-remote-code --block-size 256",
             f"--port {pair.values['PORT']}",
         ):
             assert frag in line, (frag, line)
+        # the ranks run offline: HF_TOKEN (set in this env file) is in neither container
+        assert "HF_TOKEN" not in line
         assert line.endswith("--max-num-seqs 16"), "passthrough must come last (CLI wins)"
     assert "--headless" in worker and "--headless" not in head
     assert pair.calls() == [], "plan must not run docker"
@@ -163,15 +169,16 @@ def test_up_starts_worker_then_head_and_is_idempotent(pair: Env) -> None:
     assert "/opt/dsv4-flash-overlays" not in " ".join(runs[0]["argv"])
     names = {c["Name"] for c in pair.load()["hosts"]["h1"]["containers"]}
     assert "dsv4-pair-b-rank0" in names
-    # The secret reached both containers, through the environment only: no command line
-    # (docker argv, ssh argv, remote command) ever carried it.
+    # HF_TOKEN (set in the env file) reached neither container: the ranks run with
+    # HF_HUB_OFFLINE=1 and only `model fetch` downloads; and no command line (docker argv,
+    # ssh argv, remote command) ever carried it.
     for host in ("h1", "h2"):
         (mine,) = [
             c
             for c in pair.load()["hosts"][host]["containers"]
             if c["Name"].startswith("dsv4-pair-a")
         ]
-        assert mine["Env"]["HF_TOKEN"] == SECRET
+        assert "HF_TOKEN" not in mine["Env"] and mine["Env"]["HF_HUB_OFFLINE"] == "1"
     assert SECRET not in pair.log_path.read_text()
 
     before = len(pair.calls())
@@ -251,7 +258,7 @@ def test_generated_docker_lines_parse_with_real_docker_client(pair: Env) -> None
     from pairctl.pair.resolved import load
 
     resolved = load(pair.env_file, DEFAULT_RECIPE)
-    for rank in (0, 1):  # the line up runs, unmasked (secrets travel by name: -e HF_TOKEN)
+    for rank in (0, 1):  # the line up runs, unmasked (secrets travel by name: -e NAME)
         _assert_real_client_parses(docker, list(build_rank(resolved, rank).docker_argv))
     # the throwaway container preflight runs the image's own vLLM parser in
     from pairctl.pair.config import load_env_file
@@ -261,7 +268,10 @@ def test_generated_docker_lines_parse_with_real_docker_client(pair: Env) -> None
 
     cfg = load_env_file(pair.env_file)
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    line = container_argv(cfg["PAIR_ID"], "img:1", rank_argvs(resolve(cfg, recipe)))
+    resolved_pair = resolve(cfg, recipe)
+    line = container_argv(
+        cfg["PAIR_ID"], "img:1", rank_argvs(resolved_pair), resolved_pair.stack.interpreter
+    )
     _assert_real_client_parses(docker, line[1:])
 
 

@@ -1,5 +1,6 @@
 """`up` reads the image on each node before its `docker run`: the image's own PYTHONPATH is
-kept (the overlay path appended) and its ENTRYPOINT is replaced by `--entrypoint vllm`;
+kept (the overlay path appended), the stack's PATH entries go in front of the image's PATH,
+and its ENTRYPOINT is replaced by the stack's `--entrypoint` (the fork's /opt/env/bin/vllm);
 `plan`, which contacts no node, says what it assumed instead."""
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ def test_up_keeps_the_images_pythonpath_and_replaces_its_entrypoint(pair: Env) -
     for run in runs:
         argv = run["argv"]
         assert "PYTHONPATH=/opt/image-libs:/opt/dsv4-flash-overlays" in argv
-        assert argv[argv.index("--entrypoint") + 1] == "vllm"
+        fork_path = "/opt/env/bin:/opt/env/nvvm/bin:/opt/env/targets/sbsa-linux/nvvm/bin"
+        assert f"PATH={fork_path}:/usr/bin" in argv  # in front of the image's own PATH
+        assert argv[argv.index("--entrypoint") + 1] == "/opt/env/bin/vllm"
         image_at = argv.index(IMAGE)
         assert argv[image_at + 1] == "serve" and "vllm" not in argv[image_at:]
         assert argv[argv.index("--device") + 1].endswith(":/dev/infiniband")
-    assert "image ENTRYPOINT ['vllm', 'serve']" in p.stderr and "--entrypoint vllm" in p.stderr
+    assert "image ENTRYPOINT ['vllm', 'serve']" in p.stderr
+    assert "--entrypoint /opt/env/bin/vllm" in p.stderr
 
 
 def test_up_stops_when_the_image_is_missing_on_the_node(pair: Env) -> None:

@@ -24,6 +24,11 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # Imported only where the engine already runs (vLLM, torch, triton and what they bring).
 ENGINE = {"vllm", "torch", "triton", "transformers", "safetensors", "dsv4_flash_overlays"}
 EXTRA_OF = {"pairctl": None, "bench": "bench", "sim": "sim", "perfmodel": "perfmodel"}
+# Runs inside the serving image, under the image's own interpreter (preflight's image probe
+# passes its text to `docker run ... -c`): what it imports inside its functions is the
+# image's. pairctl imports it only for its text and MARK, so its module level is stdlib.
+IN_IMAGE = REPO / "pairctl" / "preflight" / "inimage.py"
+IMAGE_PACKAGES = ENGINE | {"flashinfer", "packaging"}
 
 
 def _name(req: str) -> str:
@@ -40,6 +45,8 @@ def _declared(extra: str | None) -> set[str]:
 def _third_party_imports(package: str) -> set[str]:
     mods: set[str] = set()
     for path in (REPO / package).rglob("*.py"):
+        if path == IN_IMAGE:
+            continue  # the image's imports: test_the_in_image_script_imports_what_images_have
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -76,3 +83,24 @@ def test_a_spark_install_gets_no_benchmark_stack() -> None:
         "prometheus_client",
         "rich",
     }
+
+
+def _imports(nodes: list[ast.stmt] | ast.AST) -> set[str]:
+    out: set[str] = set()
+    for node in nodes if isinstance(nodes, list) else ast.walk(nodes):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_the_in_image_script_imports_what_images_have() -> None:
+    """pairctl/preflight/inimage.py: the standard library at module level (pairctl imports
+    it), the image's packages only inside functions (each guarded: the image may lack it)."""
+    tree = ast.parse(IN_IMAGE.read_text())
+    top = _imports(tree.body) - {"__future__"}
+    assert top <= set(sys.stdlib_module_names), top
+    nested = _imports(tree) - set(sys.stdlib_module_names) - {"__future__"}
+    assert nested <= IMAGE_PACKAGES, nested
+    assert {"flashinfer", "packaging", "vllm", "torch"} <= nested

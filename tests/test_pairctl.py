@@ -44,8 +44,10 @@ from pairctl.preflight.checks_launch import check_no_compressed_mla, check_no_ra
 from pairctl.preflight.checks_match import check_image, check_model, check_overlays
 from pairctl.preflight.checks_rdma import check_hca
 from pairctl.preflight.evidence import Evidence, NodeEvidence
+from pairctl.preflight.imageprobe import ImageProbe, parse_output
 from pairctl.preflight.probe import parse_probe
 from pairctl.preflight.reach import Reach
+from tests.fakes.fakepair import image_probe_reply
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {
@@ -177,7 +179,15 @@ def test_evidence_json_round_trip_keeps_the_recorded_shape() -> None:
     )
     data = json.loads(json.dumps(as_json([], evidence)))
     assert data["schema_version"] == 1 and data["ok"] is True and data["checks"] == []
-    assert set(data["evidence"]) == {"config", "resolved", "image", "nodes", "argv_check", "reach"}
+    assert set(data["evidence"]) == {
+        "config",
+        "resolved",
+        "image",
+        "nodes",
+        "argv_check",
+        "reach",
+        "image_probes",
+    }
     node = data["evidence"]["nodes"]["1"]
     assert node["containers"][0] == {
         "id": "abc",
@@ -457,8 +467,16 @@ def test_check_overlays_compares_only_what_ships() -> None:
 def _decide(n1: NodeEvidence, n0: NodeEvidence | None = None, **env: str) -> dict[str, str]:
     cfg = parse_env(dict(ENV, **env))
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")
-    evidence = Evidence(resolved=RESOLVED, nodes={"0": n0 or ev(), "1": n1}, reach=REACHED)
-    checks = decide(resolve(cfg, recipe), evidence, {"a.py": "x"})
+    # the image probe found a clean image of the pair's stack on each reached node
+    pair = resolve(cfg, recipe)
+    found = parse_output(image_probe_reply(pair.stack.name)["out"])
+    probed = {"0": ImageProbe("rank 0 (10.0.0.1)", "sha256:1", "py", True, "", False, found)}
+    if n1.reachable:
+        probed["1"] = replace(probed["0"], where="rank 1 (10.0.0.2)")
+    evidence = Evidence(
+        resolved=RESOLVED, nodes={"0": n0 or ev(), "1": n1}, reach=REACHED, image_probes=probed
+    )
+    checks = decide(pair, evidence, {"a.py": "x"})
     assert [c.id for c in checks] == [s.id for s in CHECKS]  # report order = registry order
     return {c.id: c.status for c in checks}
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from dsv4_flash_overlays import flags
 
+from pairctl.engine.stack import HOOKS_ENV, load_stack
+
 PKG_DIR = Path(__file__).resolve().parents[1] / "mods" / "dsv4-flash-overlays"
 DIST_INFO = PKG_DIR / "dsv4_flash_overlays-0.1.0.dist-info"
 
@@ -81,6 +83,8 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
         "PYTHONPATH": str(PKG_DIR),
         "HF_HUB_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "INFO",
+        # as the launcher sets it in the container: the stack's hook points
+        HOOKS_ENV: load_stack("upstream").hooks_json(),
     }
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD],
@@ -102,9 +106,13 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
     assert out["patched"] and out["idempotent"]
     assert out["class"].startswith("IncEnc") and out["exact"]
     assert out["stats"]["calls"] == 2 and out["stats"]["hits"] == 1
-    logs = proc.stdout + proc.stderr
-    assert "VLLM_INCREMENTAL_ENCODE_CACHE: installed" in logs and "pid" in logs
-    assert "first real call" in logs
+    logs = (proc.stdout + proc.stderr).splitlines()
+    ours = [x for x in logs if "dsv4-flash-overlays: incremental-encode-cache" in x]
+    # one line, naming the stack and the vLLM version (the second register() logs nothing)
+    assert (
+        len(ours) == 1 and "incremental-encode-cache active (stack upstream, vLLM 0.33." in ours[0]
+    ), ours
+    assert any("first real call" in x for x in logs)
 
 
 @pytest.fixture
@@ -115,6 +123,7 @@ def fresh_register(monkeypatch):
 
     for f in flags.FLAGS:
         monkeypatch.delenv(f.name, raising=False)
+    monkeypatch.delenv(HOOKS_ENV, raising=False)
     saved = dict(pkg._APPLIED)
     pkg._APPLIED.clear()
     hook.remove()
@@ -164,7 +173,7 @@ def test_register_twice_and_remove(fresh_register, monkeypatch) -> None:
     assert patched is not original and fresh_register.applied()["incremental-encode-cache"]
     assert hook._original_from_pretrained is original  # kept for hand-off and removal
     fresh_register.register()
-    assert hook.apply() is True
+    assert hook.apply()  # installed before: nothing to do
     assert _from_pretrained() is patched  # not wrapped twice
     hook.remove()
     assert _from_pretrained() is original
@@ -172,23 +181,41 @@ def test_register_twice_and_remove(fresh_register, monkeypatch) -> None:
 
 @pytest.mark.needs_vllm
 def test_drift_is_refused_with_one_warning(fresh_register, monkeypatch, caplog) -> None:
+    """An anchor the stack names but vLLM lacks: one warning naming stack, version, hook
+    point and anchor; vLLM untouched, and a second register() says nothing more."""
     from dsv4_flash_overlays import deepseek_v4_tok as hook
 
     original = _from_pretrained()
-    drifted = dict(hook.MARKERS)
-    key = "vllm.tokenizers.deepseek_v4:get_deepseek_v4_tokenizer"
-    drifted[key] = (*drifted[key], "a line that vLLM 0.33 does not have")
-    monkeypatch.setattr(hook, "MARKERS", drifted)
+    table = json.loads(load_stack("upstream").hooks_json())
+    check = next(h for h in table["hooks"] if h["qualname"] == "get_deepseek_v4_tokenizer")
+    check["anchors"].append("a line that vLLM 0.33 does not have")
+    monkeypatch.setenv(HOOKS_ENV, json.dumps(table))
     monkeypatch.setenv("VLLM_INCREMENTAL_ENCODE_CACHE", "1")
     with caplog.at_level(logging.WARNING, logger="dsv4_flash_overlays"):
         fresh_register.register()
         fresh_register.register()
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "drifted" in warnings[0].getMessage()
-    assert "left untouched" in warnings[0].getMessage()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(
+        "dsv4-flash-overlays: incremental-encode-cache not applied (stack upstream, vLLM 0.33."
+    )
+    assert warnings[0].endswith(
+        "hook vllm.tokenizers.deepseek_v4:get_deepseek_v4_tokenizer (check): does not contain "
+        "'a line that vLLM 0.33 does not have'; vLLM left untouched"
+    )
     assert fresh_register.applied()["incremental-encode-cache"] is False
     assert _from_pretrained() is original
     assert hook._original_from_pretrained is None
+
+
+@pytest.mark.needs_vllm
+def test_without_the_variable_the_line_names_the_builtin_table(fresh_register, monkeypatch, caplog):
+    monkeypatch.setenv("VLLM_INCREMENTAL_ENCODE_CACHE", "1")
+    with caplog.at_level(logging.INFO, logger="dsv4_flash_overlays"):
+        fresh_register.register()
+    lines = [r.getMessage() for r in caplog.records if "incremental-encode-cache" in r.getMessage()]
+    assert len(lines) == 1
+    assert "active (built-in upstream table (DSV4_OVERLAY_HOOKS unset), vLLM 0.33." in lines[0]
 
 
 def test_flag_registry_and_catalogue() -> None:

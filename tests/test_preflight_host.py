@@ -257,7 +257,7 @@ def test_overlay_path_is_appended_to_the_images_pythonpath() -> None:
     rp = build_rank(resolve(parse_env(ENV), recipe), 0, image_facts=facts)
     argv = list(rp.docker_argv)
     assert f"PYTHONPATH=/opt/a:/opt/b:{OVERLAY_MOUNT}" in argv
-    assert argv[argv.index("--entrypoint") + 1] == "vllm"
+    assert argv[argv.index("--entrypoint") + 1] == "/opt/env/bin/vllm"  # the fork stack's
     image_at = argv.index(rp.image)
     assert argv[image_at + 1 : image_at + 3] == ["serve", "/models/dsv4"]
     assert argv[argv.index("--device") + 1] == "/dev/infiniband:/dev/infiniband"

@@ -17,6 +17,7 @@ from pairctl.pair.resolved import resolve
 from pairctl.preflight import CHECKS, FAIL, PASS, SKIP, WARN, Need, decide, probe, runner
 from pairctl.preflight.check import Inputs
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
+from pairctl.preflight.imageprobe import ImageProbe
 from pairctl.preflight.reach import Reach
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,6 +74,7 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
         check_args=False,
         local_argv=None,
         check_reach=False,
+        check_image=False,
     ):
         ev = Evidence(config=dict(pair.evidence_config), resolved=resolved, image="img:1")
         seen_at["before"] = list(emitted)
@@ -91,6 +93,11 @@ def staged(resolved: dict, n0: NodeEvidence, n1: NodeEvidence, order=("rank0", "
             ev = replace(ev, reach=Reach(ran=True, ok=True, peer="10.0.0.2"))
             on_stage(probe.REACH, ev)
             seen_at[probe.REACH] = list(emitted)
+        if check_image:  # the image probe, once every probed node's is in
+            ran = ImageProbe("rank 0 (10.0.0.1)", "sha256:aa", "python3", True, "", False, None)
+            ev = replace(ev, image_probes={"0": ran})
+            on_stage(probe.IMAGE, ev)
+            seen_at[probe.IMAGE] = list(emitted)
         return ev
 
     return fake_gather, emitted, seen_at

@@ -430,6 +430,10 @@ FLAG_CORPUS = [
     # the throwaway argv check: attached, removed after, no network, the image's python3
     "run --rm --label dsv4.pair=p --label dsv4.role=argcheck --network none --gpus all "
     "-e VLLM_LOGGING_LEVEL=ERROR --entrypoint python3 img -c 'print(1)' '[[\"m\"]]'",
+    # the image probe: attached, removed after, no network, no GPU, the stack's interpreter
+    "run --rm --label dsv4.pair=p --label dsv4.role=imageprobe --network none "
+    "-v /ov:/opt/dsv4-flash-overlays:ro -e PATH=/opt/env/bin:/usr/bin "
+    "--entrypoint /opt/env/bin/python img -c 'print(1)'",
     "run --rm --entrypoint",
     "run --rm --device",
     # image ship: save on rank 0, load on rank 1
@@ -536,9 +540,10 @@ def test_run_rm_is_attached_isolated_and_removed(state: Path) -> None:
 def test_argv_check_runs_the_images_own_parser_in_a_throwaway(
     state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """pairctl.preflight.argcheck on a host without vLLM: the image's python3 (here: the
-    venv's, which has vLLM 0.33) parses both ranks' argv in a labelled --rm container; a bad
-    flag is named with where it came from, and no container is left behind."""
+    """pairctl.preflight.argcheck on a host without vLLM: the image's interpreter (the engine
+    stack's; the upstream stack's python3, here the venv's, which has vLLM 0.33) parses both
+    ranks' argv in a labelled --rm container; a bad flag is named with where it came from,
+    and no container is left behind."""
     from pairctl.nodes.ssh import Node
     from pairctl.pair.config import parse_env
     from pairctl.pair.recipe import load_recipe
@@ -571,6 +576,7 @@ def test_argv_check_runs_the_images_own_parser_in_a_throwaway(
             "NCCL_SOCKET_IFNAME": "lo",
             "GLOO_SOCKET_IFNAME": "lo",
             "IMAGE": "img:1",
+            "ENGINE_STACK": "upstream",  # its interpreter is the image's python3 (on PATH)
         }
     )
     recipe = load_recipe(REPO / "recipes" / "dsv4-flash-dspark.yaml")

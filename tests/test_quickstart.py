@@ -21,6 +21,7 @@ import pytest
 
 from sim.rehearsal import chat, hosts, pairenv
 from tests.support.rehearsal import pair_fixture, run_launcher
+from tests.support.shards import shard_bytes
 
 pytestmark = pytest.mark.needs_netns
 
@@ -63,8 +64,8 @@ def fresh_pair(pair: hosts.Pair) -> Iterator[tuple[hosts.Pair, Path, Path]]:
     (hub / "config.json").write_text(json.dumps(pairenv.MODEL_CONFIG, indent=2) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(pairenv.tokenizer_dir() / name, hub / name)
-    for i, name in enumerate(SHARDS):
-        (hub / name).write_bytes(os.urandom(1 << 20) + bytes([i]))
+    for i, name in enumerate(SHARDS):  # real safetensors: model verify reads their headers
+        (hub / name).write_bytes(shard_bytes((1 << 20) + i, fill=i))
     weight_map = {"a.weight": SHARDS[0], "b.weight": SHARDS[1]}
     (hub / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     hf = pair.base / "client" / "fake-hf"

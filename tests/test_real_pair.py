@@ -1,7 +1,8 @@
 """The real engine under the launcher: vLLM (CPU build) as a TP=2 pair on two netns hosts.
 
-One pair is booted for the whole module by the unchanged launcher (`up`); the image maps
-to real `vllm serve` behind the declared rehearsal layer (sim/engine/rehearsal-layer.yaml).
+One pair is booted for the whole module by the unchanged launcher (`up`) running the `cpu`
+engine stack (recipes/stacks/cpu.yaml); the image maps to real `vllm serve` with the
+launcher's line unchanged.
 What is asserted is what the real engine does, not what our simulator says it does:
 status's figures against the real /metrics counters over the same window, the bench
 guard's token conservation on real counters (and a foreign request it must catch),
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -135,22 +137,22 @@ def quantile(q: float, before: dict, after: dict) -> float | None:
     return None
 
 
-def test_the_launchers_lines_reach_the_real_engine_through_the_declared_layer(served):
-    """The rank's container runs the launcher's argv (DSpark method and all); inside, the
-    layer's changes are logged, and the engine core and the workers load our plugin
-    through vLLM's entry-point loader (its "active" line)."""
+def test_the_launchers_lines_reach_the_real_engine_as_plan_shows_them(served):
+    """The rank's container runs the launcher's argv, which already carries the cpu stack's
+    changes (ngram drafts, no fp8 KV, eager), and the real engine reports exactly those;
+    nothing between the launcher and vLLM rewrites it. The engine core and the workers
+    load our plugin through vLLM's entry-point loader (its "active" line)."""
     info = json.loads(served.pair.h1.docker("inspect", "dsv4-rehearsal-rank0").stdout)[0]
     cmd = info["Config"]["Cmd"]
-    assert (
-        cmd[cmd.index("--speculative-config") + 1]
-        == '{"method":"dspark","num_speculative_tokens":5}'
-    )
-    assert "--kv-cache-dtype" in cmd and "--enforce-eager" not in cmd
+    spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}
+    assert "--kv-cache-dtype" not in cmd and "--enforce-eager" in cmd
+    plan = served.launch("plan")
+    assert shlex.join(cmd) in plan.stdout  # what ran is what plan printed
+    assert "# stack cpu changes the recipe's line" in plan.stdout
     res = served.launch("logs", "--rank", "0", "--tail", "100000")
     log = res.stdout + res.stderr
-    assert "rehearsal layer: --speculative-config: " in log
-    assert "rehearsal layer: dropped --kv-cache-dtype fp8" in log
-    assert "rehearsal layer: added --enforce-eager" in log
+    assert "rehearsal layer" not in log  # no layer any more: the log is vLLM's
     assert "method='ngram'" in log and "tensor_parallel_size=2" in log
     active = [ln for ln in log.splitlines() if "incremental-encode-cache active" in ln]
     # the plugin loads in the engine core and in the workers of both ranks' processes

@@ -205,7 +205,9 @@ def test_every_serve_key_is_a_real_vllm_flag(vllm_parse) -> None:
         assert ns["tensor_parallel_size"] == 2 and ns["nnodes"] == 2
         assert ns["distributed_executor_backend"] == "mp"
         assert ns["speculative_config"] == {"method": "dspark", "num_speculative_tokens": 5}
-        assert ns["long_prefill_token_threshold"] == 4096 and ns["max_num_seqs"] == 24
+        # the fork stack (the default) caps it to 1 without the Keys patch (tests/test_stacks.py)
+        assert ns["long_prefill_token_threshold"] == 4096 and ns["max_num_seqs"] == 1
+        assert ns["trust_remote_code"] is True and ns["block_size"] == 256
         assert ns["kv_cache_dtype"] == "fp8" and ns["tokenizer_mode"] == "deepseek_v4"
         assert ns["reasoning_parser"] == "deepseek_v4" and ns["tool_call_parser"] == "deepseek_v4"
         assert ns["master_addr"] == "10.0.0.1" and ns["model_tag"] == "/models/dsv4"

@@ -36,6 +36,11 @@ UPSTREAM_DOCS = {
     "BUILD-dspark-runtime.md": "rafaelcaricio/vllm",
     "SETUP.md": "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark",
     "docker.md": "vllm-project/vllm (docs/deployment/docker.md)",
+    "PATCHES.md": "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark",
+    "01-blockers.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",
+    "02-before-after.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",
+    "03-what-i-wish-id-had.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",
+    "05-dead-ends.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",
 }
 MARKDOWN_NAME = r"(?<![\w.-])([\w-]+\.md)\b"
 PARENT_PATH = r"(?<![\w.])\.\./[\w./-]*"

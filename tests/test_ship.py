@@ -5,6 +5,7 @@ for the two nodes' disks."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -21,11 +22,13 @@ from pairctl.engine import imageship
 from pairctl.engine.imageship import DEFAULT_DOCKERFILE, build_argv, dockerfile_for
 from pairctl.engine.stack import Stack, parse_stack
 from pairctl.nodes.modelfetch import INDEX, fetch, verify
+from pairctl.nodes.shardcheck import shard_problem
 from pairctl.nodes.transfer import TransferError, send_tree
 from pairctl.pair.config import ConfigError
-from pairctl.pair.resolved import load
+from pairctl.pair.resolved import ResolvedPair, load
 from tests.conftest import require
 from tests.fakes.fakepair import IMAGE, IMAGE_ID, SECRET, Env
+from tests.support.shards import shard_bytes, write_checkpoint
 
 EXIT_RUNTIME, EXIT_USAGE, EXIT_PREFLIGHT = 1, 2, 3
 REPO_ID = "deepseek-ai/DeepSeek-V4-Flash-DSpark"
@@ -245,7 +248,7 @@ def test_copy_failure_names_the_node_and_says_run_again(fakes_env: Env) -> None:
 # --- model fetch / verify ------------------------------------------------------------------
 
 FAKE_HF = """#!{py}
-import json, os, sys
+import json, os, struct, sys
 from pathlib import Path
 argv = sys.argv[1:]
 Path(os.environ["FAKE_HF_LOG"]).write_text(json.dumps({{
@@ -254,8 +257,10 @@ dest = Path(argv[argv.index("--local-dir") + 1])
 rev = argv[argv.index("--revision") + 1]
 (dest / "config.json").write_text('{{"model_type": "deepseek_v4"}}')
 shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-for i, s in enumerate(shards):
-    (dest / s).write_bytes(bytes([i]) * (4096 + i))
+for i, s in enumerate(shards):  # real safetensors (tests/support/shards.py has the layout)
+    head = json.dumps({{f"t{{i}}": {{"dtype": "U8", "shape": [4096 + i],
+                                     "data_offsets": [0, 4096 + i]}}}}).encode()
+    (dest / s).write_bytes(struct.pack("<Q", len(head)) + head + bytes([i]) * (4096 + i))
 (dest / "model.safetensors.index.json").write_text(json.dumps(
     {{"weight_map": {{"a.weight": shards[0], "b.weight": shards[1]}}}}))
 meta = dest / ".cache" / "huggingface" / "download"
@@ -331,4 +336,86 @@ def test_verify_wants_the_safetensors_index(hub: tuple[Env, Path], capsys) -> No
     (Path(pair.values["MODEL_PATH"]) / INDEX).unlink()
     (far / INDEX).unlink()
     assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
-    assert f"{INDEX} missing" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"both copies are incomplete: missing {INDEX}" in err
+    assert "the copies differ" not in err  # the same on both: incomplete, not different
+
+
+# --- verify: shards that are there but not whole, and copies alike in what they lack ---------
+
+SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"]
+SHARDS += ["model-00003-of-00003.safetensors"]
+
+
+@pytest.fixture()
+def two_copies(fakes_env: Env) -> tuple[ResolvedPair, Path, Path]:
+    """The same small checkpoint (real safetensors shards) as rank 0's MODEL_PATH and as
+    rank 1's copy (a second directory, reached over the fake ssh)."""
+    pair = fakes_env
+    near, far = pair.tmp / "models" / "dsv4", pair.tmp / "rank1-disk"
+    write_checkpoint(near, SHARDS)
+    shutil.copytree(near, far)
+    pair.values.update(MODEL_PATH=str(near), MODEL_REVISION=REV, MODEL_REPO=REPO_ID)
+    pair.write_env()
+    return load(pair.env_file, DEFAULT_RECIPE), near, far
+
+
+def test_verify_passes_two_whole_copies(two_copies, capsys) -> None:
+    resolved, _near, far = two_copies
+    assert verify(resolved, far_root=str(far)) == 0
+    assert "all 3 shards" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("cut", [0, 100, -1], ids=["empty", "cut-short", "one-byte-short"])
+def test_verify_fails_a_shard_that_is_not_whole_on_both_ranks(two_copies, capsys, cut) -> None:
+    resolved, near, far = two_copies
+    shard = SHARDS[1]
+    body = (near / shard).read_bytes()
+    for root in (near, far):  # the same broken file on both: sizes and names agree
+        (root / shard).write_bytes(body[:cut])
+    assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
+    err = capsys.readouterr().err
+    assert f"both copies are incomplete: {shard} " in err, err
+    assert ("0 bytes" if cut == 0 else "cut short") in err
+    assert "the copies differ" not in err and "delete the broken shard" in err
+
+
+def test_verify_calls_two_alike_incomplete_copies_incomplete_not_different(
+    two_copies, capsys
+) -> None:
+    resolved, near, far = two_copies
+    for root in (near, far):
+        (root / SHARDS[2]).unlink()
+    assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
+    err = capsys.readouterr().err
+    assert f"both copies are incomplete: missing {SHARDS[2]}" in err, err
+    assert "the copies differ" not in err and "MISMATCH" not in err
+    assert "run model fetch again: it resumes the download" in err
+
+
+def test_verify_names_a_shard_only_rank1_lacks_as_a_difference(two_copies, capsys) -> None:
+    resolved, _near, far = two_copies
+    (far / SHARDS[0]).unlink()
+    assert verify(resolved, far_root=str(far)) == EXIT_RUNTIME
+    err = capsys.readouterr().err
+    assert f"MISMATCH: rank 1 lacks {SHARDS[0]}" in err and "the copies differ" in err
+    assert "incomplete" not in err  # rank 0 has all of it
+
+
+@pytest.mark.parametrize("cut", [0, 5, 60, -1])
+def test_the_shard_check_agrees_with_the_safetensors_loader(tmp_path: Path, cut: int) -> None:
+    """shardcheck's verdict is the real loader's (huggingface/safetensors), whole or cut."""
+    require(importlib.util.find_spec("safetensors") is not None, "safetensors not importable")
+    from safetensors import safe_open
+
+    whole = tmp_path / "whole.safetensors"
+    whole.write_bytes(shard_bytes(300))
+    part = tmp_path / "part.safetensors"
+    part.write_bytes(whole.read_bytes()[:cut])
+    assert shard_problem(whole) is None
+    with safe_open(str(whole), framework="numpy") as f:
+        assert list(f.keys()) == ["w"]
+    assert shard_problem(part) is not None
+    with pytest.raises(Exception):  # noqa: B017 - the loader's own error type varies by cause
+        with safe_open(str(part), framework="numpy") as f:
+            f.get_tensor("w")

@@ -89,7 +89,11 @@ def load_module(path: Path) -> ModuleType:
 
 
 def patch_of(script: Path) -> Any:
-    return runpy.run_path(str(script))["PATCH"]
+    """The script's PATCH, loaded as the Dockerfile runs it: its own folder on the import
+    path (where _patchlib lives), for this load only."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(script.parent))
+        return runpy.run_path(str(script))["PATCH"]
 
 
 def fixture_file(tmp_path: Path, script: Path) -> Path:

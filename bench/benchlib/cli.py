@@ -36,7 +36,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backoff-s",
-        type=t.float_above(0.0, inclusive=True),
+        type=t.seconds(0, inclusive=True),
         default=2.0,
         help="first backoff; doubles per retry",
     )
@@ -58,18 +58,14 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let a contaminated wave run to its end instead of cutting it short",
     )
-    p.add_argument(
-        "--timeout-s", type=t.float_above(0.0), default=900, help="per-request socket timeout"
-    )
+    p.add_argument("--timeout-s", type=t.seconds(0), default=900, help="per-request socket timeout")
     p.add_argument(
         "--settle-ms",
         type=t.float_above(0.0, inclusive=True),
         default=20,
         help="pause between opening connections and sending (server accepts them)",
     )
-    p.add_argument(
-        "--ready-timeout-s", type=t.float_above(0.0), default=60, help="wait for /v1/models"
-    )
+    p.add_argument("--ready-timeout-s", type=t.seconds(0), default=60, help="wait for /v1/models")
     p.add_argument("--seed", type=int, default=0, help="prompt text seed")
     p.add_argument(
         "--chat-template-kwargs",

@@ -18,6 +18,8 @@ import argparse
 import importlib.util
 import json
 import math
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,11 +100,72 @@ def float_above(low: float, inclusive: bool = False) -> Callable[[str], float]:
 
     def parse(text: str) -> float:
         v = _number(float, text, f"{sign} {low:g}")
-        if v != v or v < low or (v == low and not inclusive):  # v != v: NaN
+        if not math.isfinite(v) or v < low or (v == low and not inclusive):
             raise argparse.ArgumentTypeError(f"must be {sign} {low:g}, got {text}")
         return v
 
     parse.__name__ = f"number {sign} {low:g}"
+    return parse
+
+
+# ---- durations and ports: every wait, window and port flag of the repository ----------------
+# The longest wait any flag may ask for: a week. Longer is never meant (a typo, or a way of
+# saying "forever"), and time.sleep/socket timeouts overflow on numbers like 1e300.
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
+def seconds(
+    low: float = 0.0, *, inclusive: bool = False, high: float = MAX_SECONDS, off: bool = False
+) -> Callable[[str], float]:
+    """A finite number of seconds, > low (>= low when inclusive) and <= high; ``off``: 0
+    as well (the flag's "off"). 'inf', 'nan' and 1e309 are refused: a wait without end is
+    never a value, it is a command that never returns."""
+    sign = ">=" if inclusive else ">"
+    rule = f"{sign} {low:g} and <= {high:g} seconds" + (" (or 0: off)" if off else "")
+    if high == MAX_SECONDS:
+        rule = rule.replace(f"<= {high:g} seconds", f"<= {high:g} seconds (a week)")
+
+    def parse(text: str) -> float:
+        v = _number(float, text, rule)
+        if off and v == 0:
+            return v
+        if not math.isfinite(v) or v < low or (v == low and not inclusive) or v > high:
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return v
+
+    parse.__name__ = "seconds"
+    return parse
+
+
+def whole_seconds(text: str) -> int:
+    """A whole number of seconds, 1 to a week (a deadline handed to another command)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of seconds (at least 1), got '{text}'"
+        )
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 second, got '{text}'")
+    if int(text) > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_SECONDS:g} seconds (a week), got '{text}'"
+        )
+    return int(text)
+
+
+def port_list(count: int) -> Callable[[str], list[int]]:
+    """``count`` different TCP ports, comma-separated ('8101,8102'), each 1-65535."""
+
+    def parse(text: str) -> list[int]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        out = [port(t) for t in items]
+        if len(out) != count or len(set(out)) != count:
+            n = {2: "two", 3: "three"}.get(count, str(count))
+            raise argparse.ArgumentTypeError(
+                f"needs {n} different ports 1-65535, comma-separated, got {text!r}"
+            )
+        return out
+
+    parse.__name__ = f"{count} ports"
     return parse
 
 
@@ -264,6 +327,64 @@ def png_file(text: str) -> str:
 
 
 png_file.__name__ = "plot file"
+
+
+def not_an_option(text: str) -> str:
+    """A value that is not the next option swallowed (``--stage --pull``): refused."""
+    if text.startswith("-"):
+        raise argparse.ArgumentTypeError(
+            f"needs a value, not an option ({text!r}); give it as --flag VALUE (see --help)"
+        )
+    return text
+
+
+def dir_unwritable(text: str) -> str | None:
+    """Why ``text`` cannot be (made) a directory to write into here (None when it can).
+
+    The first part of the path that exists must be a directory the file system lets us
+    create a file in, asked by creating one and removing it (as ``unwritable``: root's
+    permission bits say yes to /proc). Nothing is created that stays."""
+    p = Path(text).expanduser()
+    have = p
+    while not have.exists() and have != have.parent:
+        have = have.parent
+    if not have.is_dir():
+        return (
+            f"{text} is a file, not a directory"
+            if have == p
+            else f"{text}: {have} is a file, not a directory"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".dsv4-write-probe-", dir=have)
+    except OSError as exc:
+        return (
+            f"{text}: cannot write under {have} ({exc.strerror or exc}); give a directory on a disk"
+        )
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def work_dir(text: str) -> str:
+    """An absolute directory for large files on this node and at the same path on the other
+    one (a relative path would mean two places): not empty, not an option, and writable
+    here (``dir_unwritable``); it need not exist yet."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give an absolute directory path")
+    not_an_option(text)
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(
+            f"must be an absolute path (the same directory on both nodes), got {text!r}"
+        )
+    if "\n" in text:
+        raise argparse.ArgumentTypeError("is not a single path")
+    why = dir_unwritable(text)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return text
+
+
+work_dir.__name__ = "directory"
 
 
 def existing_dir(text: str) -> str:

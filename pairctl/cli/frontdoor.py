@@ -35,9 +35,11 @@ from pairctl.contracts import (
     DEFAULT_RECIPE,
     IMAGE_STAGE_DIR,
     OVERLAY_SRC,
+    STATUS_WATCH_MIN_S,
     WATCH_BACKOFF_MAX_S,
     WATCH_BACKOFF_S,
     WATCH_FAILURES,
+    WATCH_MIN_INTERVAL_S,
     WATCH_PROBE_TIMEOUT_S,
 )
 
@@ -221,6 +223,13 @@ def _check(a: Args, src_given: bool) -> None:
         )
     if a.cmd != "status" and a.json:
         raise UsageError(f"--json needs a FILE for {a.cmd} (see --help)")
+    floor = {"status": STATUS_WATCH_MIN_S if a.watch else 0, "watch": WATCH_MIN_INTERVAL_S}
+    if a.interval is not None and a.interval < floor.get(a.cmd, 0):
+        what = "status --watch refreshes" if a.cmd == "status" else "watch probes"
+        raise UsageError(
+            f"--interval must be at least {floor[a.cmd]:g} s: {what} every --interval "
+            f"seconds (got {a.interval:g}; see --help)"
+        )
     if src_given:  # checked here, after "applies", and before any probe
         try:
             argtypes.existing_dir(a.src)

@@ -49,7 +49,7 @@ def progress(msg: str) -> None:
 
 
 def status(a: Args, pair: ResolvedPair) -> int:
-    """Exit 0 healthy, 7 degraded, 8 down (with --watch: the last reading's)."""
+    """Exit 0 healthy, 7 degraded, 8 down (with --watch: the last reading's; Ctrl-C 130)."""
     if a.watch:
         interval = a.interval if a.interval is not None else STATUS_REFRESH_S
 
@@ -157,7 +157,7 @@ def gate(pair: ResolvedPair) -> int:
 
 
 def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
-    """Run the watchdog until SIGTERM/SIGINT (exit 0)."""
+    """Run the watchdog until SIGTERM (exit 0) or Ctrl-C (exit 130)."""
     wc = watch.WatchConfig(
         interval_s=a.interval if a.interval is not None else WATCH_INTERVAL_S,
         failures=a.failures,

@@ -21,10 +21,12 @@ from pairctl.contracts import (
     IMAGE_STAGE_DIR,
     STATUS_INTERVAL_S,
     STATUS_REFRESH_S,
+    STATUS_WATCH_MIN_S,
     WATCH_BACKOFF_MAX_S,
     WATCH_BACKOFF_S,
     WATCH_FAILURES,
     WATCH_INTERVAL_S,
+    WATCH_MIN_INTERVAL_S,
     WATCH_PROBE_TIMEOUT_S,
 )
 
@@ -42,14 +44,6 @@ COMMANDS = (
 )
 # Commands that take an action word right after them (``image ship``, ``model fetch``).
 ACTIONS = {"image": ("ship",), "model": ("fetch", "verify")}
-
-
-def _whole_seconds(text: str) -> int:
-    if not text.isdigit():
-        raise Bad(f"must be a whole number of seconds (at least 1), got '{text}'")
-    if int(text) < 1:
-        raise Bad(f"must be at least 1 second, got '{text}'")
-    return int(text)
 
 
 def _rank(text: str) -> int:
@@ -70,8 +64,11 @@ def _canary_every(text: str) -> float:
         v = float(text)
     except ValueError:
         raise Bad(f"must be a number of seconds (0 = off, else >= 60), got '{text}'") from None
-    if v != 0 and not 60 <= v < float("inf"):
-        raise Bad(f"must be 0 (off) or at least 60 seconds, got '{text}'")
+    if v != 0 and not 60 <= v <= argtypes.MAX_SECONDS:
+        raise Bad(
+            f"must be 0 (off) or at least 60 seconds (at most {argtypes.MAX_SECONDS:g}), "
+            f"got '{text}'"
+        )
     return v
 
 
@@ -107,7 +104,7 @@ OPTIONS: tuple[Opt, ...] = (
         f"backstop on the whole health wait in seconds (default {BOOT_TIMEOUT_S}); each boot "
         "phase has its own limit, longer on a first boot (~10 min), and a stalled phase ends "
         "the boot first. A whole number >= 1",
-        _whole_seconds,
+        argtypes.whole_seconds,
         "S",
     ),
     Opt(("--gate",), "gate", ("up",), "run the quality gate against the endpoint when healthy"),
@@ -128,9 +125,9 @@ OPTIONS: tuple[Opt, ...] = (
         "interval",
         ("status", "watch"),
         f"status: seconds the rates are measured over (default {STATUS_INTERVAL_S:g}; --watch: "
-        f"refresh, default {STATUS_REFRESH_S:g}); watch: seconds between probes (default "
-        f"{WATCH_INTERVAL_S:g})",
-        argtypes.positive_float,
+        f"refresh, default {STATUS_REFRESH_S:g}, at least {STATUS_WATCH_MIN_S:g}); watch: "
+        f"seconds between probes (default {WATCH_INTERVAL_S:g}, at least {WATCH_MIN_INTERVAL_S:g})",
+        argtypes.seconds(0),
         "S",
     ),
     Opt(
@@ -155,7 +152,7 @@ OPTIONS: tuple[Opt, ...] = (
         "probe_timeout",
         ("watch",),
         f"seconds one probe may take (default {WATCH_PROBE_TIMEOUT_S:g})",
-        argtypes.positive_float,
+        argtypes.seconds(0),
         "S",
     ),
     Opt(
@@ -163,7 +160,7 @@ OPTIONS: tuple[Opt, ...] = (
         "backoff",
         ("watch",),
         f"wait after a failed restart, doubling up to --backoff-max (default {WATCH_BACKOFF_S:g})",
-        argtypes.positive_float,
+        argtypes.seconds(0),
         "S",
     ),
     Opt(
@@ -171,7 +168,7 @@ OPTIONS: tuple[Opt, ...] = (
         "backoff_max",
         ("watch",),
         f"cap of the doubling backoff (default {WATCH_BACKOFF_MAX_S:g})",
-        argtypes.positive_float,
+        argtypes.seconds(0),
         "S",
     ),
     Opt(
@@ -191,9 +188,10 @@ OPTIONS: tuple[Opt, ...] = (
         ("--stage",),
         "stage",
         ("image",),
-        "ship: where the image tar waits on both nodes while it is copied (default "
-        f"{IMAGE_STAGE_DIR}; needs the image's size free)",
-        str,
+        "ship: where the image tar waits on both nodes while it is copied: an absolute path, "
+        f"the same on both (default {IMAGE_STAGE_DIR}; needs the image's size free); checked "
+        "writable here before anything runs",
+        argtypes.work_dir,
         "DIR",
     ),
     Opt(
@@ -234,7 +232,7 @@ OPTIONS: tuple[Opt, ...] = (
         f"{ACCEPTANCE_WINDOW_S}; "
         "longer while fewer drafts than the baseline's minimum). A drop is an event, never "
         "a restart",
-        argtypes.positive_float,
+        argtypes.seconds(0),
         "S",
     ),
     Opt(

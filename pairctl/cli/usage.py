@@ -25,7 +25,7 @@ COMMAND_HELP = {
     "use, prefix-cache hit rate, DSpark acceptance per draft position and mean acceptance "
     "length, shown only once rank 0's labelled container runs on SPARK1 (else: whose endpoint it "
     "may be). --json for machines, --watch for a live view. Exit 0 healthy, 7 degraded, 8 "
-    "down, 9 the endpoint rejects VLLM_API_KEY.",
+    "down, 9 the endpoint rejects VLLM_API_KEY (--watch: the last reading's; Ctrl-C 130).",
     "logs": "container log of one rank (--rank 0|1, -f to follow, --tail N).",
     "plan": "print the exact docker run lines per rank (env, mounts, vLLM args; secrets "
     "masked). Changes nothing.",
@@ -45,11 +45,13 @@ COMMAND_HELP = {
     "model": "fetch: download MODEL_REPO at MODEL_REVISION into MODEL_PATH on rank 0 "
     "(hf download; resumes), copy it to rank 1 over ssh (resumable, bytes/s), then verify. "
     "verify: compare both copies only (file list, sizes, every shard "
-    "model.safetensors.index.json names; --checksum: sha256 too). HF_TOKEN goes to the "
+    "model.safetensors.index.json names, each as long as its safetensors header says; "
+    "--checksum: sha256 too). HF_TOKEN goes to the "
     "downloader's environment only. Refuses (exit 3) off SPARK1.",
     "watch": "watchdog: a 1-token completion every --interval s; after --failures failed "
     "probes in a row, down then up (backoff after a failed up); a 401/403 (wrong key) stops "
-    "it with exit 9 and never restarts the pair. Runs until stopped (SIGTERM/Ctrl-C); one "
+    "it with exit 9 and never restarts the pair. Runs until stopped: SIGTERM exit 0 (systemd's "
+    "stop), Ctrl-C 130; one "
     "timestamped line per event. After each good probe: the acceptance sentinel (acceptance "
     "per draft position against the recipe's recorded band) and, every --canary-every s, the "
     "output canary; both log events and never restart. launch/dsv4-watch@.service runs it "

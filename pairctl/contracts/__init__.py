@@ -148,6 +148,11 @@ WATCH_BACKOFF_MAX_S = 600.0
 # `status --watch` redraws every STATUS_REFRESH_S.
 STATUS_INTERVAL_S = 1.0
 STATUS_REFRESH_S = 2.0
+# The shortest refresh `status --watch` takes (two lines a second with --json, one scrape of
+# each rank's /metrics per reading) and the shortest `watch --interval` (one 1-token
+# completion a second): below these a monitor is a load, and a log of 40 lines a second.
+STATUS_WATCH_MIN_S = 0.5
+WATCH_MIN_INTERVAL_S = 1.0
 # `image ship`: where the image tar waits on both nodes while it is copied.
 IMAGE_STAGE_DIR = "/var/tmp/dsv4-image"
 # The quality gate (pairctl.gate, `up --gate`, bench.quality_ref_dspark): each greedy prompt may
@@ -282,7 +287,8 @@ PAIR_EXITS: tuple[ExitCode, ...] = (
     ExitCode(
         130,
         "EXIT_INTERRUPTED",
-        "interrupted (Ctrl-C, SIGTERM, SIGHUP); a boot in progress was torn down first",
+        "interrupted (Ctrl-C, SIGTERM, SIGHUP); a boot in progress was torn down first "
+        "(`watch` on SIGTERM, systemd's stop, exits 0)",
         "interrupted",
     ),
 )

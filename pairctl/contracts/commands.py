@@ -21,6 +21,7 @@ GATE_EXITS: tuple[ExitCode, ...] = (
         "a prompt failed or endpoint unreachable",
     ),
     ExitCode(2, "EXIT_USAGE", "usage error (command line only)", "usage"),
+    ExitCode(130, "EXIT_INTERRUPTED", "interrupted (Ctrl-C)", "interrupted"),
 )
 
 # python -m pairctl.sentinel [record]: nothing is written unless the exit is 0.

@@ -14,7 +14,10 @@ comes once rank 1 is in. A head stuck between the two is waiting for rank 1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from pairctl.engine.stack import Stack
 
 RENDEZVOUS = "rendezvous"
 
@@ -98,11 +101,22 @@ PHASES: tuple[str, ...] = (
 )
 
 
-def phase_of(text: str) -> str:
+def needles_for(stack: Stack) -> tuple[Needle, ...]:
+    """The needles for a stack's vLLM: its ``boot_markers`` replace the list above
+    (``boot_markers_replace``) or are added to it, a marker with a needle's text replacing
+    that needle (the same message, printed from another file or meaning another phase)."""
+    own = tuple(Needle(m.text, m.phase, m.source) for m in stack.boot_markers)
+    if stack.boot_markers_replace:
+        return own
+    texts = {n.text for n in own}
+    return tuple(n for n in NEEDLES if n.text not in texts) + own
+
+
+def phase_of(text: str, needles: Sequence[Needle] = NEEDLES) -> str:
     """The phase of the last log line that carries a needle; 'starting' if none yet."""
     phase = "starting"
     for line in text.splitlines():
-        for needle in NEEDLES:
+        for needle in needles:
             if needle.text in line:
                 phase = needle.phase
     return phase

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, IMAGE_STAGE_DIR, REPO
 from pairctl.log import logger
+from pairctl.nodes.docker import NO_SUCH_IMAGE, daemon_problem, node_user
 from pairctl.nodes.ssh import Node
 from pairctl.nodes.transfer import PARTIAL, TransferError, send_tree
 from pairctl.pair.config import ConfigError
@@ -37,10 +38,24 @@ DEFAULT_STAGE = IMAGE_STAGE_DIR
 log = logger("image: ")
 
 
+class DockerUnreachable(TransferError):
+    """docker on a node could not be asked at all (daemon down, socket denied, ssh); the
+    message names the node and the fix."""
+
+
 def image_id(node: Node, ref: str) -> str:
-    """The image ID of ``ref`` on ``node``, '' when it is not there."""
+    """The image ID of ``ref`` on ``node``, '' when docker says it is not there. Any other
+    failure is DockerUnreachable: a daemon that does not answer is not a missing image."""
     res = node.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=60)
-    return res.out.strip() if res.rc == 0 else ""
+    if res.rc == 0:
+        return res.out.strip()
+    text = res.err + res.out
+    why = daemon_problem(text, node.label, node_user(node))
+    if why is None and NO_SUCH_IMAGE not in text.lower():
+        why = f"docker image inspect on {node.label} failed (rc={res.rc}): {text.strip()[-300:]}"
+    if why:
+        raise DockerUnreachable(why)
+    return ""
 
 
 def _stream(argv: list[str]) -> int:
@@ -149,14 +164,18 @@ def ship(
     if pull and _stream(["docker", "pull", image]) != 0:
         log(f"docker pull {image} failed on {rank0.label}; nothing was shipped")
         return EXIT_RUNTIME
-    id0 = image_id(rank0, image)
+    try:
+        id0 = image_id(rank0, image)
+        id1 = image_id(rank1, image) if id0 else ""
+    except DockerUnreachable as exc:
+        log(f"{exc}; nothing was shipped")
+        return EXIT_RUNTIME
     if not id0:
         log(
             f"{image} is not on {rank0.label}: {obtain_hint(stack, dockerfile)}; "
             "nothing was shipped"
         )
         return EXIT_RUNTIME
-    id1 = image_id(rank1, image)
     if id1 == id0:
         print(f"{image} = {id0} on both ranks; nothing to ship")
         return EXIT_OK
@@ -175,10 +194,10 @@ def ship(
             raise TransferError(
                 f"docker load on {rank1.label} failed: {(res.err or res.out).strip()[-300:]}"
             )
+        id1 = image_id(rank1, image)
     except TransferError as exc:
         log(f"{exc}")
         return EXIT_RUNTIME
-    id1 = image_id(rank1, image)
     if id1 != id0:
         log(
             f"after docker load, {rank1.label} has {image} = {id1 or 'nothing'}, rank 0 "

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from pairctl import home
+from pairctl.engine import pep440
 from pairctl.pair.config import ConfigError
 
 SUPPORTED_STACK_VERSIONS = (1,)
@@ -33,14 +34,17 @@ TOP_KEYS = {
     "name",
     "description",
     "vllm",
+    "vllm_match",
     "image",
     "interpreter",
     "entrypoint",
+    "paths_source",
     "env",
     "flags",
     "kv_cache_dtype",
     "moe_backend",
     "boot_markers",
+    "boot_markers_replace",
     "overlays",
     "timeouts",
     "concurrency",
@@ -51,7 +55,7 @@ TOP_KEYS = {
 IMAGE_KEYS = {"default", "obtain", "dockerfile", "pull", "source"}
 OBTAIN = ("build", "pull", "rehearsal")
 FLAG_ACTIONS = ("set", "add", "drop")
-TIMEOUT_KEYS = {"engine_ready_s", "first_boot_s"}
+TIMEOUT_KEYS = {"engine_ready_s", "first_boot_s", "source"}
 CONCURRENCY_KEYS = {"max_num_seqs", "requires_patch", "without_patch", "source"}
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -60,11 +64,17 @@ _FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 @dataclass(frozen=True)
 class EnvVar:
-    """One container variable the stack needs, and where a peer (or vLLM) says so."""
+    """One container variable the stack needs, and where a peer (or vLLM) says so.
+
+    ``prepend``: the value goes in front of the image's own value of the variable (``PATH``,
+    ``LD_LIBRARY_PATH``: peers ``export PATH=/opt/env/bin:...:$PATH``), joined with ``:``;
+    the image's value is read on the node (``docker image inspect``), like PYTHONPATH's.
+    """
 
     name: str
     value: str
     source: str
+    prepend: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,19 @@ class HookPoint:
     # Substrings the method's source must contain for the overlay's rewrite to be valid
     # (an anchor that moved means the overlay must not apply).
     anchors: tuple[str, ...] = ()
+    # What the overlay does there (mods/dsv4-flash-overlays/dsv4_flash_overlays/hooks.py
+    # ROLES: factory, draft-logits, draft-head-arg, loader, check); "" reads as check.
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class OverlayGap:
+    """An overlay this stack cannot carry at all (``overlays: {NAME: {unavailable, source}}``):
+    the plugin reports ``why`` instead of resolving anything."""
+
+    overlay: str
+    why: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -152,6 +175,23 @@ class Stack:
     components: dict[str, str] = field(default_factory=dict)  # expected versions, by name
     known_bad: tuple[KnownBad, ...] = ()
     tradeoffs: str = ""
+    # Where the interpreter and entrypoint paths come from, and the timeouts.
+    paths_source: str = ""
+    timeouts_source: str = ""
+    # True: ``boot_markers`` are this vLLM's whole list; False (default): they are added to
+    # pairctl.engine.bootlog's vLLM 0.33 needles, a marker with a needle's text replacing it.
+    boot_markers_replace: bool = False
+    overlay_gaps: tuple[OverlayGap, ...] = ()
+    # PEP 440 specifiers for other vLLM versions that are this stack too (the official line
+    # after the release it was measured on: ">=0.27.1"); None: ``vllm`` exactly.
+    vllm_match: str | None = None
+
+    def summary(self) -> str:
+        """One line for ``plan``: which vLLM runs, and how the container starts it."""
+        return (
+            f"stack {self.name} ({self.path}): vLLM {self.vllm}, entrypoint "
+            f"{self.entrypoint}, interpreter {self.interpreter}"
+        )
 
     def env_map(self) -> dict[str, str]:
         return {v.name: v.value for v in self.env}
@@ -161,17 +201,23 @@ class Stack:
 
     def hooks_json(self) -> str:
         """The value of HOOKS_ENV: ``{"stack": NAME, "hooks": [{overlay, module, qualname,
-        anchors}, ...]}``, compact, in declaration order."""
-        hooks = [
-            {
+        anchors[, role]}, ...][, "unavailable": {overlay: why}]}``, compact, in declaration
+        order (role and unavailable only where declared)."""
+        hooks = []
+        for h in self.overlays:
+            entry: dict[str, Any] = {
                 "overlay": h.overlay,
                 "module": h.module,
                 "qualname": h.qualname,
                 "anchors": list(h.anchors),
             }
-            for h in self.overlays
-        ]
-        return json.dumps({"stack": self.name, "hooks": hooks}, separators=(",", ":"))
+            if h.role:
+                entry["role"] = h.role
+            hooks.append(entry)
+        out: dict[str, Any] = {"stack": self.name, "hooks": hooks}
+        if self.overlay_gaps:
+            out["unavailable"] = {g.overlay: g.why for g in self.overlay_gaps}
+        return json.dumps(out, separators=(",", ":"))
 
 
 def _err(path: str, msg: str) -> ConfigError:
@@ -191,6 +237,36 @@ def _sourced(raw: Any, where: str, path: str) -> str:
     if not isinstance(raw, dict) or not str(raw.get("source") or "").strip():
         raise _err(path, f"{where}: every entry needs a source (a public file, PR or doc)")
     return " ".join(str(raw["source"]).split())
+
+
+def _overlays(raw_overlays: Any, path: str) -> tuple[tuple[HookPoint, ...], tuple[OverlayGap, ...]]:
+    """``overlays:``: each overlay maps to a list of hook points, or to
+    ``{unavailable: why, source: ...}`` when this stack cannot carry it."""
+    overlays = raw_overlays or {}
+    if not isinstance(overlays, dict):
+        raise _err(path, "overlays must map an overlay name to its hook points")
+    hooks: list[HookPoint] = []
+    gaps: list[OverlayGap] = []
+    for overlay, points in overlays.items():
+        if isinstance(points, dict):
+            src = _sourced(points, f"overlays.{overlay}", path)
+            why = " ".join(str(points.get("unavailable") or "").split())
+            if not why or set(points) - {"unavailable", "source"}:
+                raise _err(path, f"overlays.{overlay}: a mapping says unavailable: WHY, source")
+            gaps.append(OverlayGap(str(overlay), why, src))
+            continue
+        for raw in points or []:
+            src = _sourced(raw, f"overlays.{overlay}", path)
+            if not raw.get("module") or not raw.get("qualname"):
+                raise _err(path, f"overlays.{overlay}: each hook point needs module and qualname")
+            role = str(raw.get("role") or "")
+            if role and not _NAME_RE.match(role):
+                raise _err(path, f"overlays.{overlay}: role {role!r} must be a lower-case name")
+            anchors = tuple(str(a) for a in raw.get("anchors") or ())
+            hooks.append(
+                HookPoint(str(overlay), raw["module"], raw["qualname"], src, anchors, role)
+            )
+    return tuple(hooks), tuple(gaps)
 
 
 def parse_stack(data: Any, path: str = "<stack>") -> Stack:
@@ -222,7 +298,12 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
         key = raw.get("name")
         if not isinstance(key, str) or not _ENV_RE.match(key) or raw.get("value") is None:
             raise _err(path, f"env entry {raw!r} needs a variable name and a value")
-        env.append(EnvVar(key, str(raw["value"]), src))
+        if set(raw) - {"name", "value", "source", "prepend"}:
+            raise _err(path, f"env {key}: keys are name, value, source and prepend")
+        prepend = raw.get("prepend", False)
+        if not isinstance(prepend, bool):
+            raise _err(path, f"env {key}: prepend must be true or false")
+        env.append(EnvVar(key, str(raw["value"]), src, prepend))
     if len({v.name for v in env}) != len(env):
         raise _err(path, "env names a variable twice")
     flags: list[FlagChange] = []
@@ -243,17 +324,10 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
     ]
     if len(markers) != len(data.get("boot_markers") or []):
         raise _err(path, "boot_markers entries need text, phase and source")
-    hooks: list[HookPoint] = []
-    overlays = data.get("overlays") or {}
-    if not isinstance(overlays, dict):
-        raise _err(path, "overlays must map an overlay name to its hook points")
-    for overlay, points in overlays.items():
-        for raw in points or []:
-            src = _sourced(raw, f"overlays.{overlay}", path)
-            if not raw.get("module") or not raw.get("qualname"):
-                raise _err(path, f"overlays.{overlay}: each hook point needs module and qualname")
-            anchors = tuple(str(a) for a in raw.get("anchors") or ())
-            hooks.append(HookPoint(str(overlay), raw["module"], raw["qualname"], src, anchors))
+    replace = data.get("boot_markers_replace", False)
+    if not isinstance(replace, bool):
+        raise _err(path, "boot_markers_replace must be true or false")
+    hooks, gaps = _overlays(data.get("overlays"), path)
     timeouts = data.get("timeouts") or {}
     if not isinstance(timeouts, dict) or set(timeouts) - TIMEOUT_KEYS:
         raise _err(path, f"timeouts must be a mapping with keys {sorted(TIMEOUT_KEYS)}")
@@ -319,7 +393,28 @@ def parse_stack(data: Any, path: str = "<stack>") -> Stack:
         components={str(k): str(v) for k, v in components.items()},
         known_bad=tuple(known_bad),
         tradeoffs=" ".join(str(data.get("tradeoffs") or "").split()),
+        boot_markers_replace=replace,
+        paths_source=" ".join(str(data.get("paths_source") or "").split()),
+        timeouts_source=" ".join(str(timeouts.get("source") or "").split()),
+        overlay_gaps=gaps,
+        vllm_match=_vllm_match(data, path),
     )
+
+
+def _vllm_match(data: dict[str, Any], path: str) -> str | None:
+    """``vllm_match``: PEP 440 specifiers (``>=0.27.1``), checked here so a typo is a config
+    error and not a stack that silently identifies nothing."""
+    raw = data.get("vllm_match")
+    if raw is None:
+        return None
+    text = str(raw)
+    if not pep440.is_specifier(text):
+        raise _err(path, f"vllm_match {text!r} must be PEP 440 specifiers, e.g. '>=0.27.1'")
+    try:
+        pep440.check_specifiers(text)
+    except pep440.InvalidVersion as exc:
+        raise _err(path, f"vllm_match: {exc}") from exc
+    return text
 
 
 def stacks_dir() -> Path:

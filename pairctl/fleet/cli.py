@@ -71,7 +71,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     sp.add_argument(
         "--timeout",
-        type=int,
+        type=argtypes.whole_seconds,
         default=BOOT_TIMEOUT_S,
         help=f"each pair's up --timeout, the backstop on its health wait (default "
         f"{BOOT_TIMEOUT_S}; each boot phase has its own limit, longer on a first boot)",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pairctl.contracts import GATE_EXITS, GATE_PROMPT_TIMEOUT_S, GATE_READY_TIMEOUT_S, codes
-from pairctl.endpoint import Endpoint, NotReady, wait_ready
+from pairctl.endpoint import KEY_FROM_FLAGS, Endpoint, NotReady, wait_ready
 from pairctl.gate.check import (
     DEFAULT_PROMPTS,
     GateResult,
@@ -68,6 +68,7 @@ def run_gate(
     options: GateOptions | None = None,
     *,
     trust_env: bool = True,
+    key_from: str = KEY_FROM_FLAGS,
 ) -> int:
     """Ask every prompt in this process; PASS/FAIL lines and the summary on stdout, waiting
     progress on stderr. Returns the exit code.
@@ -80,7 +81,7 @@ def run_gate(
     max_tokens = max_tokens_for(ref, opts.max_tokens, opts.thinking)
     s = endpoint.session(trust_env=trust_env)
     try:
-        ident = wait_ready(s, endpoint, opts.ready_timeout_s, log)
+        ident = wait_ready(s, endpoint, opts.ready_timeout_s, log, key_from=key_from)
     except NotReady as e:
         print(f"FAIL endpoint: {e}")
         return EXIT_FAIL
@@ -108,4 +109,5 @@ def run_for_pair(endpoint: Endpoint | str, api_key: str | None = None) -> int:
     the gate and the pair (the session does not read the environment).
     """
     ep = endpoint if isinstance(endpoint, Endpoint) else Endpoint.parse(endpoint)
-    return run_gate(ep.with_auth(api_key or ep.api_key), trust_env=False)
+    key_from = "VLLM_API_KEY in the env file"
+    return run_gate(ep.with_auth(api_key or ep.api_key), trust_env=False, key_from=key_from)

@@ -9,10 +9,19 @@ from __future__ import annotations
 import argparse
 
 from pairctl.cli import argtypes
-from pairctl.contracts import GATE_EXITS, GATE_PROMPT_TIMEOUT_S, GATE_READY_TIMEOUT_S, exit_line
+from pairctl.contracts import (
+    GATE_EXITS,
+    GATE_PROMPT_TIMEOUT_S,
+    GATE_READY_TIMEOUT_S,
+    codes,
+    exit_line,
+)
 from pairctl.endpoint import add_endpoint_args, endpoint_of
 from pairctl.gate import GateOptions, run_gate
 from pairctl.gate.check import DEFAULT_PROMPTS, load_reference
+from pairctl.log import log
+
+EXIT_INTERRUPTED = codes(GATE_EXITS)["EXIT_INTERRUPTED"]
 
 DESCRIPTION = (
     "Quality gate: 5 greedy prompts with exact-answer checks; exit non-zero on any failure."
@@ -35,13 +44,13 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout-s",
-        type=argtypes.float_above(0.0),
+        type=argtypes.seconds(0),
         default=GATE_PROMPT_TIMEOUT_S,
         help="per-prompt timeout",
     )
     p.add_argument(
         "--ready-timeout-s",
-        type=argtypes.float_above(0.0),
+        type=argtypes.seconds(0),
         default=GATE_READY_TIMEOUT_S,
         help="wait this long for /v1/models (progress on stderr)",
     )
@@ -88,4 +97,8 @@ def main(
         json_path=args.json_path,
     )
     # The environment's proxy settings hold, as for any client a user runs by hand.
-    return run_gate(endpoint_of(args), options, trust_env=True)
+    try:
+        return run_gate(endpoint_of(args), options, trust_env=True)
+    except KeyboardInterrupt:  # Ctrl-C while waiting for the endpoint or a prompt
+        log("gate: interrupted")
+        return EXIT_INTERRUPTED

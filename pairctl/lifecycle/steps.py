@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 from pairctl import EXIT_BOOT, EXIT_OK, EXIT_TIMEOUT
 from pairctl.engine import bootlog
-from pairctl.engine.bootlog import phase_of
+from pairctl.engine.bootlog import needles_for, phase_of
 from pairctl.engine.bootwatch import PhaseTracker
 from pairctl.engine.image import ImageFacts, parse_inspect
 from pairctl.log import log
 from pairctl.nodes.docker import State, inspect, logs_tail, remove_pair
 from pairctl.nodes.ssh import Node
-from pairctl.pair.plan import ENTRYPOINT, build_rank, container_name, mask_argv
+from pairctl.pair.plan import build_rank, container_name, mask_argv
 from pairctl.pair.resolved import ResolvedPair
 
 JOIN_HINT_AFTER_S = 90.0
@@ -188,7 +188,7 @@ def start_rank(pair: ResolvedPair, rank: int) -> int:
     if facts.entrypoint:
         log(
             f"start: image ENTRYPOINT {facts.entrypoint} on {node.label} replaced by "
-            f"--entrypoint {ENTRYPOINT}"
+            f"--entrypoint {pair.stack.entrypoint}"
         )
     overlay = "overlay=yes" in before
     rp = build_rank(pair, rank, overlay=overlay, image_facts=facts)
@@ -325,7 +325,9 @@ def wait_healthy(
         by_rank: dict[int, str] = {}
         for node in ranks:
             text = logs_tail(node, container_name(pair.pair_id, node.rank), 60)
-            phase = by_rank[node.rank] = tracker.observe(node.rank, phase_of(text), now)
+            phase = by_rank[node.rank] = tracker.observe(
+                node.rank, phase_of(text, needles_for(pair.stack)), now
+            )
             in_phase = fmt_elapsed(now - tracker.since[node.rank])
             phases.append(f"rank{node.rank}: {bootlog.shown(phase, node.rank)} {in_phase}")
             if node.rank == 0:

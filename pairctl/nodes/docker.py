@@ -8,6 +8,7 @@ touch another pair's container.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from pairctl.nodes.ssh import Node, Result
@@ -112,6 +113,40 @@ def remove_pair(node: Node, pair_id: str) -> tuple[list[str], str | None]:
     if rm.rc != 0:
         return [], f"{node.label}: docker rm failed: {(rm.err or rm.out).strip()[:300]}"
     return [c.name for c in mine], None
+
+
+# docker's client, when it cannot talk to its daemon (docker/cli, moby client): the daemon
+# is not running, or the user may not open its socket (not in the `docker` group). Newer
+# clients say "docker API" where older ones say "Docker daemon socket".
+DAEMON_DOWN = "cannot connect to the docker daemon"
+SOCKET_DENIED = ("permission denied while trying to connect to the docker",)
+# moby's answer for an image the daemon does not have (daemon/images: "No such image: REF").
+NO_SUCH_IMAGE = "no such image"
+
+
+def node_user(node: Node) -> str:
+    """The user docker runs as on ``node``: ours here, SSH_USER (else ours) on rank 1."""
+    me = os.environ.get("USER") or os.environ.get("LOGNAME") or "$USER"
+    return (node.cfg["SSH_USER"] or me) if node.remote else me
+
+
+def daemon_problem(text: str, where: str, user: str) -> str | None:
+    """What to do when docker's output says its daemon cannot be asked (None otherwise:
+    an answer such as "No such image" is the daemon's, not a problem reaching it)."""
+    low = text.lower()
+    said = next((ln.strip() for ln in text.splitlines() if "docker" in ln.lower()), "")
+    if DAEMON_DOWN in low:
+        return (
+            f"docker's daemon does not answer on {where} ({said}): start it there "
+            "(sudo systemctl start docker; sudo systemctl enable docker keeps it on at boot)"
+        )
+    if any(m in low for m in SOCKET_DENIED):
+        return (
+            f"{user} may not use docker on {where} (permission denied on the docker socket): "
+            f"add the user to the docker group there (sudo usermod -aG docker {user}), then "
+            "log in again (a new ssh session) so the group applies"
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ preflight's PF-MODEL-REVISION reads the same commit on both nodes.
 
 ``verify`` (also the end of ``fetch``): the same file list and sizes on both nodes, and
 ``model.safetensors.index.json`` present with every shard its ``weight_map`` names on
-both; ``--checksum`` adds a sha256 of every file on both sides (minutes per 100 GB).
+both, each as long as its safetensors header says (pairctl.nodes.shardcheck: an empty or
+cut-short shard fails, named); ``--checksum`` adds a sha256 of every file on both sides
+(minutes per 100 GB).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME
 from pairctl.log import logger
+from pairctl.nodes.shardcheck import shard_problem
 from pairctl.nodes.ssh import Node
 from pairctl.nodes.transfer import PARTIAL, TransferError, remote_sizes, send_tree, sha256_remote
 from pairctl.pair.config import ConfigError
@@ -114,12 +117,36 @@ def shards(index_path: Path) -> set[str]:
     return {str(v) for v in wmap.values()}
 
 
-def problems(
-    path: str, local: Mapping[str, int], far: Mapping[str, int], index: set[str] | None
-) -> list[str]:
-    """What differs between rank 0's files (``local``) and rank 1's (``far``), and what the
-    index names that a node lacks."""
-    far = {k: v for k, v in far.items() if not k.endswith(SKIP_SUFFIXES)}
+def _names(items: list[str], at_most: int = 5) -> str:
+    more = len(items) - at_most
+    return ", ".join(items[:at_most]) + (f" and {more} more" if more > 0 else "")
+
+
+def gaps(
+    root: Path, local: Mapping[str, int], far: Mapping[str, int], index: set[str] | None
+) -> tuple[list[str], list[str]]:
+    """What the copies lack against the index: (the same on both, rank 0's alone).
+
+    A shard is whole when its size is the one its safetensors header promises
+    (pairctl.nodes.shardcheck); rank 1's copy of a broken shard is broken the same way when
+    its size is rank 0's (a size that differs is a difference, reported as one)."""
+    both: list[str] = []
+    only0: list[str] = []
+    wanted = index if index is not None else set()
+    if index is None:
+        lacks = f"missing {INDEX} (not a complete safetensors checkpoint)"
+        (both if INDEX not in far else only0).append(lacks)
+    for k in sorted(wanted - set(local)):
+        (both if k not in far else only0).append(f"missing {k}")
+    for k in sorted(k for k in local if k in wanted or k.endswith(".safetensors")):
+        why = shard_problem(root / k)
+        if why:
+            (both if far.get(k) == local[k] else only0).append(f"{k} {why}")
+    return both, only0
+
+
+def differences(local: Mapping[str, int], far: Mapping[str, int]) -> list[str]:
+    """What differs between rank 0's files (``local``) and rank 1's (``far``)."""
     out = [f"rank 1 lacks {k}" for k in sorted(set(local) - set(far))]
     out += [f"rank 1 has {k}, rank 0 does not" for k in sorted(set(far) - set(local))]
     out += [
@@ -127,18 +154,12 @@ def problems(
         for k in sorted(set(local) & set(far))
         if local[k] != far[k]
     ]
-    if index is None:
-        out.append(f"{path}/{INDEX} missing: not a complete safetensors checkpoint")
-    else:
-        for rank, have in ((0, local), (1, far)):
-            miss = sorted(index - set(have))
-            if miss:
-                out.append(f"rank {rank} lacks {len(miss)} shard(s) the index names: {miss[0]}...")
     return out
 
 
 def verify(pair: ResolvedPair, checksum: bool = False, far_root: str | None = None) -> int:
-    """Compare the two copies (file list, sizes, the index's shards; ``checksum``: sha256)."""
+    """Compare the two copies (file list, sizes, the index's shards whole; ``checksum``:
+    sha256). Two copies that are the same but incomplete are said to be so, not to differ."""
     rank0, rank1 = pair.nodes
     root = Path(pair.model_path)
     far = far_root or pair.model_path
@@ -152,18 +173,33 @@ def verify(pair: ResolvedPair, checksum: bool = False, far_root: str | None = No
     except TransferError as exc:
         log(str(exc))
         return EXIT_RUNTIME
+    there = {k: v for k, v in there.items() if not k.endswith(SKIP_SUFFIXES)}
     try:
         index = shards(root / INDEX) if (root / INDEX).is_file() else None
     except (ValueError, json.JSONDecodeError) as exc:
         log(f"{root}/{INDEX} unreadable: {exc}")
         return EXIT_RUNTIME
-    probs = problems(pair.model_path, local, there, index)
-    if not probs and checksum:
-        probs = _checksums(rank0, rank1, pair.model_path, far, files)
-    if probs:
-        for p in probs[:10]:
-            log(f"MISMATCH: {p}")
+    both, only0 = gaps(root, local, there, index)
+    differ = differences(local, there)
+    if not (both or only0 or differ) and checksum:
+        differ = _checksums(rank0, rank1, pair.model_path, far, files)
+    if both:
+        log(f"both copies are incomplete: {_names(both)}")
+    if only0:
+        log(f"rank 0's copy is incomplete: {_names(only0)}")
+    for p in differ[:10]:
+        log(f"MISMATCH: {p}")
+    if differ:
         log("the copies differ: run model fetch again (it resumes and re-copies what differs)")
+    elif both or only0:
+        broken = any(not g.startswith("missing ") for g in both + only0)
+        where = f"from {pair.model_path} on {rank0.label}"
+        first = f"delete the broken shard(s) {where}, then " if broken else ""
+        log(
+            f"{first}run model fetch again: it resumes the download on {rank0.label}, then "
+            f"copies to {rank1.label}"
+        )
+    if both or only0 or differ:
         return EXIT_RUNTIME
     size = sum(local.values())
     how = "sha256 of every file" if checksum else "names and sizes"

@@ -18,6 +18,7 @@ from dotenv import dotenv_values
 from dotenv.parser import parse_stream
 
 from pairctl import home
+from pairctl.pair import imageref
 
 
 class ConfigError(Exception):
@@ -64,6 +65,12 @@ VARS: tuple[Var, ...] = (
         "",
         "image_or_empty",
         "container image; empty = the recipe's container.image (same ID needed on both nodes)",
+    ),
+    Var(
+        "ENGINE_STACK",
+        "",
+        "stack_or_empty",
+        "engine stack (recipes/stacks/NAME.yaml: fork, upstream, cpu); empty = the recipe's",
     ),
     Var("MODEL_PATH", None, "abspath", "model directory, same path on both nodes"),
     Var("OVERLAY_DIR", "/home/bird/vllm-overlays", "abspath", "overlay copy on both nodes"),
@@ -132,7 +139,6 @@ SECRET_NAMES = frozenset(v.name for v in VARS if v.secret)
 _HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 _PAIR_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$")
 _WORD_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-_IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 _IF_RE = re.compile(r"^[\^=]?[A-Za-z0-9._-]+(?:,[A-Za-z0-9._-]+)*$")
 _REV_RE = re.compile(r"^[0-9a-f]{40}$")
 _HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -169,8 +175,8 @@ def _check(kind: str, value: str) -> str | None:
         if kind == "abspath" and not value.startswith("/"):
             return "must be an absolute path"
         return None if "\n" not in value and "," not in value else "is not a single path"
-    if kind == "image":
-        return None if _IMAGE_RE.match(value) else "is not an image reference (repo/name:tag)"
+    if kind == "image":  # docker's own grammar (pairctl.pair.imageref)
+        return imageref.problem(value)
     if kind == "iflist":
         return None if _IF_RE.match(value) else "must be interface names, comma-separated"
     if kind == "gid":
@@ -184,6 +190,9 @@ def _check(kind: str, value: str) -> str | None:
     if kind == "user":
         ok = re.fullmatch(r"\d+(?::\d+)?", value)
         return None if ok else "must be UID:GID in numbers, e.g. 1000:1000 (id -u, id -g)"
+    if kind == "stack":
+        ok = re.fullmatch(r"[a-z][a-z0-9-]*", value)
+        return None if ok else "must be a stack name (recipes/stacks/NAME.yaml), e.g. fork"
     if kind == "hf_repo":
         return None if _HF_REPO_RE.match(value) else "must be a Hugging Face repo id (owner/name)"
     if kind == "token":

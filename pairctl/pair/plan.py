@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from pairctl.engine.image import ImageFacts
+from pairctl.engine.stack import Stack
 from pairctl.pair.config import ConfigError
 from pairctl.pair.derive import OVERLAY_MOUNT, container_env, is_secret
 from pairctl.pair.recipe import Mount, substitute
@@ -21,9 +22,9 @@ from pairctl.pair.resolved import ResolvedPair
 # The RDMA devices NCCL opens (uverbs*); without them it falls back to TCP sockets, which
 # NCCL_NET=IB in the recipe turns into a loud failure instead.
 RDMA_MOUNT = "/dev/infiniband"
-# Set explicitly: an image built on vllm-openai has ENTRYPOINT ["vllm", "serve"], which
-# would turn our `vllm serve MODEL ...` into `vllm serve vllm serve MODEL ...`.
-ENTRYPOINT = "vllm"
+# The --entrypoint is the stack's vLLM console script (pair.stack.entrypoint), always set:
+# an image built on vllm-openai has ENTRYPOINT ["vllm", "serve"], which would turn our
+# `vllm serve MODEL ...` into `vllm serve vllm serve MODEL ...`.
 LABEL_PAIR = "dsv4.pair"
 LABEL_RANK = "dsv4.rank"
 LABEL_ROLE = "dsv4.role"
@@ -93,7 +94,7 @@ def build_rank(
         mounts.append(Mount(pair.overlay_dir, OVERLAY_MOUNT, ro=True))
     for m in recipe.mounts:
         mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
-    env = container_env(recipe, rank, values, overlay, image_facts)
+    env = container_env(recipe, rank, values, overlay, image_facts, pair.stack)
     vargs = pair.vllm_argv[rank]
     argv: list[str] = [
         "run",
@@ -116,7 +117,7 @@ def build_rank(
         "--device",
         f"{pair.rdma_device_dir}:{RDMA_MOUNT}",
         "--entrypoint",
-        ENTRYPOINT,
+        pair.stack.entrypoint,
     ]
     if pair.container_user:
         # The operator's UID:GID: what the ranks write into the mounted caches stays the
@@ -136,7 +137,7 @@ def build_rank(
         else:
             argv += ["-e", f"{k}={v}"]
     argv.append(image)
-    argv += vargs[1:]  # the entrypoint is `vllm`: the command starts at `serve`
+    argv += vargs[1:]  # the entrypoint is the stack's vllm: the command starts at `serve`
     return RankPlan(
         rank=rank,
         role=role,
@@ -167,6 +168,10 @@ def mask_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
+def _prepends(stack: Stack, name: str) -> bool:
+    return any(v.prepend and v.name == name for v in stack.env)
+
+
 def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
     """Human-readable plan: per rank, the docker line, env, mounts and vLLM args (masked).
 
@@ -174,9 +179,12 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
     and entrypoint) is stated as an assumption; ``up`` reads it on each node.
     """
     recipe = pair.recipe
+    stack = pair.stack
+    prepends = [v.name for v in stack.env if v.prepend]
     lines = [
         f"# pair {pair.pair_id}: recipe {recipe.name} ({recipe.path}), "
         f"env {pair.env_file}, plan {pair.plan_hash}",
+        f"# {stack.summary()}",
         f"# endpoint: http://{pair.spark1}:{pair.port}/v1 (clients and the router use SPARK1)",
         f"# fabric ({pair.nccl_socket_ifname}): rank 0 {pair.fabric1}, rank 1 "
         f"{pair.fabric2} (VLLM_HOST_IP); master {pair.master_addr}:{pair.master_port}",
@@ -184,11 +192,20 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
         f"{LABEL_PAIR}={pair.pair_id}), start rank 1, start rank 0, wait for health",
         f"# if OVERLAY_DIR ({pair.overlay_dir}) is missing on a node, that node boots "
         "without the overlay mount and PYTHONPATH (warning)",
-        "# assumed (plan contacts no node): the image sets no PYTHONPATH. up reads the "
-        "image's Config.Env on each node (docker image inspect) and appends "
-        f"{OVERLAY_MOUNT} to its PYTHONPATH; --entrypoint {ENTRYPOINT} replaces any image "
-        "ENTRYPOINT",
+        "# assumed (plan contacts no node): the image sets no PYTHONPATH"
+        + (", and its PATH is docker's default" if _prepends(stack, "PATH") else "")
+        + ". up reads the image's Config.Env on each node (docker image inspect) and appends "
+        f"{OVERLAY_MOUNT} to its PYTHONPATH"
+        + (
+            f", and puts the stack's entries in front of its {', '.join(prepends)}"
+            if prepends
+            else ""
+        )
+        + f"; --entrypoint {stack.entrypoint} replaces any image ENTRYPOINT",
     ]
+    if pair.stack_notes:
+        lines.append(f"# stack {stack.name} changes the recipe's line ({len(pair.stack_notes)}):")
+        lines += [f"#   {note}" for note in pair.stack_notes]
     if argv_note:
         lines.append(f"# {argv_note}")
     for rank in (1, 0):

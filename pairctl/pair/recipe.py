@@ -18,10 +18,20 @@ from typing import Any
 import yaml
 
 from pairctl import home
+from pairctl.pair import imageref
 from pairctl.pair.config import ConfigError
 
 SUPPORTED_RECIPE_VERSIONS = (1,)
-TOP_KEYS = {"recipe_version", "name", "description", "model", "container", "env", "serve"}
+TOP_KEYS = {
+    "recipe_version",
+    "name",
+    "description",
+    "stack",
+    "model",
+    "container",
+    "env",
+    "serve",
+}
 MODEL_KEYS = {"hf_repo", "revision"}
 CONTAINER_KEYS = {"image", "shm_size", "ulimits", "mounts"}
 # The launcher sets these per rank from the env file; a recipe must not.
@@ -35,6 +45,7 @@ _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER_RE = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 _ULIMIT_RE = re.compile(r"^[a-z]+=-?\d+(?::-?\d+)?$")
 _SHM_RE = re.compile(r"^\d+[bkmg]?$")
+_STACK_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,9 @@ class Recipe:
     # The checkpoint to fetch (``model fetch``); MODEL_REPO / MODEL_REVISION in .env win.
     model_repo: str | None = None
     model_revision: str | None = None
+    # The engine stack it is written for (recipes/stacks/NAME.yaml); None = the default
+    # (pairctl.engine.stack.DEFAULT_STACK). ENGINE_STACK in the env file wins.
+    stack: str | None = None
 
 
 def _err(path: str, msg: str) -> ConfigError:
@@ -90,6 +104,9 @@ def parse_recipe(data: Any, path: str = "<recipe>") -> Recipe:
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise _err(path, "name is required")
+    stack = data.get("stack")
+    if stack is not None and (not isinstance(stack, str) or not _STACK_RE.match(stack)):
+        raise _err(path, f"stack {stack!r} must be a stack name (recipes/stacks/NAME.yaml)")
     container = data.get("container") or {}
     if not isinstance(container, dict):
         raise _err(path, "container must be a mapping")
@@ -101,6 +118,8 @@ def parse_recipe(data: Any, path: str = "<recipe>") -> Recipe:
     image = container.get("image")
     if image is not None and (not isinstance(image, str) or not image):
         raise _err(path, "container.image must be a non-empty string")
+    if image is not None and (why := imageref.problem(image)):
+        raise _err(path, f"container.image {image!r} {why}")
     shm = container.get("shm_size")
     if shm is not None:
         shm = str(shm)
@@ -156,6 +175,7 @@ def parse_recipe(data: Any, path: str = "<recipe>") -> Recipe:
         serve=dict(serve),
         model_repo=model_repo,
         model_revision=model_revision,
+        stack=stack,
     )
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pairctl.endpoint import Endpoint
+from pairctl.engine.stack import Stack, load_stack
 from pairctl.nodes.ssh import Node, nodes
-from pairctl.pair import derive
+from pairctl.pair import derive, stacked
 from pairctl.pair.config import CACHE_VARS, PairConfig, check_port_clash, load_env_file
 from pairctl.pair.recipe import Recipe, check_passthrough, load_recipe
 
@@ -30,6 +31,7 @@ class ResolvedPair:
     (the env file's validated values, the recipe's PORT default applied)."""
 
     recipe: Recipe
+    stack: Stack  # the engine stack (recipes/stacks/NAME.yaml) the image runs
     passthrough: tuple[str, ...]
     env_file: str
     unknown: tuple[str, ...]  # env file variables pairctl does not know (named in warnings)
@@ -62,6 +64,8 @@ class ResolvedPair:
     placeholders: tuple[Mapping[str, str], Mapping[str, str]] = field(repr=False)
     vllm_argv: tuple[tuple[str, ...], tuple[str, ...]] = field(repr=False)
     plan_hash: str = ""
+    # What the stack changed relative to the recipe, one line each, with its source (plan).
+    stack_notes: tuple[str, ...] = ()
 
     @property
     def tilelang_cache_dir(self) -> str:
@@ -83,18 +87,33 @@ class ResolvedPair:
         return self.fabric1 if rank == 0 else self.fabric2
 
 
-def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) -> ResolvedPair:
-    """Settle everything the env file and recipe leave open; raises ConfigError."""
+def resolve(
+    cfg: PairConfig,
+    recipe: Recipe,
+    passthrough: Sequence[str] = (),
+    image_patched: bool | None = None,
+) -> ResolvedPair:
+    """Settle everything the env file, recipe and engine stack leave open; raises
+    ConfigError. ``image_patched``: whether the image carries the stack's concurrency
+    patch (None: not known, as in ``plan``; pairctl.pair.stacked.serve_keys)."""
     extra = tuple(passthrough)
     full = derive.with_recipe_defaults(cfg, recipe)
     check_port_clash(cfg, full["PORT"])
     check_passthrough(list(extra))
-    image = derive.resolve_image(full, recipe)
+    stack = load_stack(derive.stack_name(full, recipe))
+    image = derive.resolve_image(full, recipe, stack)
+    serve, notes = stacked.serve_keys(recipe.serve, stack, image_patched)
+    notes += stacked.env_notes(recipe.env, stack)
+    if image != (full["IMAGE"] or recipe.image):
+        notes.insert(0, f"image {image}: stack {stack.name}'s image.default ({stack.image_source})")
     values = tuple(MappingProxyType(derive.placeholders(full, r)) for r in (0, 1))
-    argvs = tuple(tuple(derive.vllm_args(full, recipe, r, values[r], extra)) for r in (0, 1))
-    envs = [derive.container_env(recipe, r, values[r], overlay=True) for r in (0, 1)]
+    argvs = tuple(
+        tuple(derive.vllm_args(full, serve, r, values[r], extra, stack.entrypoint)) for r in (0, 1)
+    )
+    envs = [derive.container_env(recipe, r, values[r], overlay=True, stack=stack) for r in (0, 1)]
     return ResolvedPair(
         recipe=recipe,
+        stack=stack,
         passthrough=extra,
         env_file=full.env_file,
         unknown=full.unknown,
@@ -128,6 +147,7 @@ def resolve(cfg: PairConfig, recipe: Recipe, passthrough: Sequence[str] = ()) ->
         placeholders=(values[0], values[1]),
         vllm_argv=(argvs[0], argvs[1]),
         plan_hash=derive.plan_hash(argvs, envs, image),
+        stack_notes=tuple(notes),
     )
 
 

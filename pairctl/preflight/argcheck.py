@@ -7,8 +7,9 @@ and ``validate_parsed_serve_args``. Where that parser comes from:
 - vLLM importable where pairctl runs (a dev box, CI): ``plan``/``preflight`` run it
   locally and a rejection is a config error (exit 2) naming the recipe key or extra arg.
 - otherwise (a Spark: vLLM lives in the image): preflight runs the *image's* parser in a
-  throwaway container on SPARK1 (``docker run --rm --entrypoint python3 IMAGE -c ...``,
-  labelled with this pair), since the deployed fork may differ from upstream 0.33.
+  throwaway container on SPARK1 (``docker run --rm --entrypoint INTERPRETER IMAGE -c ...``,
+  the engine stack's interpreter, e.g. the fork's ``/opt/env/bin/python``; labelled with
+  this pair), since the deployed fork may differ from upstream 0.33.
   PF-VLLM-ARGS decides on the result.
 
 argparse accepts any unambiguous prefix of a flag (``--max-num-seq`` is read as
@@ -44,15 +45,33 @@ ROLE = "argcheck"
 MODE_ENV = "PAIRCTL_ARGCHECK"  # auto (default) | image: skip the local parser
 _WIRING = ("--port", "--master-addr", "--master-port")
 
-# Runs as `python3 -c SCRIPT ARGVS_JSON` locally or in the image; prints MARK + JSON.
-SCRIPT = r"""
+# Where `vllm serve`'s parser (make_arg_parser, validate_parsed_serve_args) lives: it moved
+# between releases (0.33: vllm/entrypoints/common/cli_args.py; 0.32, the CPU engine:
+# vllm/entrypoints/launchers/cli_args.py; earlier ones vllm/entrypoints/openai/cli_args.py),
+# and the stacks' images run different releases.
+PARSER_MODULES = (
+    "vllm.entrypoints.common.cli_args",
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.entrypoints.openai.cli_args",
+)
+
+# Runs as `PYTHON -c SCRIPT ARGVS_JSON` locally or in the image; prints MARK + JSON.
+_SCRIPT = r"""
 import contextlib, io, json, os, sys
 out = {"vllm": None, "results": [], "error": None}
 try:
-    import vllm
+    import importlib, vllm
     from vllm.utils.argparse_utils import FlexibleArgumentParser
-    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    for name in @@PARSER_MODULES@@:
+        try:
+            cli = importlib.import_module(name)
+            break
+        except ImportError:
+            cli = None
+    if cli is None:
+        raise ImportError("no vLLM serve parser module among @@PARSER_MODULES@@")
+    validate_parsed_serve_args = cli.validate_parsed_serve_args
+    parser = cli.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 except Exception as exc:
     out["error"] = "cannot build vLLM's serve parser: %s: %s" % (type(exc).__name__, exc)
 else:
@@ -85,6 +104,7 @@ else:
         out["results"].append(res)
 print("@@DSV4-ARGCHECK@@" + json.dumps(out))
 """
+SCRIPT = _SCRIPT.replace("@@PARSER_MODULES@@", repr(PARSER_MODULES))
 
 
 def rank_argvs(pair: ResolvedPair) -> list[list[str]]:
@@ -237,8 +257,9 @@ def plan_note(res: ArgvCheck | None) -> str:
     return f"argv NOT checked: {res.where}: {res.detail}"
 
 
-def container_argv(pair_id: str, image: str, argvs: list[list[str]]) -> list[str]:
-    """The throwaway container: the image's python3 runs SCRIPT, no network, removed after."""
+def container_argv(pair_id: str, image: str, argvs: list[list[str]], interpreter: str) -> list[str]:
+    """The throwaway container: the image's interpreter (the stack's) runs SCRIPT, no
+    network, removed after."""
     return [
         "docker",
         "run",
@@ -255,7 +276,7 @@ def container_argv(pair_id: str, image: str, argvs: list[list[str]]) -> list[str
         "-e",
         "VLLM_LOGGING_LEVEL=ERROR",
         "--entrypoint",
-        "python3",
+        interpreter,
         image,
         "-c",
         SCRIPT,
@@ -271,7 +292,8 @@ def run_in_image(node: Node, pair: ResolvedPair, image_id: str) -> ArgvCheck:
     where = f"image {image_id[:19]} on {node.label}"
     if _cached(parser_id, argvs):
         return ArgvCheck(where, True, "passed before (cached)")
-    res = node.run(container_argv(pair.pair_id, pair.image, argvs), timeout=300)
+    argv = container_argv(pair.pair_id, pair.image, argvs, pair.stack.interpreter)
+    res = node.run(argv, timeout=300)
     out = parse_output(res.out, where, recipe, passthrough)
     if not out.ran:
         err = (res.err or "").strip()[-300:]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pairctl.pair.recipe import Recipe
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
+from pairctl.preflight.imageprobe import ImageProbe
 from pairctl.preflight.reach import Reach
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
@@ -46,6 +47,7 @@ class Need(enum.Enum):
     OVERLAY_SRC = "ship list"  # what mods/dsv4-flash-overlays ships, sha256 per file
     ARGV = "vLLM parser"  # both ranks' argv read by vLLM's parser (pairctl.preflight.argcheck)
     REACH = "rank 1 to master port"  # rank 1 connected to a listener here (preflight.reach)
+    IMAGE = "image probe"  # the image's own interpreter on each node (preflight.imageprobe)
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,12 @@ class View:
     def argv_check(self) -> ArgvCheck:
         self._need(Need.ARGV)
         return self._in.evidence.argv_check
+
+    @property
+    def image_probes(self) -> Mapping[str, ImageProbe]:
+        """Each probed node's image probe, by rank ("0", "1"; an unreached node has none)."""
+        self._need(Need.IMAGE)
+        return self._in.evidence.image_probes
 
 
 @dataclass(frozen=True)

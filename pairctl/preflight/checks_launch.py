@@ -98,7 +98,7 @@ PF_VLLM_ARGS = CheckSpec(
     "the local vLLM's if importable (a rejection is then exit 2 before preflight), else the "
     "image's, in a throwaway container on SPARK1 (WARN when it could not run)",
     remedy="fix the recipe key or extra arg named (vllm serve --help=all in the image lists "
-    "the flags); if the image's python3 cannot import vLLM, check the image",
+    "the flags); if the image's interpreter (the stack's) cannot import vLLM, check the image",
     needs=(Need.ARGV,),
     decide=lambda v: check_vllm_args(v.argv_check),
 )

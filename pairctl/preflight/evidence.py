@@ -14,6 +14,7 @@ from typing import Any
 
 from pairctl.engine.image import ImageFacts
 from pairctl.nodes.docker import Container
+from pairctl.preflight.imageprobe import ImageProbe
 from pairctl.preflight.probe_host import IbPort, Link
 from pairctl.preflight.reach import Reach
 from pairctl.preflight.roce import Gid
@@ -114,6 +115,8 @@ class Evidence:
     )
     argv_check: ArgvCheck = field(default_factory=ArgvCheck)
     reach: Reach = field(default_factory=Reach)  # rank 1 -> MASTER_ADDR:MASTER_PORT
+    # the image's own interpreter, per probed node ("0", "1"): pairctl.preflight.imageprobe
+    image_probes: dict[str, ImageProbe] = field(default_factory=dict)
 
     @property
     def rank0(self) -> NodeEvidence:
@@ -133,4 +136,7 @@ class Evidence:
             nodes={r: NodeEvidence.from_dict(n) for r, n in data["nodes"].items()},
             argv_check=ArgvCheck(**data.get("argv_check", {})),
             reach=Reach(**data.get("reach", {})),
+            image_probes={
+                r: ImageProbe.from_dict(p) for r, p in (data.get("image_probes") or {}).items()
+            },
         )

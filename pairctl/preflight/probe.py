@@ -7,7 +7,8 @@ host sections (kernel, memory, RDMA devices, links, caches, model revision, earl
 ``probe_host``'s; the RoCE GID table is ``roce``'s (both in ``pairctl.preflight``). After the
 probes, ``gather`` has vLLM's own parser read the argv (``pairctl.preflight.argcheck``):
 locally when vLLM is importable here, else the image's parser in a throwaway container on
-SPARK1.
+SPARK1. And as each node's probe shows the image, the image's own interpreter reads what
+the image runs (``pairctl.preflight.imageprobe``).
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import replace
 
 from pairctl.engine.image import parse_inspect
+from pairctl.engine.stack import HOOKS_ENV
 from pairctl.nodes.docker import parse_ps
 from pairctl.nodes.ssh import SSH_CONNECT_TIMEOUT_S, Node
 from pairctl.pair.config import CACHE_VARS
+from pairctl.pair.derive import OVERLAY_MOUNT, container_env, is_secret
 from pairctl.pair.plan import LABEL_PAIR
 from pairctl.pair.resolved import ResolvedPair
-from pairctl.preflight import argcheck, probe_host, reach
+from pairctl.preflight import argcheck, imageprobe, probe_host, reach
 from pairctl.preflight.evidence import ArgvCheck, Evidence, NodeEvidence
+from pairctl.preflight.imageprobe import ImageProbe
 from pairctl.preflight.roce import PROBE_SECTION as _ROCE_SECTION
 from pairctl.preflight.roce import parse_gids
 
@@ -213,8 +217,11 @@ def resolve(host: str) -> str | None:
 
 # Stages of gather(), in the order their evidence can arrive ("rank0"/"rank1" either way;
 # "argv" right after "rank0", whose image facts the image's parser needs; "reach" once both
-# probes are in: rank 0's port listing must not see the test's own listener).
+# probes are in: rank 0's port listing must not see the test's own listener; "image" once
+# every probed node's image probe is in, each started when its node's probe showed the image).
 NAMES, RANK0, RANK1, ARGV, REACH = "names", "rank0", "rank1", "argv", "reach"
+IMAGE = "image"
+_IMAGE_JOB = {RANK0: "image0", RANK1: "image1"}
 HEARTBEAT_S = 5.0
 
 
@@ -229,6 +236,38 @@ def check_argv(
     return argcheck.run_in_image(node, pair, ev0.image_facts.id)
 
 
+def probe_env(pair: ResolvedPair, rank: int, ev: NodeEvidence) -> dict[str, str]:
+    """The image probe's env: the rank's container env as ``up`` builds it (the stack's env,
+    PATH-like values in front of the image's own, PYTHONPATH with the overlays, the stack's
+    hook points), less the recipe's ``${...}`` values (addresses and host paths: they change
+    no answer and would defeat the cache) and every secret."""
+    full = container_env(
+        pair.recipe, rank, pair.placeholders[rank], ev.overlay_dir, ev.image_facts, pair.stack
+    )
+    keep = {k for k, v in pair.recipe.env.items() if "${" not in str(v)}
+    keep |= {v.name for v in pair.stack.env} | {"PYTHONPATH", HOOKS_ENV}
+    return {k: v for k, v in full.items() if k in keep and not is_secret(k)}
+
+
+def probe_image(node: Node, pair: ResolvedPair, ev: NodeEvidence) -> ImageProbe:
+    """The image probe on ``node``, the overlay folder mounted when the node has one."""
+    if ev.image_facts is None:
+        return ImageProbe(
+            where=node.label, interpreter=pair.stack.interpreter, detail=imageprobe.NOT_ON_NODE
+        )
+    return imageprobe.run(
+        node,
+        pair_id=pair.pair_id,
+        image=pair.image,
+        image_id=ev.image_facts.id,
+        interpreter=pair.stack.interpreter,
+        env=probe_env(pair, node.rank, ev),
+        overlay_dir=pair.overlay_dir if ev.overlay_dir else None,
+        overlay_mount=OVERLAY_MOUNT,
+        overlay_files=ev.overlay_files if ev.overlay_dir else {},
+    )
+
+
 def gather(
     pair: ResolvedPair,
     on_stage: Callable[[str, Evidence], None] | None = None,
@@ -237,6 +276,7 @@ def gather(
     check_args: bool = False,
     local_argv: ArgvCheck | None = None,
     check_reach: bool = False,
+    check_image: bool = False,
 ) -> Evidence:
     """Evidence from both nodes plus local name resolution (secrets masked in ``config``).
 
@@ -252,6 +292,9 @@ def gather(
 
     ``check_reach`` asks for the reach test (``pairctl.preflight.reach``, stage ``REACH``)
     once both probes are in and rank 1 answered.
+
+    ``check_image`` asks for the image probe on each node that answered and has the image,
+    started as soon as that node's probe is in (stage ``IMAGE`` once all are done).
     """
     say = progress or (lambda _msg: None)
     image = pair.image
@@ -287,7 +330,10 @@ def gather(
         )
     say("probing " + " and ".join(waits.values()))
     started = time.monotonic()
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    seen: set[str] = set()  # stages whose result is in ev
+    image_left: set[str] = set()  # image probes still running
+    image_fired = False
+    with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {pool.submit(collect, n0, pair): RANK0}
         if probe_rank1:
             futures[pool.submit(collect, n1, pair)] = RANK1
@@ -300,9 +346,22 @@ def gather(
                     ev = replace(ev, argv_check=fut.result())
                 elif stage == REACH:
                     ev = replace(ev, reach=fut.result())
+                elif stage in _IMAGE_JOB.values():
+                    key = stage[-1]
+                    ev = replace(ev, image_probes={**ev.image_probes, key: fut.result()})
+                    image_left.discard(stage)
                 else:
                     key = "0" if stage == RANK0 else "1"
                     ev = replace(ev, nodes={**ev.nodes, key: fut.result()})
+                if stage in (RANK0, RANK1) and check_image:
+                    node_ev = ev.rank0 if stage == RANK0 else ev.rank1
+                    if node_ev.reachable:
+                        n = n0 if stage == RANK0 else n1
+                        job = pool.submit(probe_image, n, pair, node_ev)
+                        futures[job] = _IMAGE_JOB[stage]
+                        waits[_IMAGE_JOB[stage]] = f"the image's interpreter on {n.label}"
+                        image_left.add(_IMAGE_JOB[stage])
+                        pending.add(job)
                 if stage == RANK0 and want_argv:
                     waits[ARGV] = f"the image's vLLM parser on rank 0 ({image})"
                     job = pool.submit(check_argv, n0, pair, ev.rank0, None)
@@ -321,8 +380,14 @@ def gather(
                         )
                         futures[job] = REACH
                         pending.add(job)
-                if on_stage:
+                if on_stage and stage not in _IMAGE_JOB.values():
                     on_stage(stage, ev)
+                seen.add(stage)
+                ranks_in = {RANK0, RANK1} if probe_rank1 else {RANK0}
+                if check_image and not image_fired and ranks_in <= seen and not image_left:
+                    image_fired = True
+                    if on_stage:
+                        on_stage(IMAGE, ev)
             if pending and not done:
                 names = ", ".join(waits[futures[f]].split(" (")[0] for f in pending)
                 say(f"still waiting for {names}: {time.monotonic() - started:.0f} s")

@@ -25,6 +25,7 @@ from pairctl.preflight.checks_identity import (
     PF_SELF_IS_SPARK1,
     PF_SSH,
 )
+from pairctl.preflight.checks_image import PF_IMAGE_OVERLAYS, PF_IMAGE_STACK, PF_IMAGE_VERSIONS
 from pairctl.preflight.checks_launch import (
     PF_API_KEY,
     PF_NO_COMPRESSED_MLA,
@@ -57,6 +58,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     PF_DISTINCT_NODES,
     PF_FOREIGN_PAIR,
     PF_IMAGE_MATCH,
+    PF_IMAGE_STACK,
+    PF_IMAGE_VERSIONS,
     PF_MODEL_MATCH,
     PF_MODEL_REVISION,
     PF_PORT_FREE,
@@ -79,6 +82,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     PF_VLLM_ARGS,
     PF_API_KEY,
     PF_OVERLAYS,
+    PF_IMAGE_OVERLAYS,
 )
 BY_ID: dict[str, CheckSpec] = {c.id: c for c in CHECKS}
 if len(BY_ID) != len(CHECKS):

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.check import PASS, SKIP, Check, CheckSpec, Inputs, Need
 from pairctl.preflight.evidence import ArgvCheck, Evidence
-from pairctl.preflight.probe import ARGV, NAMES, RANK0, RANK1, REACH, gather
+from pairctl.preflight.probe import ARGV, IMAGE, NAMES, RANK0, RANK1, REACH, gather
 from pairctl.preflight.registry import CHECKS
 
 # The gather() stage after which each kind of evidence is complete.
@@ -31,6 +31,7 @@ STAGE_OF: dict[Need, str] = {
     Need.RANK1_IF_REACHED: RANK1,
     Need.ARGV: ARGV,
     Need.REACH: REACH,
+    Need.IMAGE: IMAGE,
 }
 
 
@@ -100,6 +101,7 @@ def run(
         check_args=needs_argv,
         local_argv=local_argv,
         check_reach=any(Need.REACH in s.needs for s in specs),
+        check_image=any(Need.IMAGE in s.needs for s in specs),
     )
     decide_ready(evidence, everything=True)  # rank 1 not probed: decide on what there is
     return [verdicts[s.id] for s in specs], evidence

@@ -165,7 +165,8 @@ def run_against(
     ref = ref if ref is not None else load_reference(str(CANARY_PROMPTS))
     s = endpoint.session(trust_env=False)
     try:
-        model = wait_ready(s, endpoint, timeout_s, lambda _m: None).model
+        key_from = "VLLM_API_KEY in the env file"
+        model = wait_ready(s, endpoint, timeout_s, lambda _m: None, key_from=key_from).model
     except NotReady as exc:
         at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return CanaryResult(

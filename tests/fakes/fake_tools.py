@@ -7,10 +7,13 @@ assert what was (and was not) run. Per-host state lives in $FAKE_STATE (JSON):
                     (`docker save -o` / `load -i` write and read the runtime's tar)
                     "containers": [{"ID","Name","State","ExitCode","Labels":{},"Logs":[]}],
                     "run": "running" | "exited",
-                    "throwaway": {"out": "...", "rc": 0}}},
+                    "throwaway": {"out": "...", "rc": 0},
+                    "throwaways": {ROLE: {"out": "...", "rc": 0}}}},
    "ssh": {"ADDR": "h2"}, "ssh_fail": ""}
-`docker run --rm` (attached, the launcher's argv check) prints the host's "throwaway" output
-and exits with its rc, standing in for the image's python3; no container is recorded.
+`docker run --rm` (attached: the launcher's argv check, role argcheck, or the image probe,
+role imageprobe) prints the host's reply for the container's dsv4.role label ("throwaways",
+else "throwaway") and exits with its rc, standing in for the image's interpreter; no
+container is recorded.
 The local host is $FAKE_HOST (default h1); ssh runs the remote command with FAKE_HOST set to
 the mapped host. ssh refuses to run without BatchMode=yes and StrictHostKeyChecking=yes.
 
@@ -103,7 +106,8 @@ def _run(h: dict, rest: list[str]) -> None:
     if run.image not in h.get("images", {}):
         die(f"Unable to find image '{run.image}' locally", 125)
     if run.rm and not run.detach:
-        reply = h.get("throwaway")
+        role = run.label_dict().get("dsv4.role", "")
+        reply = (h.get("throwaways") or {}).get(role) or h.get("throwaway")
         if reply is None:
             die("fake docker: no throwaway reply configured for this host", 1)
         print(reply.get("out", ""))

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from pairctl.engine.stack import DEFAULT_STACK, load_stack
 from pairctl.preflight.argcheck import MARK as ARGCHECK_MARK
+from pairctl.preflight.imageprobe import MARK as IMAGEPROBE_MARK
 from tests.fakes.mock_openai import MockConfig, MockServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,6 +34,36 @@ def pair_endpoint() -> MockServer:
     quality gate's reference answers.
     """
     return MockServer(MockConfig(model_id="/models/dsv4", running_base=2, waiting_base=1))
+
+
+def image_probe_reply(stack: str = DEFAULT_STACK, **changes: object) -> dict:
+    """What the image probe (pairctl/preflight/inimage.py) prints in a clean image of
+    ``stack``: its vLLM and torch as the stack declares them, a good NCCL, cutlass-dsl and
+    FlashInfer with both TOPK=256 halves; ``changes`` override sections (``nccl={...}``)."""
+    st = load_stack(stack)
+    vllm = st.components.get("vllm", st.vllm)
+    torch = st.components.get("torch", "2.13.0")
+    doc = {
+        "probe_version": 1,
+        "python": "3.12.3",
+        "executable": st.interpreter,
+        "vllm": {"version": vllm, "dist": "vllm", "dist_version": vllm, "error": ""},
+        "torch_required": {"specifiers": [f"=={torch}"], "raw": [f"torch=={torch}"], "note": ""},
+        "torch": {"version": torch, "cuda": "13.0", "nccl": "2.30.7", "error": ""},
+        "nccl": {"loaded": "2.30.7", "library": "libnccl.so.2", "dists": {}, "conda": None},
+        "flashinfer": {
+            "version": st.components.get("flashinfer", "0.6.18"),
+            "decode": True,
+            "decode_how": "fake",
+            "prefill": True,
+            "prefill_how": "fake",
+        },
+        "cutlass_dsl": "4.8.0",
+        "deep_gemm": None,
+        "overlays": {"ran": False, "result": None, "detail": "plugin check unavailable (fake)"},
+    }
+    doc.update(changes)
+    return {"out": IMAGEPROBE_MARK + json.dumps(doc)}
 
 
 def free_port() -> int:
@@ -91,6 +123,7 @@ class Env:
             "throwaway": {
                 "out": ARGCHECK_MARK + json.dumps({"vllm": "0.33.0", "results": [accepted] * 2})
             },
+            "throwaways": {"imageprobe": image_probe_reply()},
         }
         self.state = {
             "hosts": {

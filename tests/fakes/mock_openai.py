@@ -58,6 +58,7 @@ class MockConfig:
     kernel_stamps: bool = False  # record kernel_ttft_ms per request (Linux SO_TIMESTAMPING)
     spec_metrics: bool = False  # send per-request spec-decode metrics, as vLLM does with
     # --per-request-spec-decode-metrics summary (the guard can then conserve acceptance)
+    api_key: str | None = None  # require "Authorization: Bearer KEY" on /v1, as vLLM does
 
 
 # Linux SO_TIMESTAMPING (Documentation/networking/timestamping.rst); written out here, not taken
@@ -187,8 +188,21 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
         self.close_connection = True
 
+    def _refused(self) -> bool:
+        """vLLM's --api-key: /v1 without the bearer token is 401 {"error": "Unauthorized"}
+        (vllm/entrypoints/serve/middleware/authenticate.py; /health and /metrics are open)."""
+        key = self.state.cfg.api_key
+        if key is None or not self.path.startswith("/v1"):
+            return False
+        if self.headers.get("Authorization", "") == f"Bearer {key}":
+            return False
+        self._send(401, b'{"error": "Unauthorized"}')
+        return True
+
     def do_GET(self) -> None:
         st = self.state
+        if self._refused():
+            return
         if self.path == "/health":
             # vLLM answers 200 with an empty body while the engine lives
             # (vllm/entrypoints/serve/instrumentator/health.py).
@@ -209,6 +223,8 @@ class Handler(BaseHTTPRequestHandler):
         st = self.state
         n = int(self.headers.get("Content-Length", "0"))
         body = json.loads(self.rfile.read(n) or b"{}")
+        if self._refused():
+            return
         if self.path == "/mock/foreign":
             with st.lock:
                 st.foreign_until += [time.monotonic() + body["seconds"]] * body["requests"]

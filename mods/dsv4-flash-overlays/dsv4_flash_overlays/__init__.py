@@ -1,10 +1,13 @@
-"""vLLM general plugin: env-gated overlays for DeepSeek-V4-Flash + DSpark on vLLM 0.33.
+"""vLLM general plugin: env-gated overlays for DeepSeek-V4-Flash + DSpark.
 
 vLLM calls ``register()`` once in every process (API server, engine core, each worker,
 the headless rank-1 node too). Each overlay is off unless its env flag is ``1``
-(see ``flags.py``); ``DSV4_OVERLAYS_DISABLE=1`` turns all of them off. An overlay that
-cannot apply logs one warning and leaves vLLM untouched, so a plugin problem never
-breaks a boot. Overlay modules are imported lazily, only when their flag is on.
+(see ``flags.py``); ``DSV4_OVERLAYS_DISABLE=1`` turns all of them off. Where an overlay
+attaches depends on the engine stack (the seed's vLLM 0.21 fork, upstream, the CPU
+build): ``hooks.py`` resolves the stack's hook points from ``DSV4_OVERLAY_HOOKS``. Each
+enabled overlay logs one line, applied or not, naming the stack and the vLLM version; one
+that cannot apply leaves vLLM untouched, so a plugin problem never breaks a boot.
+Overlay modules are imported lazily, only when their flag is on.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import os
 import threading
 
+from . import hooks
 from .flags import KILL_SWITCH, OVERLAYS, STAGE_TIMING_DIR, flag_enabled, invalid_flags
 
 __version__ = "0.1.0"
@@ -50,6 +54,27 @@ def _route_logs_to_vllm() -> None:
         logger.setLevel(logging.INFO)
 
 
+def _outcome_line(name: str, table_label: str, version: str, reason: str) -> None:
+    """The one line per overlay a process logs: applied or not, in which stack, and why."""
+    if reason:
+        logger.warning(
+            "dsv4-flash-overlays: %s not applied (%s, vLLM %s, pid %d): %s; vLLM left untouched",
+            name,
+            table_label,
+            version,
+            os.getpid(),
+            reason,
+        )
+    else:
+        logger.info(
+            "dsv4-flash-overlays: %s active (%s, vLLM %s, pid %d)",
+            name,
+            table_label,
+            version,
+            os.getpid(),
+        )
+
+
 def register() -> None:
     """Entry point for ``vllm.general_plugins``; safe to call more than once."""
     with _LOCK:
@@ -67,26 +92,25 @@ def register() -> None:
         bad = invalid_flags()
         if bad and not _APPLIED:
             logger.warning("dsv4-flash-overlays: invalid values ignored for %s", ", ".join(bad))
+        table = None
         for overlay in OVERLAYS:
             if overlay.name in _APPLIED:
                 continue
             if not flag_enabled(overlay.flag):
                 _APPLIED[overlay.name] = False
                 continue
+            table = table or hooks.load_table()
             try:
-                module = importlib.import_module(f"{__name__}.{overlay.module}")
-                ok = bool(module.apply())
+                res = hooks.resolve(overlay.name, table)
+                if res.ok:
+                    module = importlib.import_module(f"{__name__}.{overlay.module}")
+                    reason = module.apply(res).reason
+                else:
+                    reason = res.reason
             except Exception as exc:  # never break a vLLM boot because of an overlay
-                logger.warning(
-                    "dsv4-flash-overlays: %s could not be applied (%s: %s); vLLM left untouched",
-                    overlay.name,
-                    type(exc).__name__,
-                    exc,
-                )
-                ok = False
-            _APPLIED[overlay.name] = ok
-            if ok:
-                logger.info("dsv4-flash-overlays: %s active (pid %d)", overlay.name, os.getpid())
+                reason = f"{type(exc).__name__}: {exc}"
+            _APPLIED[overlay.name] = not reason
+            _outcome_line(overlay.name, table.label, hooks.vllm_version(), reason)
         _stage_timing()
 
 

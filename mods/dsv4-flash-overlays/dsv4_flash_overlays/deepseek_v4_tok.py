@@ -1,4 +1,4 @@
-"""Overlay: the incremental prompt-encoding cache on vLLM 0.33's DeepSeek-V4 tokenizer.
+"""Overlay: the incremental prompt-encoding cache on vLLM's DeepSeek-V4 tokenizer.
 
 Why: in multi-turn chat every request re-sends the whole conversation and the API server
 re-tokenizes all of it (~380 ms at 186k tokens on a 2-core box). The cache makes that
@@ -16,18 +16,23 @@ in ``BaseRenderer._tokenize_prompt``. Anything else (pairs, batches, offsets, pa
 overflow, special-token masks, tensors, split_special_tokens) goes to the original
 method unchanged, as does any error in the cached path.
 
-Drift: we patch only if the vLLM source still has the shape we analysed (source markers
-checked with ``inspect``); otherwise one warning and vLLM is left untouched.
+Where: the factory and the anchors are the stack's hook points (``hooks.py``): upstream
+(0.27.1-0.33) builds on ``TokenizersBackend``, the fork's vLLM 0.21 base on
+``PreTrainedTokenizerFast``; either way the factory returns
+``get_cached_tokenizer(get_deepseek_v4_tokenizer(...))``. We patch only if the source
+still has the shape we analysed (anchors checked with ``inspect``); otherwise register()
+logs one line and vLLM is left untouched.
 """
 
 from __future__ import annotations
 
-import inspect
+import functools
 import logging
 import os
 import threading
 from typing import Any
 
+from . import hooks
 from .incremental_encode import IncrementalEncoder
 
 logger = logging.getLogger("dsv4_flash_overlays.deepseek_v4_tok")
@@ -36,21 +41,9 @@ FLAG = "VLLM_INCREMENTAL_ENCODE_CACHE"
 PATCH_MARK = "_dsv4_incremental_encode_patch"
 ENCODER_ATTR = "_dsv4_incremental_encoder"
 
-# Source markers of the vLLM code this overlay relies on (checked with inspect).
-MARKERS: dict[str, tuple[str, ...]] = {
-    "vllm.tokenizers.deepseek_v4:DeepseekV4Tokenizer.from_pretrained": (
-        "TokenizersBackend.from_pretrained(",
-        "get_cached_tokenizer(get_deepseek_v4_tokenizer(",
-    ),
-    "vllm.tokenizers.deepseek_v4:get_deepseek_v4_tokenizer": (
-        "self.encode(",
-        "add_special_tokens=False",
-        "dsv4_tokenizer.__class__ = _DeepseekV4Tokenizer",
-    ),
-}
-TESTED_VLLM = ("0.33.",)
-
-_original_from_pretrained: Any = None
+NAME = "incremental-encode-cache"
+_original_from_pretrained: Any = None  # the classmethod object the factory held
+_factory_owner: tuple[Any, str] | None = None  # (class, attribute) it was installed on
 _first_call_logged = False
 _first_call_lock = threading.Lock()
 
@@ -81,87 +74,44 @@ _CALL_KWARGS = frozenset(
 )
 
 
-def _source_drift() -> str | None:
-    """None if every marker is present in the installed vLLM, else what is missing."""
-    import vllm.tokenizers.deepseek_v4 as mod
+def apply(res: hooks.Resolution | None = None) -> hooks.Applied:
+    """Wrap the stack's tokenizer factory (its ``factory`` hook); idempotent.
 
-    targets = {
-        "vllm.tokenizers.deepseek_v4:DeepseekV4Tokenizer.from_pretrained": (
-            mod.DeepseekV4Tokenizer.__dict__["from_pretrained"].__func__
-        ),
-        "vllm.tokenizers.deepseek_v4:get_deepseek_v4_tokenizer": mod.get_deepseek_v4_tokenizer,
-    }
-    for name, markers in MARKERS.items():
-        try:
-            src = inspect.getsource(targets[name])
-        except (OSError, TypeError) as exc:
-            return f"no source for {name} ({exc})"
-        missing = [m for m in markers if m not in src]
-        if missing:
-            return f"{name} no longer contains {missing}"
-    from transformers import TokenizersBackend
-
-    for attr in ("_get_padding_truncation_strategies", "__call__", "encode"):
-        if not hasattr(TokenizersBackend, attr):
-            return f"transformers TokenizersBackend has no {attr}"
-    return None
-
-
-def apply() -> bool:
-    """Install the hook; True if installed (now or before), False if refused."""
-    global _original_from_pretrained
-    try:
-        import vllm
-        import vllm.tokenizers.deepseek_v4 as mod
-    except Exception as exc:
-        logger.warning("%s: vLLM's DSV4 tokenizer not importable (%s); not installed", FLAG, exc)
-        return False
-    cls = mod.DeepseekV4Tokenizer
-    current = cls.__dict__.get("from_pretrained")
-    if getattr(getattr(current, "__func__", None), PATCH_MARK, False):
-        return True  # idempotent: register() called twice, or module re-imported
-    version = getattr(vllm, "__version__", "?")
-    drift = _source_drift()
-    if drift is not None:
-        logger.warning(
-            "%s: vLLM %s drifted from what this overlay was written for (%s); "
-            "not installed, vLLM left untouched",
-            FLAG,
-            version,
-            drift,
-        )
-        return False
-    if not version.startswith(TESTED_VLLM):
-        logger.info("%s: vLLM %s is untested but the source markers match", FLAG, version)
-
+    ``res`` is this overlay's resolution (register() passes it); without one the hook
+    points come from DSV4_OVERLAY_HOOKS, or the built-in upstream table.
+    """
+    global _original_from_pretrained, _factory_owner
+    res = hooks.resolve(NAME) if res is None else res
+    if not res.ok:
+        return hooks.Applied(res.reason)
+    target = res.role("factory")[0]
+    current = target.raw
+    if getattr(current.__func__, PATCH_MARK, False):
+        return hooks.Applied()  # idempotent: register() called twice, or module re-imported
     original = current
-    _original_from_pretrained = original
 
+    @functools.wraps(original.__func__)
     def from_pretrained(klass: type, *args: Any, **kwargs: Any) -> Any:
         tokenizer = original.__func__(klass, *args, **kwargs)
         return wrap_tokenizer(tokenizer)
 
     setattr(from_pretrained, PATCH_MARK, True)
-    from_pretrained.__doc__ = "DeepseekV4Tokenizer.from_pretrained + incremental encode cache"
-    cls.from_pretrained = classmethod(from_pretrained)
-    logger.info(
-        "%s: installed on vllm.tokenizers.deepseek_v4.DeepseekV4Tokenizer (vLLM %s, pid %d)",
-        FLAG,
-        version,
-        os.getpid(),
-    )
-    return True
+    from_pretrained.__doc__ = "the stack's DSV4 tokenizer factory + incremental encode cache"
+    _original_from_pretrained = original
+    _factory_owner = (target.owner, target.attr)
+    setattr(target.owner, target.attr, classmethod(from_pretrained))
+    return hooks.Applied()
 
 
 def remove() -> None:
     """Undo ``apply`` (tests): restore the original classmethod."""
-    global _original_from_pretrained
-    if _original_from_pretrained is None:
+    global _original_from_pretrained, _factory_owner
+    if _original_from_pretrained is None or _factory_owner is None:
         return
-    import vllm.tokenizers.deepseek_v4 as mod
-
-    mod.DeepseekV4Tokenizer.from_pretrained = _original_from_pretrained
+    owner, attr = _factory_owner
+    setattr(owner, attr, _original_from_pretrained)
     _original_from_pretrained = None
+    _factory_owner = None
 
 
 def wrap_tokenizer(tokenizer: Any, encoder: IncrementalEncoder | None = None) -> Any:

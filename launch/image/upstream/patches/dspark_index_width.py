@@ -23,11 +23,10 @@ Usage (the Dockerfile runs it; FILE is the image's installed sparse_swa.py):
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _patchlib import Edit, Patch, main  # noqa: E402
+# Run as a script (the Dockerfile's RUN python3 .../dspark_index_width.py), Python puts
+# this file's folder first on the import path, so the shared library beside it imports.
+from _patchlib import Edit, Patch, main
 
 MARKER = "dsv4-patch dspark-index-width"
 

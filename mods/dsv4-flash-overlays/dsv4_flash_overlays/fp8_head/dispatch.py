@@ -12,6 +12,7 @@ back to bf16 for that M, logged, never a crash.
 from __future__ import annotations
 
 import logging
+import sys
 
 import torch
 
@@ -36,8 +37,10 @@ from .w8a16 import w8a16_matmul
 
 logger = logging.getLogger("dsv4_flash_overlays.fp8_head")
 
-# The tuner is not shipped with the overlay: it runs from a clone of the repository.
-TUNE_COMMAND = "python3 -m bench.kernels.fp8_tune"
+# The tuner is not shipped with the overlay: it runs from a clone of the repository, with
+# the interpreter this plugin runs in, i.e. the image's own (the engine stack's: the fork's
+# is /opt/env/bin/python, and its image need not have a python3 on PATH).
+TUNE_COMMAND = f"{sys.executable or 'python3'} -m bench.kernels.fp8_tune"
 
 
 def scaled_mm_head(a: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

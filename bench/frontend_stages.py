@@ -5,8 +5,10 @@ Boots one real CPU-engine server per arm (`make engine`; the tiny model's `windo
 history, as DeepSeek-V4's sparse attention reads a fixed 512 selected tokens) with the
 overlay plugin's measurement-only stage timing on (DSV4_STAGE_TIMING_DIR, and vLLM's
 `--middleware` option for the request's arrival). Arm `off` runs with every front-end cache
-off, arm `on` with the tokenizer cache (VLLM_INCREMENTAL_ENCODE_CACHE=1) and the block-hash
-cache (VLLM_INCREMENTAL_BLOCK_HASHES=1).
+off, arm `on` with all of them on: the tokenizer cache (VLLM_INCREMENTAL_ENCODE_CACHE=1), the
+block-hash cache (VLLM_INCREMENTAL_BLOCK_HASHES=1), the tail-primed detokenizer
+(VLLM_INCREMENTAL_DETOKENIZER=1) and the incremental prompt hand-off to the engine core
+(VLLM_INCREMENTAL_PROMPT_HANDOFF=1).
 
 One conversation, the same on every arm: its history grows to each `--depths` value by
 documents of `--fill-message-tokens` tokens (each answered "Noted."), sent as one request
@@ -21,7 +23,8 @@ A depth whose history prefill would not fit in what is left of `--budget-s` (est
 the throughput of the fills so far) is skipped, and the JSON says so.
 
 Example: python -m bench.frontend_stages --depths 2k,10k,50k,100k,200k,500k --turns 5 \\
-    --json bench/results/frontend/frontend_stages.json --plot bench/results/frontend/frontend_stages.png
+    --json bench/results/frontend/frontend_stages.json \\
+    --plot bench/results/frontend/frontend_stages.png
 """
 
 from __future__ import annotations
@@ -62,9 +65,15 @@ from pairctl.endpoint import Endpoint
 MIDDLEWARE = "dsv4_flash_overlays.stage_timing.ArrivalMark"
 SERVED = "tiny-dsv4"
 # Each arm's overlay flags (the stage timing is on in both).
+FRONT_END_FLAGS = (
+    "VLLM_INCREMENTAL_ENCODE_CACHE",
+    "VLLM_INCREMENTAL_BLOCK_HASHES",
+    "VLLM_INCREMENTAL_DETOKENIZER",
+    "VLLM_INCREMENTAL_PROMPT_HANDOFF",
+)
 ARMS: dict[str, dict[str, str]] = {
-    "off": {"VLLM_INCREMENTAL_ENCODE_CACHE": "0", "VLLM_INCREMENTAL_BLOCK_HASHES": "0"},
-    "on": {"VLLM_INCREMENTAL_ENCODE_CACHE": "1", "VLLM_INCREMENTAL_BLOCK_HASHES": "1"},
+    "off": dict.fromkeys(FRONT_END_FLAGS, "0"),
+    "on": dict.fromkeys(FRONT_END_FLAGS, "1"),
 }
 REPLY = "Noted."
 
@@ -97,8 +106,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plot", type=argtypes.png_file, default=None)
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if not args.arms or any(a not in ARMS for a in args.arms) or len(set(args.arms)) < len(
-        args.arms
+    if (
+        not args.arms
+        or any(a not in ARMS for a in args.arms)
+        or len(set(args.arms)) < len(args.arms)
     ):
         p.error(f"--arms takes distinct names of {', '.join(ARMS)}")
     if len(args.ports) < len(args.arms) or len(set(args.ports)) < len(args.ports):
@@ -163,7 +174,9 @@ def send(arm: Arm, messages: list[dict[str, str]], tag: str, args: argparse.Name
         headers={"X-Request-Id": tag},
     )
     t_first = res.t_first_chunk_ns
-    ttft = None if t_first is None or res.t_request_ns is None else (t_first - res.t_request_ns) / 1e6
+    ttft = (
+        None if t_first is None or res.t_request_ns is None else (t_first - res.t_request_ns) / 1e6
+    )
     reply = Reply(arm.name, tag, res.ok, res.error, ttft, res.prompt_tokens, res.content or "")
     time.sleep(0.2)  # the last events of the request reach the files
     events = arm.tail.read()
@@ -250,8 +263,12 @@ def run(args: argparse.Namespace, arms: list[Arm]) -> dict[str, Any]:
                 dt_s = time.monotonic() - t0
                 tok_s.append(need / dt_s)
                 doc["fills"].append(
-                    {"depth": depth, "arm": arm.name, "s": round(dt_s, 2),
-                     "prompt_tokens": r.prompt_tokens}
+                    {
+                        "depth": depth,
+                        "arm": arm.name,
+                        "s": round(dt_s, 2),
+                        "prompt_tokens": r.prompt_tokens,
+                    }
                 )
                 log(f"fill to {depth} on {arm.name}: {r.prompt_tokens} tokens in {dt_s:.1f} s")
                 prompt_tokens = r.prompt_tokens or prompt_tokens
@@ -286,7 +303,10 @@ def measured(arm: Arm, msgs: list[dict[str, str]], tag: str, args: argparse.Name
     while r.ok and r.foreign and attempt < args.retries:
         attempt += 1
         log(f"{tag}: foreign requests {r.foreign[:3]} in the window; attempt {attempt + 1}")
-        msgs = [*msgs[:-1], {"role": "user", "content": f"(attempt {attempt}) " + msgs[-1]["content"]}]
+        msgs = [
+            *msgs[:-1],
+            {"role": "user", "content": f"(attempt {attempt}) " + msgs[-1]["content"]},
+        ]
         r = send(arm, msgs, f"{tag}-a{attempt}", args)
     r.retries = attempt
     return r

@@ -89,7 +89,7 @@ def summarize(raw: dict[str, Any], arms: list[str]) -> dict[str, Any]:
                 },
                 "facts": {
                     k: median([r["facts"][k] for r in ok if r["facts"].get(k) is not None])
-                    for k in ("hashed_blocks", "reused_blocks", "prefix_hit_tokens")
+                    for k in ("hashed_blocks", "reused_blocks", "prefix_hit_tokens", "ids_sent")
                 },
             }
         for t in d["turns"]:
@@ -130,12 +130,14 @@ def print_report(summary: dict[str, Any]) -> None:
         print(f"\narm {arm}: median ms per stage over the clean turns at each depth")
         rows = []
         for s in STAGE_NAMES:
-            rows.append(
-                [s, KIND[s], *(r["arms"][arm]["stages_ms"][s] for r in summary["rows"])]
-            )
+            rows.append([s, KIND[s], *(r["arms"][arm]["stages_ms"][s] for r in summary["rows"])])
         rows.append(["TTFT", "client", *(r["arms"][arm]["ttft_ms"] for r in summary["rows"])])
         rows.append(
-            ["prompt tokens", "", *(max(r["arms"][arm]["prompt_tokens"] or [0]) for r in summary["rows"])]
+            [
+                "prompt tokens",
+                "",
+                *(max(r["arms"][arm]["prompt_tokens"] or [0]) for r in summary["rows"]),
+            ]
         )
         print(report.table(rows, ["stage", "kind", *(f"{d // 1000}k" for d in depths)]))
     print("\nby group (median ms), arms side by side")
@@ -167,9 +169,7 @@ def plot(path: str, summary: dict[str, Any]) -> None:
     x = [r["depth"] for r in summary["rows"]]
     panels = []
     for arm in summary["arms"]:
-        series = {
-            g: [r["arms"][arm]["groups_ms"][g] for r in summary["rows"]] for g in GROUPS
-        }
+        series = {g: [r["arms"][arm]["groups_ms"][g] for r in summary["rows"]] for g in GROUPS}
         panels.append((f"{arm}: ms per stage", series))
     panels.append(
         (

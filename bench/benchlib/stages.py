@@ -1,4 +1,4 @@
-"""One request's TTFT split into stages, from the stage-timing plugin's events and the client's stamps.
+"""One request's TTFT split into stages, from the stage-timing plugin's events and client stamps.
 
 The plugin (mods/dsv4-flash-overlays/dsv4_flash_overlays/stage_timing.py) writes, per process,
 one event per timed call of a vLLM function: stage name, start and end in CLOCK_MONOTONIC ns
@@ -165,9 +165,7 @@ class Missing(ValueError):
     """An event the split needs is not in the files; the message names it."""
 
 
-def split(
-    events: list[Event], tag: str, t_send_ns: int, t_first_ns: int
-) -> dict[str, float]:
+def split(events: list[Event], tag: str, t_send_ns: int, t_first_ns: int) -> dict[str, float]:
     """Stage -> ms for the request whose id contains ``tag``; the values add up to the
     client's TTFT (t_first_ns - t_send_ns) exactly. Raises Missing if an anchor is absent."""
     win = [e for e in events if t_send_ns <= e.t0 <= t_first_ns]
@@ -220,7 +218,9 @@ def split(
     s["core_wakeup"] = (queue.t0 - init.t1) / 1e6
     s["queue"] = queue.ms
     s["wait"] = (sched.t0 - queue.t1) / 1e6
-    s["prefix_lookup"] = _span_ms([e for e in _inside(win, "prefix_lookup", sched) if _mine(e, tag)])
+    s["prefix_lookup"] = _span_ms(
+        [e for e in _inside(win, "prefix_lookup", sched) if _mine(e, tag)]
+    )
     s["allocate"] = _span_ms([e for e in _inside(win, "allocate", sched) if _mine(e, tag)])
     s["schedule"] = sched.ms - s["prefix_lookup"] - s["allocate"]
     s["to_worker"] = (execute.t0 - sched.t1) / 1e6
@@ -258,6 +258,8 @@ def facts(events: list[Event], tag: str, t_send_ns: int, t_first_ns: int) -> dic
             out["prompt_tokens_seen"] = e.extra.get("tokens")
             if "reused" in e.extra:
                 out["reused_blocks"] = e.extra["reused"]
+        if e.stage == "deserialise" and "ids_sent" in e.extra:
+            out.setdefault("ids_sent", e.extra["ids_sent"])
         if e.stage == "prefix_lookup" and "hit_tokens" in e.extra:
             out.setdefault("prefix_hit_tokens", e.extra["hit_tokens"])
     return out

@@ -17,15 +17,17 @@ directory; the default spec and its directory are unchanged by them. `headline` 
 hidden 64, 2 heads) is for the real-server tokenizer-cache benchmark (bench/headline_real.py):
 its per-turn engine compute at 100k tokens of history is small next to tokenizing that
 history, as a Spark's is with DSA sparse attention (docs/performance-model.md, "Per-turn
-prefill vs tokenization"). `window` is `headline` as a Mistral with a 512-token sliding
-window on every layer, for the front-end stage benchmark (bench/frontend_stages.py): its
-attention cost per new token stops growing at 512 tokens of history, as DeepSeek-V4's sparse
-attention reads a fixed 512 selected tokens (DSA `index_topk` 512 in its config.json), so what
-grows with the history is the front end. Its positions reach 1,048,576, DeepSeek-V4's. vLLM honours the window on CPU: the Mistral config's
-`sliding_window` becomes the cache config's (vllm/engine/arg_utils.py, every layer sliding),
-each Attention layer takes it (vllm/model_executor/layers/attention/attention.py), and the
-CPU backend supports it (vllm/v1/attention/backends/cpu_attn.py supports_sliding_window,
-the window passed to cpu_attention_with_kv_cache).
+prefill vs tokenization").
+
+`window` is `headline` as a Mistral with a 512-token sliding window on every layer, for the
+front-end stage benchmark (bench/frontend_stages.py): its attention cost per new token stops
+growing at 512 tokens of history, as DeepSeek-V4's sparse attention reads a fixed 512 selected
+tokens (DSA `index_topk` 512 in its config.json), so what grows with the history is the front
+end. Its positions reach 1,048,576, DeepSeek-V4's. vLLM honours the window on CPU: the Mistral
+config's `sliding_window` becomes the cache config's (vllm/engine/arg_utils.py, every layer
+sliding), each Attention layer takes it (vllm/model_executor/layers/attention/attention.py),
+and the CPU backend supports it (vllm/v1/attention/backends/cpu_attn.py
+supports_sliding_window, the window passed to cpu_attention_with_kv_cache).
 """
 
 from __future__ import annotations
@@ -170,7 +172,9 @@ def build(out: Path, variant: str = "default") -> Path:
             if spec["model_type"] == "mistral"
             else (LlamaConfig, LlamaForCausalLM)
         )
-        cfg = config_cls(**{k: v for k, v in spec.items() if k not in ("architectures", "model_type")})
+        cfg = config_cls(
+            **{k: v for k, v in spec.items() if k not in ("architectures", "model_type")}
+        )
         model = model_cls(cfg).to(torch.bfloat16)
         if not spec.get("tie_word_embeddings", True):
             output_layer(model)

@@ -34,25 +34,60 @@ BUILTIN_STACK = "upstream"
 
 # What each role means (the overlay modules implement them):
 #   factory         a classmethod wrapped so the object it returns gets the cache
+#   detok-init      a detokenizer's ``__init__(self, tokenizer, request)``, wrapped so it
+#                   primes its decode stream with the prompt's tail
+#   validate-ids    ``validate_token_ids(self, token_ids)``, wrapped to check only new ids
+#   core-send       the API client's ``add_request_async(self, request)``, wrapped to send
+#                   a prompt as a delta of an earlier one
+#   core-receive    the engine core's ``preprocess_add_request(self, request)``, wrapped to
+#                   rebuild such a prompt first
+#   hasher-factory  a module's name for the function that makes the request block hasher,
+#                   rebound so the hasher it makes reuses cached chains
 #   draft-logits    ``(self, hidden_states) -> logits``, replaced by the fp8 draft head
 #   draft-head-arg  a draft function taking the head as ``lm_head``: wrapped, and called
 #                   with the fp8 stand-in in its place
 #   loader          wrapped: after it returns, the fp8 copy is built (before capture)
 #   check           not patched: its anchors must hold for the rewrite to be valid
-ROLES = ("factory", "draft-logits", "draft-head-arg", "loader", "check")
+ROLES = (
+    "factory",
+    "detok-init",
+    "validate-ids",
+    "core-send",
+    "core-receive",
+    "hasher-factory",
+    "draft-logits",
+    "draft-head-arg",
+    "loader",
+    "check",
+)
 # Per overlay: the roles it may use, and groups of which exactly one hook must be given.
 ALLOWED: dict[str, frozenset[str]] = {
     "incremental-encode-cache": frozenset({"factory", "check"}),
     "fp8-draft-head": frozenset({"draft-logits", "draft-head-arg", "loader", "check"}),
+    "incremental-block-hashes": frozenset({"hasher-factory", "check"}),
+    "incremental-detokenizer": frozenset({"detok-init", "check"}),
+    "incremental-prompt-handoff": frozenset({"validate-ids", "core-send", "core-receive", "check"}),
 }
 REQUIRED: dict[str, tuple[frozenset[str], ...]] = {
     "incremental-encode-cache": (frozenset({"factory"}),),
     "fp8-draft-head": (frozenset({"draft-logits", "draft-head-arg"}),),
+    "incremental-block-hashes": (frozenset({"hasher-factory"}),),
+    "incremental-detokenizer": (frozenset({"detok-init"}),),
+    "incremental-prompt-handoff": (
+        frozenset({"validate-ids"}),
+        frozenset({"core-send"}),
+        frozenset({"core-receive"}),
+    ),
 }
 # Parameters a role's function must take (the rewrite passes or replaces them by name).
 ROLE_PARAMS: dict[str, tuple[str, ...]] = {
     "draft-logits": ("self", "hidden_states"),
     "draft-head-arg": ("lm_head", "logits_processor"),
+    "hasher-factory": ("caching_hash_fn",),
+    "detok-init": ("self", "tokenizer", "request"),
+    "validate-ids": ("self", "token_ids"),
+    "core-send": ("self", "request"),
+    "core-receive": ("self", "request"),
 }
 
 
@@ -75,10 +110,85 @@ _T = "vllm.tokenizers.deepseek_v4"
 _D = "vllm.models.deepseek_v4.nvidia.dspark"
 _L = "vllm.model_executor.layers.logits_processor"
 _S = "vllm.v1.worker.gpu.spec_decode.dspark.speculator"
+_E = "vllm.v1.engine.core"
 # Upstream's hook points (vLLM 0.33 ``vllm/tokenizers/deepseek_v4.py``,
 # ``vllm/models/deepseek_v4/nvidia/dspark.py``, ``vllm/model_executor/layers/
-# logits_processor.py``, ``vllm/v1/worker/gpu/spec_decode/dspark/speculator.py``).
+# logits_processor.py``, ``vllm/v1/worker/gpu/spec_decode/dspark/speculator.py``,
+# ``vllm/v1/engine/core.py``, ``vllm/v1/core/kv_cache_utils.py``, ``vllm/v1/request.py``).
 # tests/test_overlay_hooks.py keeps this equal to recipes/stacks/upstream.yaml.
+# The same in vLLM 0.32 (the CPU build) and 0.33.
+BLOCK_HASH_HOOKS: tuple[Hook, ...] = (
+    Hook(
+        "incremental-block-hashes",
+        _E,
+        "get_request_block_hasher",
+        "hasher-factory",
+        (
+            "len(request.block_hashes) * ",
+            "request.block_hashes[-1] if request.block_hashes else None",
+        ),
+    ),
+    Hook(
+        "incremental-block-hashes",
+        _E,
+        "EngineCore.__init__",
+        "check",
+        ("load_general_plugins()", "get_request_block_hasher("),
+    ),
+    Hook(
+        "incremental-block-hashes",
+        "vllm.v1.request",
+        "Request.update_block_hashes",
+        "check",
+        ("self.block_hashes.extend(self._block_hasher(self))",),
+    ),
+)
+DETOK_HOOKS: tuple[Hook, ...] = (
+    Hook(
+        "incremental-detokenizer",
+        "vllm.v1.engine.detokenizer",
+        "FastIncrementalDetokenizer.__init__",
+        "detok-init",
+        ("DecodeStream(", "ids=request.prompt_token_ids"),
+    ),
+)
+HANDOFF_HOOKS: tuple[Hook, ...] = (
+    Hook(
+        "incremental-prompt-handoff",
+        "vllm.renderers.base",
+        "BaseRenderer.validate_token_ids",
+        "validate-ids",
+        ("max_input_id = max(token_ids)", "min_input_id = min(token_ids)"),
+    ),
+    Hook(
+        "incremental-prompt-handoff",
+        "vllm.v1.engine.core_client",
+        "AsyncMPClient.add_request_async",
+        "core-send",
+        ("await self._send_input(EngineCoreRequestType.ADD, request)",),
+    ),
+    Hook(
+        "incremental-prompt-handoff",
+        _E,
+        "EngineCore.preprocess_add_request",
+        "core-receive",
+        ("Request.from_engine_core_request(request",),
+    ),
+    Hook(
+        "incremental-prompt-handoff",
+        _E,
+        "EngineCoreProc.process_input_sockets",
+        "check",
+        ("self.preprocess_add_request(req)", "self._handle_request_preproc_error(req)"),
+    ),
+    Hook(
+        "incremental-prompt-handoff",
+        "vllm.v1.request",
+        "Request.__init__",
+        "check",
+        ("length_from_prompt_token_ids_or_embeds(",),
+    ),
+)
 BUILTIN: tuple[Hook, ...] = (
     Hook(
         "incremental-encode-cache",
@@ -105,6 +215,9 @@ BUILTIN: tuple[Hook, ...] = (
     ),
     Hook("incremental-encode-cache", "transformers", "TokenizersBackend.__call__"),
     Hook("incremental-encode-cache", "transformers", "TokenizersBackend.encode"),
+    *BLOCK_HASH_HOOKS,
+    *DETOK_HOOKS,
+    *HANDOFF_HOOKS,
     Hook(
         "fp8-draft-head",
         _D,

@@ -110,6 +110,12 @@ def _is_core_request(obj: Any) -> bool:
     return type(obj).__name__ == "EngineCoreRequest"
 
 
+def _decoded_extra(args: tuple, kwargs: dict, result: Any) -> dict[str, Any]:
+    """How many prompt ids travelled (fewer than the prompt's when sent as a delta)."""
+    ids = getattr(result, "prompt_token_ids", None)
+    return {"ids_sent": len(ids) if isinstance(ids, list) else 0}
+
+
 def _sched_extra(args: tuple, kwargs: dict, result: Any) -> dict[str, Any]:
     """The request ids a scheduler step (or a worker's call) handles, new ones apart."""
     out = result if result is not None and hasattr(result, "scheduled_new_reqs") else None
@@ -142,8 +148,14 @@ def _outputs_extra(args: tuple, kwargs: dict, result: Any) -> dict[str, Any]:
 
 def _hash_extra(args: tuple, kwargs: dict, result: Any) -> dict[str, Any]:
     req = args[0] if args else None
-    return {"blocks": len(result) if isinstance(result, list) else None,
-            "tokens": getattr(req, "num_tokens", None)}
+    out = {
+        "blocks": len(result) if isinstance(result, list) else None,
+        "tokens": getattr(req, "num_tokens", None),
+    }
+    reused = getattr(req, "_dsv4_reused_blocks", None)  # set by block_hashes.py, if on
+    if reused is not None:
+        out["reused"] = reused
+    return out
 
 
 def _hasher_rid(args: tuple, kwargs: dict, result: Any) -> str | None:
@@ -193,7 +205,9 @@ TARGETS: tuple[Target, ...] = (
         "send", "vllm.v1.engine.core_client", "AsyncMPClient.add_request_async", _self_request_id
     ),
     Target(
-        "outputs", "vllm.v1.engine.output_processor", "OutputProcessor.process_outputs",
+        "outputs",
+        "vllm.v1.engine.output_processor",
+        "OutputProcessor.process_outputs",
         extra=_outputs_extra,
     ),
     Target(
@@ -201,20 +215,28 @@ TARGETS: tuple[Target, ...] = (
         "vllm.v1.serial_utils",
         "MsgpackDecoder.decode",
         rid=_decoded_rid,
+        extra=_decoded_extra,
         only_if_rid=True,
     ),
     Target(
-        "request_init", "vllm.v1.engine.core", "EngineCore.preprocess_add_request",
+        "request_init",
+        "vllm.v1.engine.core",
+        "EngineCore.preprocess_add_request",
         _self_request_id,
     ),
     Target("queue", "vllm.v1.engine.core", "EngineCore.add_request", _self_request_id),
     Target("schedule", _SCHED, "Scheduler.schedule", extra=_sched_extra),
     Target(
-        "prefix_lookup", "vllm.v1.core.kv_cache_manager", "KVCacheManager.get_computed_blocks",
-        _self_request_id, _blocks_extra,
+        "prefix_lookup",
+        "vllm.v1.core.kv_cache_manager",
+        "KVCacheManager.get_computed_blocks",
+        _self_request_id,
+        _blocks_extra,
     ),
     Target(
-        "allocate", "vllm.v1.core.kv_cache_manager", "KVCacheManager.allocate_slots",
+        "allocate",
+        "vllm.v1.core.kv_cache_manager",
+        "KVCacheManager.allocate_slots",
         _self_request_id,
     ),
     Target("update", _SCHED, "Scheduler.update_from_output", extra=_sched_extra),

@@ -218,3 +218,23 @@ def test_a_wrong_cached_chain_is_caught_by_the_self_check() -> None:
     got = _request(Request, SamplingParams, "y", toks + [1], cached).block_hashes
     assert got == _request(Request, SamplingParams, "z", toks + [1], plain).block_hashes
     assert not cache.enabled and cache.stats.mismatches == 1
+
+
+@pytest.mark.needs_vllm
+def test_a_hint_from_the_handoff_skips_the_comparison_and_stays_exact() -> None:
+    SamplingParams, sha256, kv_cache_utils, Request = _vllm()  # noqa: N806
+    plain = kv_cache_utils.get_request_block_hasher(16, sha256)
+    cache = BlockHashCache(16, budget_bytes=8 << 20, verify_rate=0.0)
+    cached = block_hashes.cached_hasher(kv_cache_utils.get_request_block_hasher(16, sha256), cache)
+    rng = random.Random(8)
+    base_tokens = [rng.randrange(129_000) for _ in range(3000)]
+    base = Request("b", base_tokens, SamplingParams(max_tokens=4), None, block_hasher=cached)
+    for shared, hint_list in ((2900, base.prompt_token_ids), (2900, list(base_tokens))):
+        new = base.prompt_token_ids[:shared] + [rng.randrange(129_000) for _ in range(200)]
+        before = cache.stats.hinted
+        prefix_hashes.BASE_HINTS.put("n", prefix_hashes.Hint("b", shared, id(hint_list)))
+        got = Request("n", new, SamplingParams(max_tokens=4), None, block_hasher=cached)
+        want = Request("m", list(new), SamplingParams(max_tokens=4), None, block_hasher=plain)
+        assert got.block_hashes == want.block_hashes
+        # only a hint naming the very list the cache holds is taken without comparing
+        assert cache.stats.hinted - before == (1 if hint_list is base.prompt_token_ids else 0)

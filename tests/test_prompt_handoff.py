@@ -192,3 +192,72 @@ def test_real_engine_requests_through_msgpack_are_rebuilt_and_an_unpatched_core_
         handoff.receive(got)
         assert got.prompt_token_ids == prompt and got.trace_headers is None
     assert delta_seen and handoff.SENDER.deltas >= 10
+
+
+# ------------------------------------------------------------ the workers' hop (pickle)
+
+
+class _New:
+    """What mark() reads of vLLM's NewRequestData."""
+
+    def __init__(self, rid: str, ids: list[int]) -> None:
+        self.req_id, self.prompt_token_ids = rid, ids
+
+
+class _Out:
+    def __init__(self, news: list[_New]) -> None:
+        self.scheduled_new_reqs = news
+
+
+def _reset_worker_state() -> None:
+    from dsv4_flash_overlays import worker_delta
+
+    worker_delta.RELATIONS.clear()
+    worker_delta._SENT.clear()
+    worker_delta._HELD.clear()
+
+
+def test_worker_prompts_pickle_as_deltas_and_unpickle_whole() -> None:
+    import pickle
+
+    from dsv4_flash_overlays import worker_delta
+
+    _reset_worker_state()
+    rng = random.Random(6)
+    prompt = [rng.randrange(129_000) for _ in range(20_000)]
+    sizes = []
+    for i in range(10):
+        rid = f"r{i}"
+        if i:
+            prev = prompt
+            prompt = prev + [rng.randrange(129_000) for _ in range(300)]
+            worker_delta.relate(rid, f"r{i - 1}", len(prev))
+        out = _Out([_New(rid, list(prompt))])
+        worker_delta.mark(out)
+        sent = out.scheduled_new_reqs[0].prompt_token_ids
+        assert isinstance(sent, list) and sent == prompt  # the engine core's view is unchanged
+        data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        sizes.append(len(data))
+        got = pickle.loads(data).scheduled_new_reqs[0].prompt_token_ids
+        assert type(got) is list and got == prompt
+    assert max(sizes[1:]) * 20 < sizes[0]  # 300 new tokens travel, not 20k
+    _reset_worker_state()
+
+
+def test_a_worker_without_the_named_prompt_refuses() -> None:
+    import pickle
+
+    from dsv4_flash_overlays import worker_delta
+
+    _reset_worker_state()
+    out = _Out([_New("a", list(range(5000)))])
+    worker_delta.mark(out)
+    pickle.loads(pickle.dumps(out))  # a worker now holds "a"
+    worker_delta.relate("b", "a", 5000)
+    out = _Out([_New("b", [*range(5000), 1, 2])])
+    worker_delta.mark(out)
+    data = pickle.dumps(out)
+    worker_delta._HELD.clear()  # a worker that never saw "a"
+    with pytest.raises(RuntimeError, match="VLLM_INCREMENTAL_PROMPT_HANDOFF=0"):
+        pickle.loads(data)
+    _reset_worker_state()

@@ -76,13 +76,16 @@ def summarize(raw: dict[str, Any], arms: list[str]) -> dict[str, Any]:
                 elif r.get("foreign"):
                     problems["contaminated"].append(r["tag"])
             st = {s: median([r["stages"][s] for r in ok]) for s in STAGE_NAMES}
+            st_min = {s: min((r["stages"][s] for r in ok), default=None) for s in STAGE_NAMES}
             per_arm[arm] = {
                 "turns": len(replies),
                 "clean_turns": len(ok),
                 "ttft_ms": median([r["ttft_ms"] for r in ok]),
+                "ttft_min_ms": min((r["ttft_ms"] for r in ok), default=None),
                 "ttft_ms_all": [r["ttft_ms"] for r in ok],
                 "prompt_tokens": [r["prompt_tokens"] for r in ok],
                 "stages_ms": st,
+                "stages_min_ms": st_min,
                 "groups_ms": {
                     g: median([sum(r["stages"][s] for s in ss) for r in ok])
                     for g, ss in GROUPS.items()
@@ -105,11 +108,13 @@ def summarize(raw: dict[str, Any], arms: list[str]) -> dict[str, Any]:
         lo, hi = rows[0], rows[-1]
         for arm in arms:
             a, b = lo["arms"][arm]["ttft_ms"], hi["arms"][arm]["ttft_ms"]
+            mins = [lo["arms"][arm]["ttft_min_ms"], hi["arms"][arm]["ttft_min_ms"]]
             ratio = b / a if a and b else None
             goal[arm] = {
                 "from_depth": lo["depth"],
                 "to_depth": hi["depth"],
                 "ttft_ms": [a, b],
+                "ttft_min_ms": mins,
                 "ratio": ratio,
                 "goal_ratio": GOAL_RATIO,
                 "goal_met": None if ratio is None else ratio <= GOAL_RATIO,
@@ -133,6 +138,9 @@ def print_report(summary: dict[str, Any]) -> None:
             rows.append([s, KIND[s], *(r["arms"][arm]["stages_ms"][s] for r in summary["rows"])])
         rows.append(["TTFT", "client", *(r["arms"][arm]["ttft_ms"] for r in summary["rows"])])
         rows.append(
+            ["TTFT min", "client", *(r["arms"][arm]["ttft_min_ms"] for r in summary["rows"])]
+        )
+        rows.append(
             [
                 "prompt tokens",
                 "",
@@ -153,10 +161,12 @@ def print_report(summary: dict[str, Any]) -> None:
     print(report.table(rows, head))
     for arm, g in summary["goal"].items():
         ratio = g["ratio"]
+        mins = g["ttft_min_ms"]
         print(
             f"goal ({arm}): TTFT at {g['to_depth']} / at {g['from_depth']} tokens of history = "
             f"{'—' if ratio is None else f'{ratio:.2f}'}x (goal <= {g['goal_ratio']}x: "
-            f"{'met' if g['goal_met'] else 'NOT met'})"
+            f"{'met' if g['goal_met'] else 'NOT met'}); fastest turns {fmt_ms(mins[0])} and "
+            f"{fmt_ms(mins[1])} ms"
         )
     for s in summary["skipped_depths"]:
         print(f"skipped depth {s['depth']}: {s['why']}")

@@ -21,8 +21,10 @@ How (``prompt_delta.py`` has the protocol and its exactness argument):
   a preprocessing error), so a half-applied overlay can fail a request but never serve a
   wrong prompt.
 * ``core-receive`` (engine core): ``EngineCore.preprocess_add_request`` rebuilds the prompt
-  from the prompt it holds for the earlier request (same int objects, so the block-hash
-  cache's comparison is fast too) before vLLM builds its ``Request``.
+  from the prompt it holds for the earlier request before vLLM builds its ``Request``, and
+  tells the block-hash cache how much it shares (so it is not compared again).
+* ``worker-send`` (engine core): after ``Scheduler.schedule``, a rebuilt prompt travels to
+  the workers as a delta too (``worker_delta.py``).
 
 Only plain requests take part: no prompt embeddings, no resumable (streaming-input) session
 (whose prompt grows in place), and no trace headers of their own (OpenTelemetry tracing on).
@@ -38,8 +40,8 @@ import os
 import random
 from typing import Any
 
-from . import hooks
-from .prefix_hashes import BASE_HINTS, common_prefix_len
+from . import hooks, worker_delta
+from .prefix_hashes import BASE_HINTS, Hint, common_prefix_len
 from .prompt_delta import (
     Delta,
     DeltaError,
@@ -167,8 +169,10 @@ def receive(request: Any) -> None:
                 )
         else:
             tail = [int(x) for x in tail_text.split(",")] if tail_text else []
+            base = RECEIVER.base(sender, delta)
             request.prompt_token_ids = RECEIVER.rebuild(sender, delta, tail)
-        BASE_HINTS.put(request.request_id, delta.base)
+            BASE_HINTS.put(request.request_id, Hint(delta.base, delta.shared, id(base)))
+            worker_delta.relate(request.request_id, delta.base, delta.shared)
     if plain_request(request):
         RECEIVER.store(sender, request.request_id, request.prompt_token_ids)
 
@@ -184,7 +188,7 @@ def wrap_receive(original: Any) -> Any:
 
 
 def apply(res: hooks.Resolution | None = None) -> hooks.Applied:
-    """Install the three wrappers (validate-ids, core-send, core-receive); idempotent."""
+    """Install the wrappers (validate-ids, core-send, core-receive, worker-send); idempotent."""
     res = hooks.resolve(NAME) if res is None else res
     if not res.ok:
         return hooks.Applied(res.reason)
@@ -193,6 +197,7 @@ def apply(res: hooks.Resolution | None = None) -> hooks.Applied:
         "validate-ids": wrap_validate,
         "core-send": lambda f, t: wrap_send(f, t.owner, rate),
         "core-receive": wrap_receive,
+        "worker-send": worker_delta.wrap_schedule,
     }
     for role, make in makers.items():
         target = res.role(role)[0]

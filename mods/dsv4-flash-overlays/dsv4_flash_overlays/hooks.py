@@ -41,6 +41,8 @@ BUILTIN_STACK = "upstream"
 #                   a prompt as a delta of an earlier one
 #   core-receive    the engine core's ``preprocess_add_request(self, request)``, wrapped to
 #                   rebuild such a prompt first
+#   worker-send     the scheduler's ``schedule(self, ...)``, wrapped so new requests' prompts
+#                   pickle for the workers as deltas
 #   hasher-factory  a module's name for the function that makes the request block hasher,
 #                   rebound so the hasher it makes reuses cached chains
 #   draft-logits    ``(self, hidden_states) -> logits``, replaced by the fp8 draft head
@@ -54,6 +56,7 @@ ROLES = (
     "validate-ids",
     "core-send",
     "core-receive",
+    "worker-send",
     "hasher-factory",
     "draft-logits",
     "draft-head-arg",
@@ -66,7 +69,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "fp8-draft-head": frozenset({"draft-logits", "draft-head-arg", "loader", "check"}),
     "incremental-block-hashes": frozenset({"hasher-factory", "check"}),
     "incremental-detokenizer": frozenset({"detok-init", "check"}),
-    "incremental-prompt-handoff": frozenset({"validate-ids", "core-send", "core-receive", "check"}),
+    "incremental-prompt-handoff": frozenset(
+        {"validate-ids", "core-send", "core-receive", "worker-send", "check"}
+    ),
 }
 REQUIRED: dict[str, tuple[frozenset[str], ...]] = {
     "incremental-encode-cache": (frozenset({"factory"}),),
@@ -77,6 +82,7 @@ REQUIRED: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"validate-ids"}),
         frozenset({"core-send"}),
         frozenset({"core-receive"}),
+        frozenset({"worker-send"}),
     ),
 }
 # Parameters a role's function must take (the rewrite passes or replaces them by name).
@@ -88,6 +94,7 @@ ROLE_PARAMS: dict[str, tuple[str, ...]] = {
     "validate-ids": ("self", "token_ids"),
     "core-send": ("self", "request"),
     "core-receive": ("self", "request"),
+    "worker-send": ("self",),
 }
 
 
@@ -180,6 +187,20 @@ HANDOFF_HOOKS: tuple[Hook, ...] = (
         "EngineCoreProc.process_input_sockets",
         "check",
         ("self.preprocess_add_request(req)", "self._handle_request_preproc_error(req)"),
+    ),
+    Hook(
+        "incremental-prompt-handoff",
+        "vllm.v1.core.sched.scheduler",
+        "Scheduler.schedule",
+        "worker-send",
+        ("NewRequestData.from_request(",),
+    ),
+    Hook(
+        "incremental-prompt-handoff",
+        "vllm.v1.core.sched.output",
+        "NewRequestData.from_request",
+        "check",
+        ("prompt_token_ids=request.prompt_token_ids",),
     ),
     Hook(
         "incremental-prompt-handoff",

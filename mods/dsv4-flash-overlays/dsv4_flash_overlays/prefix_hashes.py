@@ -52,22 +52,32 @@ MAX_ENTRIES = 64
 MAX_CANDIDATES = 4
 
 
+@dataclass(frozen=True)
+class Hint:
+    """A prompt rebuilt as ``base_tokens[:shared] + new`` (handoff.py): the earlier request,
+    the shared length, and the identity of the very list it was rebuilt from."""
+
+    base: str
+    shared: int
+    base_list_id: int
+
+
 class _Hints:
-    """Request id -> the earlier request its prompt was rebuilt from (handoff.py), so the
-    block-hash cache compares with that prompt first. Bounded: unused hints age out."""
+    """Request id -> its Hint, so the block-hash cache takes the shared prefix without
+    comparing it. Bounded: unused hints age out."""
 
     def __init__(self, keep: int = 256) -> None:
         self.keep = keep
-        self._d: OrderedDict[str, str] = OrderedDict()
+        self._d: OrderedDict[str, Hint] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, rid: str, base: str) -> None:
+    def put(self, rid: str, hint: Hint) -> None:
         with self._lock:
-            self._d[rid] = base
+            self._d[rid] = hint
             while len(self._d) > self.keep:
                 self._d.popitem(last=False)
 
-    def pop(self, rid: str) -> str | None:
+    def pop(self, rid: str) -> Hint | None:
         with self._lock:
             return self._d.pop(rid, None)
 
@@ -83,7 +93,9 @@ def common_prefix_len(a: Sequence[Any], b: Sequence[Any], limit: int | None = No
     prefix in C comparisons, never a Python loop per element.
     """
     n = min(len(a), len(b), limit if limit is not None else len(a))
-    if a[:n] == b[:n]:
+    # One slice, not two, when a whole list is the candidate prefix (the usual case).
+    whole = (a == b[:n]) if n == len(a) else (b == a[:n]) if n == len(b) else a[:n] == b[:n]
+    if whole:
         return n
     lo, step = 0, 1024
     hi = n
@@ -127,6 +139,7 @@ class Stats:
     verified: int = 0
     mismatches: int = 0
     evictions: int = 0
+    hinted: int = 0
 
 
 def _env_float(name: str, default: float) -> float:
@@ -174,15 +187,33 @@ class BlockHashCache:
         return max(0, (ntok - self.lookahead) // self.block_size)
 
     def reusable(
-        self, key: Hashable, tokens: Sequence[int], hint: str | None = None
+        self, key: Hashable, tokens: Sequence[int], hint: Hint | None = None
     ) -> tuple[list[Any], int]:
         """(hashes of the longest reusable chain, common token prefix): the first blocks of
-        ``tokens`` whose hashes a cached prompt with the same ``key`` already has."""
+        ``tokens`` whose hashes a cached prompt with the same ``key`` already has.
+
+        With a ``hint`` whose base list is the cached entry's own token list, the shared
+        prefix is known (the prompt was built from that list) and is not compared again."""
         if not self.enabled:
             return [], 0
         with self._lock:
             self.stats.lookups += 1
-            hinted = self._by_rid.get(hint) if hint else None
+            hinted = self._by_rid.get(hint.base) if hint else None
+        if (
+            hint is not None
+            and hinted is not None
+            and hinted.key == key
+            and id(hinted.tokens) == hint.base_list_id
+            and hint.shared <= min(hinted.ntok, len(tokens))
+        ):
+            n = min(len(hinted.hashes), self.blocks_for(hint.shared))
+            if n:
+                with self._lock:
+                    self.stats.hits += 1
+                    self.stats.reused_blocks += n
+                    self.stats.hinted += 1
+                return hinted.hashes[:n], hint.shared
+        with self._lock:
             cands = [] if hinted is None else [hinted]
             for e in reversed(self._lru.values()):
                 if len(cands) >= MAX_CANDIDATES:

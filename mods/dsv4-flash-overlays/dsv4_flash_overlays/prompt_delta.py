@@ -113,6 +113,11 @@ class Receiver:
             while len(q) > self.keep:
                 q.popitem(last=False)
 
+    def base(self, sender: Hashable, delta: Delta) -> list[int] | None:
+        """The list a delta names, as held (None if not held)."""
+        with self._lock:
+            return self._by_sender.get(sender, {}).get(delta.base)
+
     def rebuild(self, sender: Hashable, delta: Delta, tail: list[int]) -> list[int]:
         """The whole prompt; DeltaError when it cannot be rebuilt exactly."""
         if self.refused:
@@ -126,7 +131,9 @@ class Receiver:
                 "VLLM_INCREMENTAL_PROMPT_HANDOFF=0"
             )
         self.rebuilt += 1
-        return base[: delta.shared] + tail
+        out = base[: delta.shared]
+        out.extend(tail)
+        return out
 
     def check(self, rebuilt: list[int], full: list[int]) -> bool:
         """A sampled full prompt against the rebuilt one; a difference refuses all later deltas."""

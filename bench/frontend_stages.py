@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import random
 import signal
@@ -104,6 +105,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-dir", type=Path, default=None, help="server logs and stage files")
     p.add_argument("--json", dest="json_path", type=argtypes.output_file, default=None)
     p.add_argument("--plot", type=argtypes.png_file, default=None)
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="no run: print the table and draw --plot from a recorded run's JSON",
+    )
     args = p.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     if (
@@ -338,8 +345,20 @@ def boot(args: argparse.Namespace, log_dir: Path, servers: list[Server]) -> list
     return arms
 
 
+def replot(args: argparse.Namespace) -> int:
+    """The table and the plot of a recorded run, from its JSON (its raw turns)."""
+    doc = json.loads(args.from_json.read_text())
+    summary = stagereport.summarize(doc["raw"], doc["summary"]["arms"])
+    stagereport.print_report(summary)
+    if args.plot:
+        stagereport.plot(args.plot, summary)
+    return stagereport.exit_code(summary)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json is not None:
+        return replot(args)
     signal.signal(signal.SIGTERM, _interrupt)
     servers: list[Server] = []
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

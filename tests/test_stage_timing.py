@@ -41,6 +41,8 @@ def _timeline(tag: str = "t1") -> list[stages.Event]:
         _ev("engine_input", 20, 21, tag),
         _ev("add_request", 32, 45, tag),
         _ev("process_inputs", 33, 38, tag),
+        _ev("validate", 34, 36, tag),
+        _ev("output_state", 38, 38.5, tag),
         _ev("send", 39, 46, rid),
         _ev("serialise", 39, 41, rid),
         _ev("deserialise", 43, 44, rid, pid=2, ids_sent=0),
@@ -65,6 +67,10 @@ def test_the_stages_add_up_to_the_client_ttft_exactly() -> None:
     assert split["tokenize"] == pytest.approx(11.0)
     assert split["serving"] == pytest.approx(27 - 1 - 2 - 11 - 1)  # render's parts taken out
     assert split["hash"] == pytest.approx(3.0) and split["request_init"] == pytest.approx(3.0)
+    assert split["validate"] == pytest.approx(2.0) and split["process_inputs"] == pytest.approx(3.0)
+    assert split["output_state"] == pytest.approx(0.5) and split["add_request"] == pytest.approx(
+        1.5
+    )
     assert split["forward"] == pytest.approx(20.0)  # execute minus runner_update
     assert split["to_worker"] == pytest.approx(1.0)
     facts = stages.facts(_timeline(), "t1", 0, int(100 * MS))

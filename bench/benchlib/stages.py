@@ -37,11 +37,15 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("tokenize", "measured", "BaseRenderer.tokenize_prompts_async"),
     ("engine_input", "measured", "BaseRenderer.process_for_engine_async"),
     ("serving", "gap", "the rest of OpenAIServingChat until AsyncLLM.add_request"),
-    ("process_inputs", "measured", "InputProcessor.process_inputs (EngineCoreRequest)"),
+    ("validate", "measured", "BaseRenderer.validate_token_ids (max/min over the prompt ids)"),
+    ("process_inputs", "measured", "rest of InputProcessor.process_inputs (EngineCoreRequest)"),
+    ("output_state", "measured", "OutputProcessor.add_request (request state, detokenizer)"),
+    ("delta_plan", "measured", "the hand-off overlay's Sender.plan (prefix comparison)"),
     ("serialise", "measured", "MsgpackEncoder.encode of the EngineCoreRequest"),
     ("add_request", "measured", "rest of AsyncLLM.add_request up to the encode's end"),
     ("to_core", "gap", "zmq to the engine core's input thread"),
     ("deserialise", "measured", "MsgpackDecoder.decode of the EngineCoreRequest"),
+    ("rebuild", "measured", "the hand-off overlay's Receiver.rebuild of a delta-sent prompt"),
     ("hash", "measured", "the prefix-cache block hasher on the prompt (Request.__init__)"),
     ("request_init", "measured", "rest of EngineCore.preprocess_add_request"),
     ("core_wakeup", "gap", "input queue -> the engine core's busy loop"),
@@ -208,13 +212,20 @@ def split(events: list[Event], tag: str, t_send_ns: int, t_first_ns: int) -> dic
     s["serving"] = (add.t0 - handler.t0) / 1e6 - sum(
         s[k] for k in ("messages", "template", "tokenize", "engine_input")
     )
-    s["process_inputs"] = _span_ms(_inside(win, "process_inputs", add))
+    proc = _inside(win, "process_inputs", add)
+    s["validate"] = sum(_span_ms(_inside(win, "validate", p)) for p in proc)
+    s["process_inputs"] = _span_ms(proc) - s["validate"]
+    s["output_state"] = _span_ms(_inside(win, "output_state", add))
+    s["delta_plan"] = _span_ms(_inside(win, "delta_plan", add))
     s["serialise"] = ser.ms
-    s["add_request"] = (ser.t1 - add.t0) / 1e6 - s["process_inputs"] - s["serialise"]
+    s["add_request"] = (ser.t1 - add.t0) / 1e6 - sum(
+        s[k] for k in ("validate", "process_inputs", "output_state", "delta_plan", "serialise")
+    )
     s["to_core"] = (des.t0 - ser.t1) / 1e6
     s["deserialise"] = des.ms
+    s["rebuild"] = _span_ms(_inside(win, "rebuild", init))
     s["hash"] = _span_ms(_inside(win, "hash", init))
-    s["request_init"] = (init.t1 - des.t1) / 1e6 - s["hash"]
+    s["request_init"] = (init.t1 - des.t1) / 1e6 - s["hash"] - s["rebuild"]
     s["core_wakeup"] = (queue.t0 - init.t1) / 1e6
     s["queue"] = queue.ms
     s["wait"] = (sched.t0 - queue.t1) / 1e6

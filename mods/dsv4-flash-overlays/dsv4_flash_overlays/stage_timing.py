@@ -194,6 +194,11 @@ TARGETS: tuple[Target, ...] = (
     Target("engine_input", "vllm.renderers.base", "BaseRenderer.process_for_engine_async"),
     Target("add_request", "vllm.v1.engine.async_llm", "AsyncLLM.add_request"),
     Target("process_inputs", "vllm.v1.engine.input_processor", "InputProcessor.process_inputs"),
+    Target("validate", "vllm.renderers.base", "BaseRenderer.validate_token_ids"),
+    Target("output_state", "vllm.v1.engine.output_processor", "OutputProcessor.add_request"),
+    # Our own pieces, where the hand-off overlay is on (prompt_delta.py).
+    Target("delta_plan", "dsv4_flash_overlays.prompt_delta", "Sender.plan"),
+    Target("rebuild", "dsv4_flash_overlays.prompt_delta", "Receiver.rebuild"),
     Target(
         "serialise",
         "vllm.v1.serial_utils",

@@ -41,7 +41,7 @@ import random
 from typing import Any
 
 from . import hooks, worker_delta
-from .prefix_hashes import BASE_HINTS, Hint, common_prefix_len
+from .prefix_hashes import BASE_HINTS, TAIL_SCAN, Hint, common_prefix_len
 from .prompt_delta import (
     Delta,
     DeltaError,
@@ -85,8 +85,8 @@ def validated_prefix(token_ids: Any) -> int:
     best = 0
     for prev, n in reversed(_validated):
         best = max(best, common_prefix_len(prev, token_ids, n))
-        if best == n:
-            break
+        if best >= min(n, len(token_ids)) - TAIL_SCAN:
+            break  # all but its tail: an older prompt will not cover much more
     return best
 
 

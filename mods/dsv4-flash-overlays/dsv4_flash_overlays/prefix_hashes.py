@@ -85,37 +85,36 @@ class _Hints:
 BASE_HINTS = _Hints()
 
 
-def common_prefix_len(a: Sequence[Any], b: Sequence[Any], limit: int | None = None) -> int:
-    """Length of the common prefix of two lists (C-level slice comparisons, galloping).
+TAIL_SCAN = 256  # a new turn's prompt usually differs from the last one in its last tokens
+CHUNK = 32768  # items per slice compared: small enough to reuse one allocation, no page faults
 
-    Tries the whole overlap first (the usual case: the new prompt extends the old one), then
-    doubles a block size from 1k and halves the first unequal block: about twice the common
-    prefix in C comparisons, never a Python loop per element.
+
+def common_prefix_len(a: Sequence[Any], b: Sequence[Any], limit: int | None = None) -> int:
+    """Length of the common prefix of two lists, by C-level comparisons of slices.
+
+    Slices of ``CHUNK`` items from the start while they are equal, then a halving search
+    inside the first unequal one: about the common prefix's length in C comparisons (one
+    pointer test per item when the lists share their int objects), never a Python loop over
+    more than 16 items. (One slice of a 500k-item list costs 5x the comparison: fresh pages.)
     """
     n = min(len(a), len(b), limit if limit is not None else len(a))
-    # One slice, not two, when a whole list is the candidate prefix (the usual case).
-    whole = (a == b[:n]) if n == len(a) else (b == a[:n]) if n == len(b) else a[:n] == b[:n]
-    if whole:
-        return n
-    lo, step = 0, 1024
-    hi = n
+    lo = 0
     while lo < n:
-        k = min(step, n - lo)
+        k = min(CHUNK, n - lo)
         if a[lo : lo + k] == b[lo : lo + k]:
             lo += k
-            step *= 2
-        else:
-            hi = lo + k
-            break
-    while hi - lo > 16:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while lo < hi and a[lo] == b[lo]:
-        lo += 1
-    return lo
+            continue
+        hi = lo + k
+        while hi - lo > 16:
+            mid = (lo + hi) // 2
+            if a[lo:mid] == b[lo:mid]:
+                lo = mid
+            else:
+                hi = mid
+        while lo < hi and a[lo] == b[lo]:
+            lo += 1
+        return lo
+    return n
 
 
 @dataclass
@@ -230,8 +229,8 @@ class BlockHashCache:
             n = min(len(e.hashes), self.blocks_for(lcp))
             if n > len(best):
                 best, best_lcp = e.hashes[:n], lcp
-            if lcp == e.ntok:  # a whole cached prompt is our prefix: nothing newer beats it
-                break
+            if lcp >= min(e.ntok, len(tokens)) - TAIL_SCAN:
+                break  # all but its tail: an older entry will not share much more
         if best:
             with self._lock:
                 self.stats.hits += 1

@@ -26,7 +26,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from .prefix_hashes import common_prefix_len
+from .prefix_hashes import TAIL_SCAN, common_prefix_len
 
 WINDOW = 4  # prompts a sender may refer to; receivers keep twice as many per sender
 MIN_SHARED = 2048  # a shorter shared prefix is not worth a delta
@@ -70,8 +70,8 @@ class Sender:
             n = common_prefix_len(prev, tokens)
             if n >= self.min_shared and (best is None or n > best[1]):
                 best = (rid, n)
-            if n == len(prev):
-                break
+            if n >= min(len(prev), len(tokens)) - TAIL_SCAN:
+                break  # all but its tail: an older prompt will not share much more
         if best is None:
             return None, tokens
         rid, n = best

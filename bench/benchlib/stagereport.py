@@ -34,7 +34,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "prefill": ("forward", "to_sample", "sample", "to_update", "update"),
     "output": ("to_api", "outputs", "to_sse", "to_client"),
 }
-GOAL_RATIO = 1.2  # issue 31: cached-turn TTFT at the deepest depth within 1.2x of the shallowest
+GOAL_RATIO = 1.2  # the goal: cached-turn TTFT at the deepest depth within 1.2x of the shallowest
 
 
 def fmt_ms(v: float | None) -> str:

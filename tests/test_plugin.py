@@ -105,6 +105,7 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
         "fp8-draft-head": False,
         "incremental-block-hashes": False,
         "incremental-detokenizer": False,
+        "incremental-prompt-handoff": False,
     }
     assert out["off_hook_imported"] is False
     assert out["on_applied"]["incremental-encode-cache"] is True
@@ -156,6 +157,7 @@ def test_flag_off_changes_nothing(fresh_register) -> None:
         "fp8-draft-head": False,
         "incremental-block-hashes": False,
         "incremental-detokenizer": False,
+        "incremental-prompt-handoff": False,
     }
     after = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
     assert all(a is b for a, b in zip(before, after, strict=True))

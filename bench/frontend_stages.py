@@ -33,24 +33,19 @@ import argparse
 import datetime as dt
 import json
 import os
-import random
 import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from bench.benchlib import EXIT_ERROR, EXIT_INTERRUPTED, prompts, stagereport, stages
+from bench.benchlib import EXIT_ERROR, EXIT_INTERRUPTED, stagereport, stages
 from bench.benchlib.cli import log
 from bench.benchlib.runner import git_sha
-from bench.benchlib.stream import open_connection, stream_request
+from bench.benchlib.stageturns import SERVED, Arm, Conversation, Reply, chars_per_token, send
 from bench.chat_ttft_ab import command, machine, write_json
 from bench.headline_real import path_prefixes
-from bench.kernels.bench_tokenizer_cache import TraceText
 from bench.realserver import (
     Server,
     ServerError,
@@ -64,7 +59,6 @@ from pairctl.cli import argtypes
 from pairctl.endpoint import Endpoint
 
 MIDDLEWARE = "dsv4_flash_overlays.stage_timing.ArrivalMark"
-SERVED = "tiny-dsv4"
 # Each arm's overlay flags (the stage timing is on in both).
 FRONT_END_FLAGS = (
     "VLLM_INCREMENTAL_ENCODE_CACHE",
@@ -76,7 +70,6 @@ ARMS: dict[str, dict[str, str]] = {
     "off": dict.fromkeys(FRONT_END_FLAGS, "0"),
     "on": dict.fromkeys(FRONT_END_FLAGS, "1"),
 }
-REPLY = "Noted."
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -88,23 +81,60 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "attempt; 130 interrupted.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--engine-venv", type=Path, default=default_engine_venv())
+    p.add_argument(
+        "--engine-venv",
+        type=Path,
+        default=default_engine_venv(),
+        help="the CPU engine venv (make engine)",
+    )
     p.add_argument("--model-spec", default="window", help="sim.engine.tiny_model --spec")
     p.add_argument("--arms", default="off,on", help=f"arms to run, of {', '.join(ARMS)}")
-    p.add_argument("--ports", type=argtypes.int_list, default="18311,18312")
-    p.add_argument("--depths", type=argtypes.size_list, default="2k,10k,50k,100k,200k,500k")
+    p.add_argument(
+        "--ports", type=argtypes.int_list, default="18311,18312", help="one loopback port per arm"
+    )
+    p.add_argument(
+        "--depths",
+        type=argtypes.size_list,
+        default="2k,10k,50k,100k,200k,500k",
+        help="tokens of history at which turns are measured, increasing",
+    )
     p.add_argument("--turns", type=argtypes.int_at_least(1), default=5, help="per depth")
-    p.add_argument("--turn-tokens", type=argtypes.size, default="300")
-    p.add_argument("--fill-message-tokens", type=argtypes.size, default="4k")
-    p.add_argument("--max-tokens", type=argtypes.int_at_least(1), default=2)
-    p.add_argument("--retries", type=argtypes.non_negative_int, default=2)
-    p.add_argument("--budget-s", type=argtypes.float_above(0.0), default=1800.0)
-    p.add_argument("--timeout-s", type=argtypes.float_above(0.0), default=900.0)
-    p.add_argument("--boot-timeout-s", type=argtypes.float_above(0.0), default=600.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--turn-tokens", type=argtypes.size, default="300", help="size of each measured turn"
+    )
+    p.add_argument(
+        "--fill-message-tokens",
+        type=argtypes.size,
+        default="4k",
+        help="size of each document that grows the history",
+    )
+    p.add_argument(
+        "--max-tokens", type=argtypes.int_at_least(1), default=2, help="reply length per turn"
+    )
+    p.add_argument(
+        "--retries",
+        type=argtypes.non_negative_int,
+        default=2,
+        help="attempts more for a turn another request shared",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=argtypes.float_above(0.0),
+        default=1800.0,
+        help="skip a depth whose history prefill would not fit in what is left of this",
+    )
+    p.add_argument("--timeout-s", type=argtypes.float_above(0.0), default=900.0, help="per request")
+    p.add_argument(
+        "--boot-timeout-s", type=argtypes.float_above(0.0), default=600.0, help="wait for boot"
+    )
+    p.add_argument("--seed", type=int, default=0, help="of the conversation's text")
     p.add_argument("--log-dir", type=Path, default=None, help="server logs and stage files")
-    p.add_argument("--json", dest="json_path", type=argtypes.output_file, default=None)
-    p.add_argument("--plot", type=argtypes.png_file, default=None)
+    p.add_argument(
+        "--json", dest="json_path", type=argtypes.output_file, default=None, help="result JSON"
+    )
+    p.add_argument(
+        "--plot", type=argtypes.png_file, default=None, help="stacked-bar plot (.png/.svg/.pdf)"
+    )
     p.add_argument(
         "--from-json",
         type=Path,
@@ -126,119 +156,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not (args.engine_venv / "bin/vllm").exists():
         p.error(f"--engine-venv {args.engine_venv} has no bin/vllm; run make engine")
     return args
-
-
-@dataclass
-class Arm:
-    """One server and what we read of its stage files."""
-
-    name: str
-    server: Server
-    stage_dir: Path
-    endpoint: Endpoint
-    tail: stages.Tail = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.tail = stages.Tail(self.stage_dir)
-
-
-@dataclass
-class Reply:
-    arm: str
-    tag: str
-    ok: bool
-    error: str | None
-    ttft_ms: float | None
-    prompt_tokens: int | None
-    content: str
-    stages: dict[str, float] | None = None
-    facts: dict[str, Any] = field(default_factory=dict)
-    foreign: list[str] = field(default_factory=list)
-    retries: int = 0
-
-
-def payload(messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
-    return {
-        "model": SERVED,
-        "messages": messages,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-    }
-
-
-def send(arm: Arm, messages: list[dict[str, str]], tag: str, args: argparse.Namespace) -> Reply:
-    """One request; its stage split when it is measured (the tag names it in every event)."""
-    sock = open_connection(arm.endpoint, args.timeout_s)
-    time.sleep(0.05)  # the server accepts before the request leaves (kept out of TTFT)
-    res = stream_request(
-        arm.endpoint,
-        "/v1/chat/completions",
-        payload(messages, args.max_tokens),
-        timeout_s=args.timeout_s,
-        sock=sock,
-        headers={"X-Request-Id": tag},
-    )
-    t_first = res.t_first_chunk_ns
-    ttft = (
-        None if t_first is None or res.t_request_ns is None else (t_first - res.t_request_ns) / 1e6
-    )
-    reply = Reply(arm.name, tag, res.ok, res.error, ttft, res.prompt_tokens, res.content or "")
-    time.sleep(0.2)  # the last events of the request reach the files
-    events = arm.tail.read()
-    if res.ok and t_first is not None and res.t_request_ns is not None:
-        reply.foreign = stages.foreign(events, tag, res.t_request_ns, t_first)
-        try:
-            reply.stages = stages.split(events, tag, res.t_request_ns, t_first)
-            reply.facts = stages.facts(events, tag, res.t_request_ns, t_first)
-        except stages.Missing as e:
-            reply.error = str(e)
-    return reply
-
-
-class Conversation:
-    """The shared history and the text that grows it (the same on every arm)."""
-
-    def __init__(self, seed: int, chars_per_token: float) -> None:
-        self.rng = random.Random(seed)
-        self.seed = seed
-        self.cpt = chars_per_token
-        self.history: list[dict[str, str]] = []
-        self.tag = prompts.nonce(self.rng)
-        self.n = 0
-
-    def text(self, tokens: int) -> str:
-        self.n += 1
-        return TraceText(self.seed * 100_000 + self.n).block(max(1, int(tokens * self.cpt)))
-
-    def fill(self, tokens: int, per_message: int) -> list[dict[str, str]]:
-        """The history plus documents of about ``tokens`` tokens, the last one a user turn."""
-        msgs: list[dict[str, str]] = []
-        left = tokens
-        while left > 0:
-            n = min(per_message, left)
-            head = self.tag if not self.history and not msgs else ""
-            msgs.append({"role": "user", "content": f"{head}Document part:\n\n{self.text(n)}"})
-            left -= n
-            if left > 0:
-                msgs.append({"role": "assistant", "content": REPLY})
-        return [*self.history, *msgs]
-
-    def turn(self, tokens: int, attempt: int = 0) -> list[dict[str, str]]:
-        body = self.text(tokens)
-        mark = f"(attempt {attempt}) " if attempt else ""
-        return [*self.history, {"role": "user", "content": f"{mark}{body}\n\nWhat changes?"}]
-
-    def commit(self, messages: list[dict[str, str]]) -> None:
-        self.history = [*messages, {"role": "assistant", "content": REPLY}]
-
-
-def chars_per_token(ep: Endpoint) -> float:
-    sample = TraceText(-1).block(40_000)
-    with requests.Session() as s:
-        n = prompts.count_tokens(s, ep, SERVED, [{"role": "user", "content": sample}])
-    return len(sample) / n if n else 4.0
 
 
 def run(args: argparse.Namespace, arms: list[Arm]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from dsv4_flash_overlays import stage_timing
+from dsv4_flash_overlays import stage_targets, stage_timing
 
 from bench.benchlib import stages
 from tests.conftest import ENGINE_PY, REPO
@@ -127,8 +127,8 @@ def test_wrappers_time_sync_and_async_calls_with_their_request(tmp_path: Path) -
     old = stage_timing._REC
     stage_timing._REC = rec
     try:
-        t_sync = stage_timing.Target("a", "m", "q", stage_timing._self_request_id)
-        t_async = stage_timing.Target("b", "m", "q", stage_timing._self_request_id)
+        t_sync = stage_timing.Target("a", "m", "q", stage_targets._self_request_id)
+        t_async = stage_timing.Target("b", "m", "q", stage_targets._self_request_id)
         sync = stage_timing._wrap(_Thing.sync, t_sync)
         coro = stage_timing._wrap(_Thing.coro, t_async)
         assert sync(_Thing(), _Req()) == 1
@@ -209,3 +209,32 @@ def test_every_target_resolves_in_vllm_033() -> None:
 @pytest.mark.needs_engine
 def test_every_target_resolves_in_the_cpu_engine() -> None:
     assert _resolve_all(str(ENGINE_PY)) == {}
+
+
+# ----------------------------------------------------------------- the bench's command line
+
+
+def test_the_recorded_run_redraws_from_its_json(tmp_path: Path, capsys) -> None:
+    """--from-json: the recorded run's table and plot again, without a server."""
+    from bench import frontend_stages
+
+    recorded = REPO / "bench/results/frontend/frontend_stages.json"
+    png = tmp_path / "again.png"
+    assert frontend_stages.main(["--from-json", str(recorded), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "arm on: median ms per stage" in out and "goal (on): TTFT at 512000" in out
+    assert png.stat().st_size > 10_000
+    doc = json.loads(recorded.read_text())
+    assert doc["summary"]["problems"] == {"failed": [], "contaminated": [], "different": []}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--arms", "off,off"], ["--arms", "fast"], ["--depths", "10k,2k"], ["--ports", "1"]],
+)
+def test_bad_flags_are_usage_errors(argv: list[str]) -> None:
+    from bench import frontend_stages
+
+    with pytest.raises(SystemExit) as exc:
+        frontend_stages.parse_args(argv)
+    assert exc.value.code == 2

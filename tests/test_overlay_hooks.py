@@ -297,12 +297,18 @@ def test_the_fork_table_does_not_resolve_in_vllm_033_and_says_where() -> None:
 
 @pytest.mark.needs_engine
 def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
-    """The rehearsal's engine: the tokenizer cache and the weight guard resolve, the fp8
-    head says why not."""
+    """The rehearsal's engine: the tokenizer cache, the weight guard and the front-end
+    overlays resolve, the fp8 head says why not."""
+    front_end = {
+        "incremental-block-hashes": "VLLM_INCREMENTAL_BLOCK_HASHES",
+        "incremental-detokenizer": "VLLM_INCREMENTAL_DETOKENIZER",
+        "incremental-prompt-handoff": "VLLM_INCREMENTAL_PROMPT_HANDOFF",
+    }
     proc, out = run_check(
         {
             hooks.HOOKS_ENV: stack.load_stack("cpu").hooks_json(),
             "VLLM_INCREMENTAL_ENCODE_CACHE": "1",
+            **dict.fromkeys(front_end.values(), "1"),
         },
         python=str(ENGINE_PY),
     )
@@ -322,3 +328,10 @@ def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
         "resolvable": True,
         "reason": None,
     }
+    for name, flag in front_end.items():  # the front-end overlays bench.frontend_stages runs
+        assert out["overlays"][name] == {
+            "flag": flag,
+            "enabled": True,
+            "resolvable": True,
+            "reason": None,
+        }

@@ -105,6 +105,9 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
         "incremental-encode-cache": False,
         "fp8-draft-head": False,
         "weight-guard": True,
+        "incremental-block-hashes": False,
+        "incremental-detokenizer": False,
+        "incremental-prompt-handoff": False,
     }
     assert out["off_hook_imported"] is False
     assert out["on_applied"]["incremental-encode-cache"] is True
@@ -156,6 +159,9 @@ def test_flag_off_changes_nothing(fresh_register, monkeypatch) -> None:
         "incremental-encode-cache": False,
         "fp8-draft-head": False,
         "weight-guard": False,
+        "incremental-block-hashes": False,
+        "incremental-detokenizer": False,
+        "incremental-prompt-handoff": False,
     }
     after = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
     assert all(a is b for a, b in zip(before, after, strict=True))

@@ -18,6 +18,16 @@ hidden 64, 2 heads) is for the real-server tokenizer-cache benchmark (bench/head
 its per-turn engine compute at 100k tokens of history is small next to tokenizing that
 history, as a Spark's is with DSA sparse attention (docs/performance-model.md, "Per-turn
 prefill vs tokenization").
+
+`window` is `headline` as a Mistral with a 512-token sliding window on every layer, for the
+front-end stage benchmark (bench/frontend_stages.py): its attention cost per new token stops
+growing at 512 tokens of history, as DeepSeek-V4's sparse attention reads a fixed 512 selected
+tokens (DSA `index_topk` 512 in its config.json), so what grows with the history is the front
+end. Its positions reach 1,048,576, DeepSeek-V4's. vLLM honours the window on CPU: the Mistral
+config's `sliding_window` becomes the cache config's (vllm/engine/arg_utils.py, every layer
+sliding), each Attention layer takes it (vllm/model_executor/layers/attention/attention.py),
+and the CPU backend supports it (vllm/v1/attention/backends/cpu_attn.py
+supports_sliding_window, the window passed to cpu_attention_with_kv_cache).
 """
 
 from __future__ import annotations
@@ -64,6 +74,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 2,
         "num_key_value_heads": 2,
         "tie_word_embeddings": True,  # as recorded in bench/results (a completion bench)
+    },
+    # headline's sizes as a Mistral (a Llama with `sliding_window`; vLLM maps it to its Llama
+    # code, vllm/model_executor/models/mistral.py) whose every layer attends to 512 tokens.
+    "window": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+        "sliding_window": 512,
+        "max_position_embeddings": 1048576,
     },
 }
 SEED = 20261201
@@ -136,15 +160,22 @@ def build(out: Path, variant: str = "default") -> Path:
     if is_built(out):
         return out
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         torch.manual_seed(SEED)
         spec = spec_of(variant)
-        cfg = LlamaConfig(**{k: v for k, v in spec.items() if k != "architectures"})
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        config_cls, model_cls = (
+            (MistralConfig, MistralForCausalLM)
+            if spec["model_type"] == "mistral"
+            else (LlamaConfig, LlamaForCausalLM)
+        )
+        cfg = config_cls(
+            **{k: v for k, v in spec.items() if k not in ("architectures", "model_type")}
+        )
+        model = model_cls(cfg).to(torch.bfloat16)
         if not spec.get("tie_word_embeddings", True):
             output_layer(model)
         model.save_pretrained(tmp, safe_serialization=True)
@@ -175,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         "--spec",
         choices=sorted(VARIANTS),
         default="default",
-        help="named variant of the spec (headline: 1 layer, hidden 64, for bench.headline_real)",
+        help="named variant of the spec (headline: 1 layer, hidden 64, for bench.headline_real; "
+        "window: headline with a 512-token sliding window, for bench.frontend_stages)",
     )
     args = ap.parse_args(argv)
     out = args.out or default_cache_dir(args.spec)

@@ -20,7 +20,7 @@ import os
 import threading
 
 from . import hooks
-from .flags import KILL_SWITCH, OVERLAYS, flag_enabled, invalid_flags
+from .flags import KILL_SWITCH, OVERLAYS, STAGE_TIMING_DIR, flag_enabled, invalid_flags
 
 __version__ = "0.1.0"
 
@@ -113,6 +113,21 @@ def register() -> None:
                 reason = f"{type(exc).__name__}: {exc}"
             _APPLIED[overlay.name] = not reason
             _outcome_line(overlay.name, table.label, hooks.vllm_version(), reason)
+        _stage_timing()
+
+
+def _stage_timing() -> None:
+    """Measurement only, after the overlays so its wrappers are the outermost ones."""
+    if not os.environ.get(STAGE_TIMING_DIR, "") or STAGE_TIMING_DIR in invalid_flags():
+        return
+    try:
+        from . import stage_timing
+
+        stage_timing.apply()
+    except Exception as exc:  # measurement never breaks a boot either
+        logger.warning(
+            "dsv4-flash-overlays: stage timing not installed (%s: %s)", type(exc).__name__, exc
+        )
 
 
 def applied() -> dict[str, bool]:

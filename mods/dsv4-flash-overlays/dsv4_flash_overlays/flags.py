@@ -59,8 +59,14 @@ def _is_rate(v: str) -> bool:
         return False
 
 
+def _is_abs_path(v: str) -> bool:
+    return os.path.isabs(v)
+
+
 # Kill switch: DSV4_OVERLAYS_DISABLE=1 turns every overlay off whatever its flag says.
 KILL_SWITCH = "DSV4_OVERLAYS_DISABLE"
+# Measurement only (stage_timing.py): not an overlay, changes no result; off when unset.
+STAGE_TIMING_DIR = "DSV4_STAGE_TIMING_DIR"
 
 FLAGS: tuple[Flag, ...] = (
     Flag(KILL_SWITCH, "0", "1 = apply no overlay at all (kill switch)", _is_01),
@@ -88,6 +94,61 @@ FLAGS: tuple[Flag, ...] = (
         "60",
         "seconds between counter log lines (hits, misses, bytes, fallbacks); 0 = never",
         _is_nonneg_float,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_BLOCK_HASHES",
+        "0",
+        "1 = a new prompt's prefix-cache block hashes reuse a recent prompt's chain and hash "
+        "only the new blocks (engine core)",
+        _is_01,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_BLOCK_HASHES_MB",
+        "256",
+        "byte budget of the block-hash cache in MiB (LRU eviction; 0 = no caching)",
+        _is_nonneg_float,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_BLOCK_HASHES_VERIFY_RATE",
+        "0.01",
+        "fraction of prompts with reused hashes re-hashed in full; a difference turns the "
+        "cache off for the process",
+        _is_rate,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_DETOKENIZER",
+        "0",
+        "1 = a new request's detokenizer is primed with the prompt's last tokens, not all of "
+        "it (API server)",
+        _is_01,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_DETOKENIZER_VERIFY_RATE",
+        "0.01",
+        "fraction of requests whose tail priming is checked against whole-prompt priming; a "
+        "difference turns the overlay off for the process",
+        _is_rate,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_PROMPT_HANDOFF",
+        "0",
+        "1 = the API server validates and sends the engine core only a prompt's new tokens "
+        "(API server and engine core)",
+        _is_01,
+    ),
+    Flag(
+        "VLLM_INCREMENTAL_PROMPT_HANDOFF_VERIFY_RATE",
+        "0.01",
+        "fraction of delta-sent prompts also sent whole and compared by the engine core; a "
+        "difference refuses every later delta (those requests fail) until a restart",
+        _is_rate,
+    ),
+    Flag(
+        STAGE_TIMING_DIR,
+        "",
+        "measurement only: an absolute directory; every process appends the duration of "
+        "each front-end stage of each request to stages-PID.jsonl there (stage_timing.py)",
+        _is_abs_path,
     ),
     Flag(
         "VLLM_DSPARK_FP8_DRAFT_HEAD",
@@ -139,6 +200,39 @@ OVERLAYS: tuple[Overlay, ...] = (
         upstream="vllm-project/vllm#57108 (the quantized-model check behind "
         "enable_weights_track), #41086 (enable_weights_track)",
         removal="drop once vLLM checks every load by default, quantized models and drafts included",
+        name="incremental-block-hashes",
+        flag="VLLM_INCREMENTAL_BLOCK_HASHES",
+        module="block_hashes",
+        why="every turn the engine core re-hashes every full block of the whole history for "
+        "the prefix cache before the request is queued",
+        how="rebinds the engine core's get_request_block_hasher; the hasher it makes takes the "
+        "hashes of the blocks a recent prompt shares (one list comparison) and hashes only "
+        "the rest with vLLM's own hasher",
+        upstream="none filed",
+        removal="drop once vLLM reuses a previous request's block hashes itself",
+    ),
+    Overlay(
+        name="incremental-detokenizer",
+        flag="VLLM_INCREMENTAL_DETOKENIZER",
+        module="detok_prime",
+        why="the first output token of every turn decodes the whole history: vLLM primes the "
+        "detokenizer's DecodeStream with every prompt id",
+        how="wraps FastIncrementalDetokenizer.__init__ so the stream is primed from the last "
+        "prompt token that starts a character (ByteLevel decoders only); same text out",
+        upstream="none filed",
+        removal="drop once vLLM primes the stream with a bounded prompt suffix",
+    ),
+    Overlay(
+        name="incremental-prompt-handoff",
+        flag="VLLM_INCREMENTAL_PROMPT_HANDOFF",
+        module="handoff",
+        why="every turn the API server validates, encodes and sends the whole prompt to the "
+        "engine core, which decodes it into fresh ints",
+        how="validate_token_ids checks only ids after a validated prefix; a prompt sharing "
+        ">= 2,048 tokens with a recently sent one goes as (that request, shared length, new "
+        "tokens), rebuilt in EngineCore.preprocess_add_request",
+        upstream="none filed",
+        removal="drop once vLLM sends prompts incrementally to the engine core",
     ),
 )
 

@@ -29,11 +29,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .builtin_hooks import BUILTIN  # the built-in table (hooks.BUILTIN)
+from .hookpoint import Hook
+
 HOOKS_ENV = "DSV4_OVERLAY_HOOKS"
 BUILTIN_STACK = "upstream"
 
 # What each role means (the overlay modules implement them):
 #   factory         a classmethod wrapped so the object it returns gets the cache
+#   detok-init      a detokenizer's ``__init__(self, tokenizer, request)``, wrapped so it
+#                   primes its decode stream with the prompt's tail
+#   validate-ids    ``validate_token_ids(self, token_ids)``, wrapped to check only new ids
+#   core-send       the API client's ``add_request_async(self, request)``, wrapped to send
+#                   a prompt as a delta of an earlier one
+#   core-receive    the engine core's ``preprocess_add_request(self, request)``, wrapped to
+#                   rebuild such a prompt first
+#   worker-send     the scheduler's ``schedule(self, ...)``, wrapped so new requests' prompts
+#                   pickle for the workers as deltas
+#   hasher-factory  a module's name for the function that makes the request block hasher,
+#                   rebound so the hasher it makes reuses cached chains
 #   draft-logits    ``(self, hidden_states) -> logits``, replaced by the fp8 draft head
 #   draft-head-arg  a draft function taking the head as ``lm_head``: wrapped, and called
 #                   with the fp8 stand-in in its place
@@ -46,136 +60,57 @@ BUILTIN_STACK = "upstream"
 #   exempt          a quant-method class: parameters of a module using it need not come
 #                   from the checkpoint (vLLM's KV-cache scales)
 #   check           not patched: its anchors must hold for the rewrite to be valid
-ROLES = ("factory", "draft-logits", "draft-head-arg", "loader", "weights", "exempt", "check")
+ROLES = (
+    "factory",
+    "detok-init",
+    "validate-ids",
+    "core-send",
+    "core-receive",
+    "worker-send",
+    "hasher-factory",
+    "draft-logits",
+    "draft-head-arg",
+    "loader",
+    "weights",
+    "exempt",
+    "check",
+)
 # Per overlay: the roles it may use, and groups of which exactly one hook must be given.
 ALLOWED: dict[str, frozenset[str]] = {
     "incremental-encode-cache": frozenset({"factory", "check"}),
     "fp8-draft-head": frozenset({"draft-logits", "draft-head-arg", "loader", "check"}),
     "weight-guard": frozenset({"weights", "loader", "exempt", "check"}),
+    "incremental-block-hashes": frozenset({"hasher-factory", "check"}),
+    "incremental-detokenizer": frozenset({"detok-init", "check"}),
+    "incremental-prompt-handoff": frozenset(
+        {"validate-ids", "core-send", "core-receive", "worker-send", "check"}
+    ),
 }
 REQUIRED: dict[str, tuple[frozenset[str], ...]] = {
     "incremental-encode-cache": (frozenset({"factory"}),),
     "fp8-draft-head": (frozenset({"draft-logits", "draft-head-arg"}),),
     "weight-guard": (frozenset({"weights"}),),
+    "incremental-block-hashes": (frozenset({"hasher-factory"}),),
+    "incremental-detokenizer": (frozenset({"detok-init"}),),
+    "incremental-prompt-handoff": (
+        frozenset({"validate-ids"}),
+        frozenset({"core-send"}),
+        frozenset({"core-receive"}),
+        frozenset({"worker-send"}),
+    ),
 }
 # Parameters a role's function must take (the rewrite passes or replaces them by name).
 ROLE_PARAMS: dict[str, tuple[str, ...]] = {
     "draft-logits": ("self", "hidden_states"),
     "draft-head-arg": ("lm_head", "logits_processor"),
     "weights": ("self", "model", "model_config"),
+    "hasher-factory": ("caching_hash_fn",),
+    "detok-init": ("self", "tokenizer", "request"),
+    "validate-ids": ("self", "token_ids"),
+    "core-send": ("self", "request"),
+    "core-receive": ("self", "request"),
+    "worker-send": ("self",),
 }
-
-
-@dataclass(frozen=True)
-class Hook:
-    """One hook point as the stack declares it."""
-
-    overlay: str
-    module: str
-    qualname: str
-    role: str = "check"
-    anchors: tuple[str, ...] = ()
-
-    @property
-    def where(self) -> str:
-        return f"{self.module}:{self.qualname}"
-
-
-_T = "vllm.tokenizers.deepseek_v4"
-_D = "vllm.models.deepseek_v4.nvidia.dspark"
-_L = "vllm.model_executor.layers.logits_processor"
-_S = "vllm.v1.worker.gpu.spec_decode.dspark.speculator"
-_W = "vllm.model_executor.model_loader.default_loader"
-# Upstream's hook points (vLLM 0.33 ``vllm/tokenizers/deepseek_v4.py``,
-# ``vllm/models/deepseek_v4/nvidia/dspark.py``, ``vllm/model_executor/layers/
-# logits_processor.py``, ``vllm/v1/worker/gpu/spec_decode/dspark/speculator.py`` and
-# ``utils.py``, ``vllm/model_executor/model_loader/default_loader.py``,
-# ``vllm/model_executor/layers/quantization/kv_cache.py``).
-# tests/test_overlay_hooks.py keeps this equal to recipes/stacks/upstream.yaml.
-BUILTIN: tuple[Hook, ...] = (
-    Hook(
-        "incremental-encode-cache",
-        _T,
-        "DeepseekV4Tokenizer.from_pretrained",
-        "factory",
-        ("TokenizersBackend.from_pretrained(", "get_cached_tokenizer(get_deepseek_v4_tokenizer("),
-    ),
-    Hook(
-        "incremental-encode-cache",
-        _T,
-        "get_deepseek_v4_tokenizer",
-        "check",
-        (
-            "self.encode(",
-            "add_special_tokens=False",
-            "dsv4_tokenizer.__class__ = _DeepseekV4Tokenizer",
-        ),
-    ),
-    Hook(
-        "incremental-encode-cache",
-        "transformers",
-        "TokenizersBackend._get_padding_truncation_strategies",
-    ),
-    Hook("incremental-encode-cache", "transformers", "TokenizersBackend.__call__"),
-    Hook("incremental-encode-cache", "transformers", "TokenizersBackend.encode"),
-    Hook(
-        "fp8-draft-head",
-        _D,
-        "DSparkDeepseekV4ForCausalLM.compute_draft_logits",
-        "draft-logits",
-        ("self.compute_logits(hidden_states)",),
-    ),
-    Hook(
-        "fp8-draft-head",
-        _D,
-        "DSparkDeepseekV4ForCausalLM.compute_logits",
-        "check",
-        ("self.logits_processor(self.lm_head, self.model.norm(hidden_states))",),
-    ),
-    Hook(
-        "fp8-draft-head",
-        _L,
-        "LogitsProcessor._apply_head",
-        "check",
-        ("lm_head.quant_method.apply(",),
-    ),
-    Hook("fp8-draft-head", _L, "LogitsProcessor._get_logits", "check", ("lm_head.tp_size",)),
-    Hook(
-        "fp8-draft-head",
-        _S,
-        "DSparkSpeculator._sample_sequential",
-        "check",
-        ("self.model.compute_draft_logits(",),
-    ),
-    Hook("fp8-draft-head", _S, "DSparkSpeculator.load_draft_model", "loader"),
-    Hook(
-        "weight-guard",
-        _W,
-        "DefaultModelLoader.load_weights",
-        "weights",
-        ("model.load_weights(self.get_all_weights(",),
-    ),
-    Hook(
-        "weight-guard",
-        "vllm.model_executor.layers.quantization.kv_cache",
-        "BaseKVCacheMethod",
-        "exempt",
-    ),
-    Hook(
-        "weight-guard",
-        _S,
-        "DSparkSpeculator.load_draft_model",
-        "loader",
-        ("load_dspark_model(",),
-    ),
-    Hook(
-        "weight-guard",
-        "vllm.v1.worker.gpu.spec_decode.dspark.utils",
-        "load_dspark_model",
-        "check",
-        ("draft_model.lm_head = target_lm_head",),
-    ),
-)
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,13 @@ def test_fork_hook_points_resolve_on_the_fork(fork_tree: Path) -> None:
     }
     assert out["overlays"]["incremental-encode-cache"]["resolvable"] is True
     assert out["overlays"]["incremental-encode-cache"]["enabled"] is False
+    # The base's SpinCondition (vllm 0.21.0/0.22.0) takes the budget as upstream's does.
+    assert out["overlays"]["spin-budget"] == {
+        "flag": "VLLM_DSV4_SPIN_BUDGET_MS",
+        "enabled": False,
+        "resolvable": True,
+        "reason": None,
+    }
 
 
 def test_upstream_hook_points_never_resolve_on_the_fork(fork_tree: Path) -> None:
@@ -280,6 +287,7 @@ def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
         {
             hooks.HOOKS_ENV: stack.load_stack("cpu").hooks_json(),
             "VLLM_INCREMENTAL_ENCODE_CACHE": "1",
+            "VLLM_DSV4_SPIN_BUDGET_MS": "2",
         },
         python=str(ENGINE_PY),
     )
@@ -293,3 +301,5 @@ def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
     }
     fp8 = out["overlays"]["fp8-draft-head"]
     assert fp8["resolvable"] is False and fp8["reason"].startswith("stack cpu: the CPU engine")
+    spin = out["overlays"]["spin-budget"]
+    assert spin["enabled"] is True and spin["resolvable"] is True, spin

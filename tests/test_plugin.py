@@ -100,7 +100,11 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
     # Found through the static dist-info on PYTHONPATH, once (no duplicate entry point).
     assert Path(out["dist_path"]) == DIST_INFO
     assert out["ours"] == ["dsv4_flash_overlays:register"]
-    assert out["off_applied"] == {"incremental-encode-cache": False, "fp8-draft-head": False}
+    assert out["off_applied"] == {
+        "incremental-encode-cache": False,
+        "fp8-draft-head": False,
+        "spin-budget": False,
+    }
     assert out["off_hook_imported"] is False
     assert out["on_applied"]["incremental-encode-cache"] is True
     assert out["patched"] and out["idempotent"]
@@ -146,7 +150,11 @@ def test_flag_off_changes_nothing(fresh_register) -> None:
 
     before = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
     fresh_register.register()
-    assert fresh_register.applied() == {"incremental-encode-cache": False, "fp8-draft-head": False}
+    assert fresh_register.applied() == {
+        "incremental-encode-cache": False,
+        "fp8-draft-head": False,
+        "spin-budget": False,
+    }
     after = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
     assert all(a is b for a, b in zip(before, after, strict=True))
 

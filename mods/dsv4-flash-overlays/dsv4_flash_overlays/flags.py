@@ -37,6 +37,8 @@ class Flag:
     default: str
     doc: str
     valid: Callable[[str], bool]
+    # Which values turn the flag's overlay on; None: exactly "1" (the on/off flags).
+    turns_on: Callable[[str], bool] | None = None
 
 
 def _is_01(v: str) -> bool:
@@ -50,6 +52,14 @@ def _is_nonneg_float(v: str) -> bool:
         return False
 
 
+def _is_budget_ms(v: str) -> bool:
+    """A spin budget in ms: finite, 0 (park at once) up to vLLM's own 1000 ms."""
+    try:
+        return 0.0 <= float(v) <= SPIN_BUDGET_MAX_MS
+    except ValueError:
+        return False
+
+
 def _is_rate(v: str) -> bool:
     try:
         return 0.0 <= float(v) <= 1.0
@@ -59,6 +69,10 @@ def _is_rate(v: str) -> bool:
 
 # Kill switch: DSV4_OVERLAYS_DISABLE=1 turns every overlay off whatever its flag says.
 KILL_SWITCH = "DSV4_OVERLAYS_DISABLE"
+# The spin budget's flag carries its value: unset or empty is off (vLLM's own 1 s), a number
+# of milliseconds is on. Above vLLM's default the overlay would only add spinning.
+SPIN_BUDGET_FLAG = "VLLM_DSV4_SPIN_BUDGET_MS"
+SPIN_BUDGET_MAX_MS = 1000.0
 
 FLAGS: tuple[Flag, ...] = (
     Flag(KILL_SWITCH, "0", "1 = apply no overlay at all (kill switch)", _is_01),
@@ -93,6 +107,14 @@ FLAGS: tuple[Flag, ...] = (
         "1 = DSpark draft logits from an fp8 copy of the local lm_head shard",
         _is_01,
     ),
+    Flag(
+        SPIN_BUDGET_FLAG,
+        "",
+        "milliseconds a shared-memory queue reader busy-spins after a message before it "
+        "sleeps on its notify socket (0-1000; unset = vLLM's own 1 s)",
+        _is_budget_ms,
+        _is_budget_ms,
+    ),
 )
 
 OVERLAYS: tuple[Overlay, ...] = (
@@ -115,15 +137,31 @@ OVERLAYS: tuple[Overlay, ...] = (
         upstream="vllm-project/vllm#47584 (PR)",
         removal="drop if upstream DSpark gains a low-precision draft head",
     ),
+    Overlay(
+        name="spin-budget",
+        flag=SPIN_BUDGET_FLAG,
+        module="spin_budget",
+        why="each shared-memory queue reader (worker, engine core) sched_yield-spins for 1 s "
+        "after every message, so during decode it never sleeps and holds a core",
+        how="wraps SpinCondition.__init__: a reader built without an explicit busy_loop_s "
+        "gets the budget instead of vLLM's 1 s default",
+        upstream="vllm-project/vllm#51950 (closed unmerged), #52814 (open)",
+        removal="drop once upstream makes busy_loop_s configurable",
+    ),
 )
 
 
 def flag_enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """True only for the exact value ``1``; anything else (unset, 0, true) is off."""
+    """True only for the exact value ``1`` (anything else, unset, 0, true, is off), or, for
+    a flag that carries a value (the spin budget), a valid one."""
     env = os.environ if environ is None else environ
     if env.get(KILL_SWITCH, "") == "1":
         return False
-    return env.get(name, "") == "1"
+    value = env.get(name, "")
+    flag = next((f for f in FLAGS if f.name == name), None)
+    if flag is not None and flag.turns_on is not None:
+        return value != "" and flag.turns_on(value)
+    return value == "1"
 
 
 def invalid_flags(environ: Mapping[str, str] | None = None) -> list[str]:

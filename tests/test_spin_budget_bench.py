@@ -88,8 +88,10 @@ def test_the_budget_variant_needs_an_active_line_on_each_node_and_no_refusal() -
 
 
 # ------------------------------------------------------------------------ the summary
-def _round(variant: str, idle: list[float], cpu_ms: list[float], tok_s: list[float], text="a"):
-    reqs = [{"decode_tok_s": t, "text_sha256_16": text} for t in tok_s]
+def _round(
+    variant: str, idle: list[float], cpu_ms: list[float], tok_s: list[float], text="a", gap=40.0
+):
+    reqs = [{"decode_tok_s": t, "text_sha256_16": text, "itl_max_ms": gap} for t in tok_s]
     return {
         "variant": variant,
         "idle": {"pct_of_one_core": idle, "pair_pct_of_one_core": sum(idle)},
@@ -122,8 +124,10 @@ def test_the_summary_takes_medians_over_rounds_and_requests_and_judges_the_goals
 def test_a_slower_or_busier_budget_fails_its_goals() -> None:
     rounds = [
         _round("vllm", [1.0, 1.0], [11.0, 3.0], [70, 72]),
-        _round("budget", [4.0, 3.0], [5.0, 4.0], [60, 62], text="b"),
+        _round("budget", [4.0, 3.0], [5.0, 4.0], [60, 62], text="b", gap=5012.0),
     ]
     s = sbp.summarize(rounds, 2.0)
+    # the longest gap between two streamed chunks: where a lost ping would show (5 s recheck)
+    assert (s["vllm"]["itl_max_ms"], s["budget"]["itl_max_ms"]) == (40.0, 5012.0)
     assert s["goals"] == {"idle_under_5pct_of_a_core": False, "decode_not_slower": False}
     assert s["same_text"] is False

@@ -81,13 +81,25 @@ def fresh(monkeypatch):
     pkg._APPLIED.update(saved)
 
 
-def _queue_pair():
-    """A writer and its local reader, as the executor and a worker build them."""
+@pytest.fixture
+def queue_pair():
+    """Builds a writer and its local reader, as the executor and a worker build them; after
+    the test both are dropped and the writer's /dev/shm segment must be gone."""
+    import gc
+
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
-    writer = MessageQueue(1, 1)
-    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
-    return writer, reader
+    made: list = []
+
+    def build():
+        writer = MessageQueue(1, 1)
+        reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
+        made.append(writer.buffer.shared_memory.name)
+        return writer, reader
+
+    yield build
+    gc.collect()
+    assert not [n for n in made if Path("/dev/shm", n.lstrip("/")).exists()], made
 
 
 class _PollSpy:
@@ -102,7 +114,9 @@ class _PollSpy:
 
 
 @pytest.mark.needs_vllm
-def test_a_real_reader_gets_the_budget_and_the_writer_is_untouched(fresh, monkeypatch, caplog):
+def test_a_real_reader_gets_the_budget_and_the_writer_is_untouched(
+    fresh, monkeypatch, caplog, queue_pair
+):
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
     original = SpinCondition.__dict__["__init__"]
@@ -116,16 +130,16 @@ def test_a_real_reader_gets_the_budget_and_the_writer_is_untouched(fresh, monkey
     assert lines[0].endswith("readers spin 2 ms after a message, then sleep (vLLM: 1 s)")
     wrapper = SpinCondition.__dict__["__init__"]
     assert wrapper is not original and wrapper.__wrapped__ is original
-    writer, reader = _queue_pair()
+    writer, reader = queue_pair()
     assert reader._spin_condition.is_reader and reader._spin_condition.busy_loop_s == 0.002
     assert writer._spin_condition.busy_loop_s == 0  # the writer never waits
 
 
 @pytest.mark.needs_vllm
-def test_without_the_flag_readers_keep_vllms_second(fresh) -> None:
+def test_without_the_flag_readers_keep_vllms_second(fresh, queue_pair) -> None:
     fresh.register()
     assert fresh.applied()["spin-budget"] is False
-    _, reader = _queue_pair()
+    _, reader = queue_pair()
     assert reader._spin_condition.busy_loop_s == 1
 
 
@@ -157,13 +171,15 @@ def test_a_caller_that_passes_busy_loop_s_keeps_it(fresh, monkeypatch) -> None:
 
 
 @pytest.mark.needs_vllm
-def test_a_reader_past_its_budget_parks_on_the_notify_socket(fresh, monkeypatch) -> None:
+def test_a_reader_past_its_budget_parks_on_the_notify_socket(
+    fresh, monkeypatch, queue_pair
+) -> None:
     """The point of the budget: after a message and 2 ms of quiet, wait() polls the socket
     (sleeps) instead of sched_yield-spinning. (The converse for vLLM's 1 s is not asserted:
     on a loaded box a 1 s stall is possible, and that is a timing claim.)"""
     monkeypatch.setenv(FLAG, "2")
     fresh.register()
-    writer, reader = _queue_pair()
+    writer, reader = queue_pair()
     import threading
 
     t = threading.Thread(target=writer.wait_until_ready)
@@ -180,7 +196,9 @@ def test_a_reader_past_its_budget_parks_on_the_notify_socket(fresh, monkeypatch)
 
 
 @pytest.mark.needs_vllm
-def test_a_moved_anchor_leaves_spin_condition_alone_with_one_warning(fresh, monkeypatch, caplog):
+def test_a_moved_anchor_leaves_spin_condition_alone_with_one_warning(
+    fresh, monkeypatch, caplog, queue_pair
+):
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
     original = SpinCondition.__dict__["__init__"]
@@ -197,13 +215,16 @@ def test_a_moved_anchor_leaves_spin_condition_alone_with_one_warning(fresh, monk
     )
     assert "SpinCondition.wait (check): does not contain 'a spin loop" in warnings[0]
     assert SpinCondition.__dict__["__init__"] is original
-    _, reader = _queue_pair()
+    _, reader = queue_pair()
     assert reader._spin_condition.busy_loop_s == 1
 
 
 # ------------------------------------------------------------ the CPU engine (0.32)
 _ENGINE_CHILD = """
-import json
+import gc, json
+from vllm.config.logging import LoggingConfig
+from vllm.logger import configure_logging
+configure_logging(LoggingConfig())  # as `vllm serve` does before loading plugins
 import dsv4_flash_overlays as pkg
 pkg.register()
 from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
@@ -211,6 +232,8 @@ w = MessageQueue(1, 1)
 r = MessageQueue.create_from_handle(w.export_handle(), 0)
 print("RESULT " + json.dumps({"applied": pkg.applied(),
       "reader": r._spin_condition.busy_loop_s, "writer": w._spin_condition.busy_loop_s}))
+del r, w  # the writer's ring buffer unlinks its /dev/shm segment when it goes
+gc.collect()
 """
 
 
@@ -240,3 +263,4 @@ def test_the_cpu_stack_sets_the_budget_in_the_real_cpu_engine() -> None:
     assert out["applied"]["spin-budget"] is True
     assert (out["reader"], out["writer"]) == (0.002, 0)
     assert "spin-budget active (stack cpu, vLLM 0.32.0" in proc.stdout + proc.stderr
+    assert "leaked shared_memory" not in proc.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from perfmodel import paging
+from perfmodel import anchors, paging
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,11 @@ SEED = SeedFigures()
 # ceiling (tok/s) into a step time; the seed does not say what acceptance it saw there.
 REF_ALPHA = 0.8
 ROUTING_MODES = ("calibrated", "uniform", "seed")
+# Share of a step the shm queue readers' 1 s busy-spin costs, calibrated on the one peer A/B
+# that measured it on a Spark pair (67.8 -> 74.5 tok/s with a 2 ms budget): the budget takes
+# 1 - 67.8/74.5 = 9.0% off the step. The seed's figures were taken with vLLM's 1 s (its fork
+# does not change busy_loop_s), so they carry it.
+SPIN_SHARE = 1 - anchors.SPIN_DECODE.before / anchors.SPIN_DECODE.after
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,7 @@ class Inputs:
     draft_head_fp8: bool = True
     routing: str = "calibrated"
     tree_width: int = 1
+    spin_budget_ms: float | None = None  # None: vLLM's 1 s, as the seed measured
 
     def tokens_per_seq(self) -> int:
         """Tokens verified per sequence per step: each of w chains re-verifies gamma+1."""
@@ -272,7 +278,7 @@ def components(inp: Inputs, num_seqs: int = 1) -> list[Component]:
         "calibrated": "bytes/BW, routing locality rho fitted to the seed's 30 ms",
         "seed": "seed's 30 ms scaled by the seed's 249/256 union formula",
     }[inp.routing]
-    return [
+    out = [
         Component(
             "moe_experts",
             moe_ms(inp, num_seqs),
@@ -315,6 +321,31 @@ def components(inp: Inputs, num_seqs: int = 1) -> list[Component]:
             "seed total 67 ms minus its listed components (62 ms)",
         ),
     ]
+    saving = spin_saving_ms(inp, sum(c.ms for c in out))
+    if saving:
+        out.append(
+            Component(
+                "spin_budget",
+                -saving,
+                "calibrated",
+                f"queue readers sleep {inp.spin_budget_ms:g} ms after a message instead of "
+                f"spinning 1 s: -{SPIN_SHARE:.1%} of the step (peer: 67.8 -> 74.5 tok/s)",
+            )
+        )
+    return out
+
+
+def spin_saving_ms(inp: Inputs, step: float) -> float:
+    """What the spin budget takes off a step of ``step`` ms (0 without one).
+
+    A reader parks only when the gap to its next message outlasts the budget: the engine
+    core waits a whole forward for its worker's reply, so any budget shorter than the step
+    parks it every step; vLLM's own 1 s never does. The saving is the peer's share of the
+    step, at any batch (the peer measured one stream).
+    """
+    if inp.spin_budget_ms is None or inp.spin_budget_ms >= step:
+        return 0.0
+    return step * SPIN_SHARE
 
 
 def step_ms(inp: Inputs, num_seqs: int = 1, per_seq_ms: float = 0.0) -> float:
@@ -345,6 +376,7 @@ def calibrated_per_seq_ms(inp: Inputs) -> float:
         hw=Hardware(s.bw_gbs, s.link_gbps, s.rails),
         tree_width=1,
         model=replace(inp.model, gamma=s.gamma),
+        spin_budget_ms=None,  # the seed's ceiling was measured with vLLM's 1 s spin
     )
     acc = Acceptance.geometric(REF_ALPHA, s.gamma)
     b = s.ceiling_num_seqs

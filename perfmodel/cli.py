@@ -1,7 +1,9 @@
 """Performance model of DSpark decode of DeepSeek-V4-Flash on a DGX Spark pair.
 
 Why decode runs at ~14.5 verify steps/s, what tok/s an acceptance profile buys, what the
-aggregate ceiling is vs --max-num-seqs, and why wider (tree) speculation does not pay.
+aggregate ceiling is vs --max-num-seqs, why wider (tree) speculation does not pay, and what
+the field's decode levers (spin budget, CUDA graph mode, adaptive verification) should buy
+here, beside what peers measured.
 Every formula is in docs/performance-model.md.
 """
 
@@ -176,6 +178,13 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         help="draft lm_head dtype (VLLM_DSPARK_FP8_DRAFT_HEAD=1 is fp8)",
     )
     p.add_argument(
+        "--spin-budget-ms",
+        type=_non_negative,
+        default=None,
+        help="the shm queue readers' busy-spin budget (VLLM_DSV4_SPIN_BUDGET_MS; default: "
+        "vLLM's own 1 s, as the seed measured); calibrated on a peer's 2 ms A/B",
+    )
+    p.add_argument(
         "--mc-trials",
         type=_trials,
         default=2000,
@@ -210,6 +219,7 @@ def inputs(a: argparse.Namespace) -> B.Inputs:
         seed=replace(B.SEED, moe_eff=a.moe_eff),
         draft_head_fp8=a.draft_head == "fp8",
         routing=a.routing,
+        spin_budget_ms=a.spin_budget_ms,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from perfmodel import budget as B
+from perfmodel import levers as L
 from perfmodel import paging as P
 
 SCHEMA_VERSION = 1
@@ -212,6 +213,7 @@ def build(
             "rows": aggregate_rows(inp, acc, max_num_seqs, per_seq),
         },
         "seed_checks": seed_checks(inp),
+        "levers": L.build(inp, acc, per_seq),
     }
 
 
@@ -324,9 +326,41 @@ def render(doc: dict) -> str:
         )
     )
     out.append(f"ceiling at max-num-seqs {i['max_num_seqs']}: {g['ceiling_tok_s']:.1f} tok/s")
+    out += ["", "Decode levers: this model's prediction beside the peers' measurements"]
+    out.append(_table(["lever", "kind", "model", "peers measured"], lever_rows(doc["levers"])))
     out += ["", "Seed figures vs this model (at the seed's operating point, alpha=0.8)"]
     rows = []
     for k, v in doc["seed_checks"].items():
         rows.append([k, ", ".join(f"{kk}={vv}" for kk, vv in v.items())])
     out.append(_table(["check", "values"], rows))
     return "\n".join(out)
+
+
+def _measured(m: dict) -> str:
+    return f"{m['what']}: {m['before']:g} -> {m['after']:g} {m['unit']} ({m['change']:+.1%})"
+
+
+def lever_rows(levers: list[dict]) -> list[list]:
+    """One row per prediction, each beside the peers' figures (one per row, in order)."""
+    rows: list[list] = []
+    for lv in levers:
+        m = lv["model"]
+        if "rows" in m:
+            model = [
+                f"{r['num_seqs']} seq: verify {r['best_drafts']} of {m['gamma']} drafts, "
+                f"{r['fixed_tok_s']:.1f} -> {r['best_tok_s']:.1f} tok/s ({r['change']:+.1%})"
+                for r in m["rows"]
+            ]
+        else:
+            model = [f"{m['tok_s'][0]:.1f} -> {m['tok_s'][1]:.1f} tok/s ({m['change']:+.1%})"]
+        measured = [_measured(x) for x in lv["measured"]]
+        for i in range(max(len(model), len(measured))):
+            rows.append(
+                [
+                    lv["lever"] if i == 0 else "",
+                    lv["kind"] if i == 0 else "",
+                    model[i] if i < len(model) else "",
+                    measured[i] if i < len(measured) else "",
+                ]
+            )
+    return rows

@@ -156,6 +156,12 @@ def test_fork_hook_points_resolve_on_the_fork(fork_tree: Path) -> None:
         "resolvable": True,
         "reason": None,
     }
+    # The base's SpinCondition is upstream's, but its idle readers never recheck: the fork
+    # declares the spin budget unavailable, and says why.
+    spin = out["overlays"]["spin-budget"]
+    assert spin["resolvable"] is False
+    assert spin["reason"].startswith("stack fork: the base's vLLM 0.21 lets an idle queue")
+    assert "vllm-project/vllm#45224" in spin["reason"]
 
 
 def test_upstream_hook_points_never_resolve_on_the_fork(fork_tree: Path) -> None:
@@ -172,6 +178,22 @@ def test_upstream_hook_points_never_resolve_on_the_fork(fork_tree: Path) -> None
         label = "stack upstream" if env else "built-in upstream table"
         assert all(o["reason"].startswith(label) for o in (fp8, tok)), out
         assert all("\n" not in o["reason"] for o in (fp8, tok))
+
+
+def test_upstreams_spin_budget_refuses_the_forks_base(fork_tree: Path) -> None:
+    """Were the fork to carry upstream's table, the recheck check would stop the budget:
+    the base's MessageQueue has SpinCondition's hook points but no capped idle wait."""
+    _need_transformers()
+    _, out = run_check(
+        {
+            hooks.HOOKS_ENV: stack.load_stack("upstream").hooks_json(),
+            "VLLM_DSV4_SPIN_BUDGET_MS": "2",
+        },
+        [fork_tree],
+    )
+    spin = out["overlays"]["spin-budget"]
+    assert spin["enabled"] is True and spin["resolvable"] is False
+    assert "MessageQueue.ReadTimeoutWithWarnings.timeout_ms (check)" in spin["reason"], spin
 
 
 def _mutated_tree(tmp_path: Path, qualname: str, **changes: object) -> Path:
@@ -297,8 +319,8 @@ def test_the_fork_table_does_not_resolve_in_vllm_033_and_says_where() -> None:
 
 @pytest.mark.needs_engine
 def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
-    """The rehearsal's engine: the tokenizer cache, the weight guard and the front-end
-    overlays resolve, the fp8 head says why not."""
+    """The rehearsal's engine: the tokenizer cache, the weight guard, the front-end
+    overlays and the spin budget resolve, the fp8 head says why not."""
     front_end = {
         "incremental-block-hashes": "VLLM_INCREMENTAL_BLOCK_HASHES",
         "incremental-detokenizer": "VLLM_INCREMENTAL_DETOKENIZER",
@@ -309,6 +331,7 @@ def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
             hooks.HOOKS_ENV: stack.load_stack("cpu").hooks_json(),
             "VLLM_INCREMENTAL_ENCODE_CACHE": "1",
             **dict.fromkeys(front_end.values(), "1"),
+            "VLLM_DSV4_SPIN_BUDGET_MS": "2",
         },
         python=str(ENGINE_PY),
     )
@@ -335,3 +358,5 @@ def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
             "resolvable": True,
             "reason": None,
         }
+    spin = out["overlays"]["spin-budget"]
+    assert spin["enabled"] is True and spin["resolvable"] is True, spin

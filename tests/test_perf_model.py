@@ -16,6 +16,7 @@ import pytest
 
 from perfmodel import budget as B
 from perfmodel import cli as perf_model
+from perfmodel import levers as L
 from perfmodel import paging as P
 
 SEED_STEP_MS = 67.0
@@ -230,6 +231,7 @@ def test_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
         "tree",
         "aggregate",
         "seed_checks",
+        "levers",
     ):
         assert key in doc, key
     assert doc["schema_version"] == 1
@@ -298,6 +300,8 @@ def test_help_and_table_run_as_module() -> None:
         ["--mc-seed", "-1"],
         ["--accept", "1.2"],
         ["--accept", "nan"],
+        ["--spin-budget-ms", "-2"],
+        ["--spin-budget-ms", "nan"],
     ],
 )
 def test_cli_rejects_nonsense_as_usage_errors(
@@ -338,3 +342,69 @@ def test_turn_floor_pages_every_expert_and_stays_under_the_seeds_cached_ttft() -
     # fewer tokens page fewer experts
     assert turn_floor(inp, 20).moe_ms < 0.8 * f.moe_ms
     assert tokenize_ms(100_000, 59.0) == pytest.approx(590.0)
+
+
+# --- the decode levers (perfmodel/levers.py, perfmodel/anchors.py) -------------------------
+
+PEER_SPIN = (67.8, 74.5)  # MiaAI-Lab #79: decode tok/s with busy_loop_s 1 s, then 2 ms
+PEER_GRAPHS = (74.6, 95.9)  # MiaAI-Lab results/RESULTS-2026-08-14.md: breakable, regular
+
+
+def test_a_spin_budget_buys_the_peers_ratio_and_vllms_second_buys_nothing() -> None:
+    acc = B.Acceptance.geometric(0.8, 5)
+    base = B.tok_s(B.Inputs(), acc)
+    assert B.tok_s(B.Inputs(spin_budget_ms=2), acc) / base == pytest.approx(
+        PEER_SPIN[1] / PEER_SPIN[0]
+    )
+    # A budget as long as vLLM's own 1 s never parks a reader between 67 ms steps.
+    assert B.tok_s(B.Inputs(spin_budget_ms=1000), acc) == pytest.approx(base)
+    # The seed's 131 tok/s ceiling was measured spinning: its calibration must not move.
+    assert B.calibrated_per_seq_ms(B.Inputs(spin_budget_ms=2)) == pytest.approx(
+        B.calibrated_per_seq_ms(B.Inputs())
+    )
+    (row,) = [c for c in B.components(B.Inputs(spin_budget_ms=2)) if c.name == "spin_budget"]
+    assert row.ms < 0 and row.source == "calibrated"
+    assert "spin_budget" not in {c.name for c in B.components(B.Inputs())}
+
+
+def test_regular_graphs_lever_is_the_peers_ratio_at_our_step() -> None:
+    acc = B.Acceptance.geometric(0.8, 5)
+    lv = L.cuda_graphs(B.Inputs(), acc)
+    breakable, regular = lv["model"]["tok_s"]
+    assert regular == pytest.approx(B.tok_s(B.Inputs(), acc), abs=0.01)
+    assert regular / breakable == pytest.approx(PEER_GRAPHS[1] / PEER_GRAPHS[0], rel=1e-3)
+    assert lv["kind"] == "calibrated" and "cpu" not in lv["stacks"]  # the rehearsal is eager
+
+
+def test_adaptive_verification_never_loses_and_follows_acceptance() -> None:
+    inp, per_seq = B.Inputs(), B.calibrated_per_seq_ms(B.Inputs())
+    # A drafter that is always right: verifying every draft is best, nothing to gain.
+    perfect = L.adaptive_verification(inp, B.Acceptance.geometric(1.0, 5), per_seq)
+    assert all(r["best_drafts"] == 5 and r["change"] == 0 for r in perfect["model"]["rows"])
+    # One that is always wrong: verify no draft; one stream gains exactly the step-time
+    # ratio (one token per step either way).
+    wrong = L.adaptive_verification(inp, B.Acceptance.geometric(0.0, 5), per_seq)
+    one = wrong["model"]["rows"][0]
+    bare = replace(inp, model=replace(inp.model, gamma=0))
+    assert one["num_seqs"] == 1 and one["best_drafts"] == 0
+    assert one["change"] == pytest.approx(B.step_ms(inp) / B.step_ms(bare) - 1, abs=1e-5)
+    # The tool-call collapse (ecohash-co README: per-position rates .914/.224/0/0/0)
+    dsml = L.adaptive_verification(inp, B.Acceptance.from_rates([0.914, 0.224, 0, 0, 0]), per_seq)
+    assert all(r["best_drafts"] <= 2 and r["change"] > 0 for r in dsml["model"]["rows"])
+    assert dsml["kind"] == "derived" and dsml["stacks"] == []
+
+
+def test_levers_in_the_json_carry_their_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = run_cli(capsys, "--json", "-", "--mc-trials", "0", "--spin-budget-ms", "2")
+    assert rc == 0
+    doc = json.loads(out)
+    assert {lv["kind"] for lv in doc["levers"]} == {"calibrated", "derived"}
+    sources = " ".join(m["source"] for lv in doc["levers"] for m in lv["measured"])
+    for cite in ("#79", "#71", "vllm-project/vllm#51950", "RESULTS-2026-08-14.md", "#52362"):
+        assert cite in sources, cite
+    spin = doc["levers"][0]
+    assert spin["measured"][0]["before"] == PEER_SPIN[0]
+    assert spin["model"]["spinning_readers"] == {"head": 2, "worker": 0}
+    # --spin-budget-ms puts the term in the budget itself
+    assert "spin_budget" in {c["name"] for c in doc["budget"]}
+    assert sum(c["ms"] for c in doc["budget"]) == pytest.approx(doc["step_ms"], abs=0.01)

@@ -108,6 +108,7 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
         "incremental-block-hashes": False,
         "incremental-detokenizer": False,
         "incremental-prompt-handoff": False,
+        "spin-budget": False,
     }
     assert out["off_hook_imported"] is False
     assert out["on_applied"]["incremental-encode-cache"] is True
@@ -162,6 +163,7 @@ def test_flag_off_changes_nothing(fresh_register, monkeypatch) -> None:
         "incremental-block-hashes": False,
         "incremental-detokenizer": False,
         "incremental-prompt-handoff": False,
+        "spin-budget": False,
     }
     after = (_from_pretrained(), dsv4.get_deepseek_v4_tokenizer, hf.get_cached_tokenizer)
     assert all(a is b for a, b in zip(before, after, strict=True))

@@ -37,6 +37,7 @@ UPSTREAM_DOCS = {
     "SETUP.md": "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark",
     "docker.md": "vllm-project/vllm (docs/deployment/docker.md)",
     "PATCHES.md": "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark",
+    "RESULTS-2026-08-14.md": "MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark (results/)",
     "01-blockers.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",
     "02-before-after.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",
     "03-what-i-wish-id-had.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",

@@ -13,6 +13,7 @@ Modules:
   guard    - in-flight tracker, background sampler, guarded wave runner with retries
   prompts  - real-looking filler text calibrated to a token count via /tokenize
   endpoint - pairctl.endpoint under the benches' name: Endpoint, readiness, simulator marks
+  proccpu  - CPU seconds of a process tree from /proc (benches that boot their own servers)
 
 From pairctl (the lowest layer, shared with operations): the Endpoint every function here
 takes (parsed once from --url), and the argparse types (pairctl.cli.argtypes).

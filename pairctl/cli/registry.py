@@ -40,6 +40,9 @@ BENCHES: dict[str, Command] = {
     "headline-real": Command(
         "bench.headline_real", "chat-ttft-ab on two real CPU engines", argv=True
     ),
+    "spin-budget-pair": Command(
+        "bench.spin_budget_pair", "the spin-budget overlay A/B on a real CPU pair"
+    ),
     "quality-ref-dspark": Command(
         "bench.quality_ref_dspark", "the quality gate under the benches' name (as dspark gate)"
     ),

@@ -24,8 +24,8 @@ def load(name: str) -> dict[str, Any]:
 
 def _method(name: str, sym: dict[str, Any], indent: str) -> list[str]:
     lines = []
-    if sym["kind"] == "classmethod":
-        lines.append(f"{indent}@classmethod")
+    if sym["kind"] in ("classmethod", "staticmethod"):
+        lines.append(f"{indent}@{sym['kind']}")
     lines.append(f"{indent}def {name}{sym['signature']}:")
     lines += [f"{indent}    # {a}" for a in sym.get("anchors_present", [])]
     lines.append(f"{indent}    raise NotImplementedError('fingerprint stand-in')")

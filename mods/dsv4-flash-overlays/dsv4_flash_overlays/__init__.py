@@ -56,7 +56,7 @@ def _route_logs_to_vllm() -> None:
         logger.setLevel(logging.INFO)
 
 
-def _outcome_line(name: str, table_label: str, version: str, reason: str) -> None:
+def _outcome_line(name: str, table_label: str, version: str, reason: str, detail: str = "") -> None:
     """The one line per overlay a process logs: applied or not, in which stack, and why."""
     if reason:
         logger.warning(
@@ -69,11 +69,12 @@ def _outcome_line(name: str, table_label: str, version: str, reason: str) -> Non
         )
     else:
         logger.info(
-            "dsv4-flash-overlays: %s active (%s, vLLM %s, pid %d)",
+            "dsv4-flash-overlays: %s active (%s, vLLM %s, pid %d)%s",
             name,
             table_label,
             version,
             os.getpid(),
+            f": {detail}" if detail else "",
         )
 
 
@@ -102,17 +103,19 @@ def register() -> None:
                 _APPLIED[overlay.name] = False
                 continue
             table = table or hooks.load_table()
+            detail = ""
             try:
                 res = hooks.resolve(overlay.name, table)
                 if res.ok:
                     module = importlib.import_module(f"{__name__}.{overlay.module}")
-                    reason = module.apply(res).reason
+                    outcome = module.apply(res)
+                    reason, detail = outcome.reason, outcome.detail
                 else:
                     reason = res.reason
             except Exception as exc:  # never break a vLLM boot because of an overlay
                 reason = f"{type(exc).__name__}: {exc}"
             _APPLIED[overlay.name] = not reason
-            _outcome_line(overlay.name, table.label, hooks.vllm_version(), reason)
+            _outcome_line(overlay.name, table.label, hooks.vllm_version(), reason, detail)
         _stage_timing()
 
 

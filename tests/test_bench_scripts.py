@@ -16,7 +16,9 @@ import pytest
 
 from bench import bench_conc, bench_ctx, bench_interfere, chat_ttft_probe
 from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR
+from bench.benchlib.response import StreamResult
 from tests.fakes.mock_openai import FAST_BENCH_FLAGS, MockConfig, MockServer
+from tests.support.bench_twin import HEADROOM, LOADED_LAG_MS, server_ttft_ms
 
 FAST = FAST_BENCH_FLAGS
 
@@ -178,6 +180,9 @@ def test_chat_probe_grows_the_history(tmp_path):
 
 
 def test_bench_interfere_runs_both_phases(tmp_path):
+    """Both phases run and report; the solo rate is the mock's own (its record of the same
+    stream, same clock, within 3x the loaded box's lag). The window's arithmetic on stretched
+    steps is checked exactly below, on a made-up stream: a loaded box stretches real gaps."""
     out = tmp_path / "intf.json"
     cfg = MockConfig(ttft_s=0.02, step_s=0.01, tokens_per_step=(2,), prefill_tok_s=20_000)
     with MockServer(cfg) as m:
@@ -198,9 +203,43 @@ def test_bench_interfere_runs_both_phases(tmp_path):
                 *FAST,
             ]
         )
+        recs = sorted(m.records(), key=lambda r: r["received_ns"])
     assert rc == 0
     s = json.loads(out.read_text())["summary"]
-    # No interference in the mock: both phases decode at 200 tok/s.
-    assert s["solo"]["decode_tok_s"]["median"] == pytest.approx(200, rel=0.12)
-    assert s["under_prefill"]["decode_tok_s"]["median"] == pytest.approx(200, rel=0.3)
-    assert s["under_prefill"]["prefill_ttft_ms"]["median"] > 200
+    decodes = [r for r in recs if r["completion_tokens"] == 300]
+    prefills = [r for r in recs if r["completion_tokens"] == 1]
+    assert len(decodes) == 2 and len(prefills) == 1  # one stream per phase, one long prompt
+    solo = decodes[0]
+    server_ms = (solo["finish_ns"] - solo["first_token_ns"]) / 1e6  # 299 tokens, >= 1.49 s
+    client_ms = 299 / s["solo"]["decode_tok_s"]["median"] * 1000
+    assert abs(client_ms - server_ms) <= HEADROOM * LOADED_LAG_MS, (client_ms, server_ms)
+    # The long prompt was sent while the second stream decoded, and took its prefill time.
+    assert decodes[1]["first_token_ns"] < prefills[0]["received_ns"] < decodes[1]["finish_ns"]
+    assert s["under_prefill"]["prefill_ttft_ms"]["median"] >= server_ttft_ms(prefills[0]) > 200
+    assert s["under_prefill"]["decode_tok_s"]["median"] > 0
+
+
+def test_the_interfered_window_is_the_run_of_stretched_steps_before_the_first_token():
+    """10 ms steps of 2 tokens; the long prompt is sent at 100 ms and its 4 prefill-chunk steps
+    take 40 ms each, ending with its first token at 260 ms: 2 tokens per 40 ms = 50 tok/s."""
+    ms = 1_000_000
+    ts = [i * 10 * ms for i in range(1, 11)]  # 10 .. 100 ms
+    ts += [100 * ms + k * 40 * ms for k in range(1, 5)]  # 140 .. 260 ms
+    ts += [260 * ms + k * 10 * ms for k in range(1, 6)]  # back to 10 ms
+    dec = StreamResult(
+        ok=True,
+        t_request_ns=0,
+        t_first_token_ns=ts[0],
+        t_last_token_ns=ts[-1],
+        t_done_ns=ts[-1],
+        token_chunk_ns=ts,
+        chunk_tokens=[1] + [2] * (len(ts) - 1),
+        completion_tokens=1 + 2 * (len(ts) - 1),
+        n_events=len(ts),
+    )
+    w = bench_interfere.window_metrics(dec, sent_ns=100 * ms + ms // 2, first_ns=260 * ms + ms)
+    assert w["step_ms"] == pytest.approx(40)
+    assert w["decode_tok_s"] == pytest.approx(50)
+    # the step that ends with the long prompt's first token is left out (usually partial)
+    assert w["stretched_steps"] == 3 and w["stall_ms"] == pytest.approx(40)
+    assert w["itl_before_ms"] == pytest.approx(10)

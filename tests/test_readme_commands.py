@@ -18,6 +18,7 @@ venv's (the README's `source .venv/bin/activate`).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -54,6 +55,7 @@ PREFIXES = (
 NODE_SETUP = ("sudo ", "newgrp ", "ssh ")
 SIM_BLOCK_MARK = "sim.twin serve"
 PYTHON_M = re.compile(r"^(?:\.venv/bin/)?python3? -m (\S+)\s*(.*)$")
+DSPARK = re.compile(r"^dspark\s+(.*)$")  # the console script (pyproject's [project.scripts])
 LAUNCHER = re.compile(r"^(?:cd launch && )?(?:\./|launch/)dspark_launch\.sh\s*(.*)$")
 # Run exactly as written: quick, offline, touching nothing.
 AS_WRITTEN = {"perfmodel": "", "pairctl": "preflight --catalogue-md"}
@@ -154,6 +156,11 @@ def plan_for(cmd: str, tmp: Path) -> tuple[str, list[str] | None]:
             return "plan on a loopback env", [launcher, "plan", *env, *words[1:]]
         head = words[:1] if words and not words[0].startswith("-") else []
         return "--help", [launcher, *head, "--help"]
+    m = DSPARK.match(cmd)
+    if m:  # the subcommand's own --help: its words up to the first option
+        words = shlex.split(m.group(1))
+        head = list(itertools.takewhile(lambda w: not w.startswith("-"), words))
+        return "--help", [str(VENV_BIN / "dspark"), *head, "--help"]
     if cmd.startswith(("python3 ", "python ")):  # a script path: must run (at least --help)
         return "--help", [py, *shlex.split(cmd)[1:2], "--help"]
     return "UNCLASSIFIED", None

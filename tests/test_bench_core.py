@@ -50,6 +50,10 @@ def test_stream_timings_match_mock_speeds():
     cfg = MockConfig(ttft_s=0.06, step_s=0.02, tokens_per_step=(3, 2))
     with MockServer(cfg) as m:
         r = stream_request(m.endpoint, CHAT, payload(max_tokens=61))
+        # the mock adds its finish fields just after its last write: wait for them
+        deadline = time.monotonic() + 10
+        while "finish_ns" not in m.records()[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
         (rec,) = m.records()
     assert r.ok, r.error
     m_ = request_metrics(r)

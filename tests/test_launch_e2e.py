@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from pairctl.pair.plan import BOOT_PLACEHOLDER, LABEL_BOOT
 from sim.rehearsal import chat, hosts, pairenv
 from sim.rehearsal.docker_args import run_args
 from tests.support.rehearsal import http_get_on, pair_fixture, run_launcher
@@ -132,7 +133,12 @@ def assert_plan_is_what_ran(pair: hosts.Pair, plan_text: str) -> None:
         assert run.name is not None
         host = pair.h1 if run.name.endswith("rank0") else pair.h2
         info = json.loads(host.docker("inspect", run.name).stdout)[0]
-        assert info["Config"]["Labels"] == run.label_dict()
+        # plan cannot know the boot id `up` draws: it shows a placeholder where it goes
+        labels = info["Config"]["Labels"]
+        boot = labels.get(LABEL_BOOT, "")
+        assert len(boot) == 12 and int(boot, 16) >= 0, labels
+        want = {k: boot if v == BOOT_PLACEHOLDER else v for k, v in run.label_dict().items()}
+        assert labels == want
         assert info["HostConfig"]["Binds"] == run.volumes
         assert info["HostConfig"]["NetworkMode"] == run.network == "host"
         assert info["HostConfig"]["IpcMode"] == run.ipc == "private"

@@ -30,7 +30,8 @@ from bench.benchlib.cli import base_parser
 from bench.benchlib.guard import GuardConfig, InFlightTracker, run_guarded
 from bench.benchlib.runner import Bench
 from bench.benchlib.stats import request_metrics
-from sim.rehearsal import hosts, pairenv
+from pairctl.pair.plan import BOOT_PLACEHOLDER, LABEL_BOOT
+from sim.rehearsal import hosts, leaks, pairenv
 from tests.support.real_engine import PAIR_BOOT_LIMIT_S
 from tests.support.rehearsal import pair_fixture, run_launcher
 
@@ -150,7 +151,8 @@ def test_the_launchers_lines_reach_the_real_engine_as_plan_shows_them(served):
     plan = run_launcher(served.pair, REPO, "plan", timeout=240, vllm_args=SPEC)  # as `up` ran
     assert plan.returncode == 0, plan.stderr[-2000:]
     line = next(x for x in plan.stdout.splitlines() if "--name dsv4-rehearsal-rank0 " in x)
-    planned = shlex.split(line)
+    boot = info["Config"]["Labels"][LABEL_BOOT]  # drawn by `up`; plan shows a placeholder
+    planned = shlex.split(line.replace(BOOT_PLACEHOLDER, boot))
     assert planned[planned.index(info["Config"]["Image"]) + 1 :] == cmd  # what plan printed ran
     assert "# stack cpu changes the recipe's line" in plan.stdout
     res = served.launch("logs", "--rank", "0", "--tail", "100000")
@@ -167,8 +169,9 @@ def test_the_launchers_lines_reach_the_real_engine_as_plan_shows_them(served):
 def test_status_figures_equal_the_real_counters_over_the_same_window(served):
     """`status --json --interval W` on host 1 while a fixed burst runs inside its window:
     with nothing before or after the burst, status's window sees exactly the counter
-    changes between our own scrapes before and after."""
-    before = served.metrics()
+    changes between our own scrapes before and after. Ours before is taken once status's
+    window has begun: status first asks for one token (the ownership proof's probe), which
+    its window does not hold."""
     window = 25.0
     proc = served.pair.h1.popen(
         [
@@ -195,6 +198,7 @@ def test_status_figures_equal_the_real_counters_over_the_same_window(served):
             break
     else:
         raise AssertionError("status never started its window:\n" + "".join(early))
+    before = served.metrics()
     prompt = "the quick brown fox jumps over the lazy dog " * 40
     for i in range(4):
         served.complete(f"{i} {prompt}", 48)
@@ -402,24 +406,12 @@ def test_down_leaves_no_process_no_container_and_no_shm_segment(served):
     for host in served.pair.hosts:
         assert host.docker("ps", "-a", "-q").stdout.strip() == ""
         assert host.process_cmdlines() == [], host.process_cmdlines()
-    ours = {
+    # other engines on this machine (another test's, a developer's) hold their segments
+    # while they run; ours are the new ones no living process holds
+    leaked = [
         n
-        for n in set(os.listdir("/dev/shm")) - served.shm_before
-        if n.startswith(("psm_", "sem.mp-"))
-    }
-    leaked = [n for n in ours if _created_by_engine_under(Path("/dev/shm") / n)]
+        for n in leaks.unheld_shm()
+        if n not in served.shm_before and n.startswith(("psm_", "sem.mp-"))
+    ]
     assert not leaked, leaked
     print(f"\nreal pair: boot {served.boot_s:.1f} s (preflight included)")
-
-
-def _created_by_engine_under(path: Path) -> bool:
-    """Other vLLM processes on this machine (a developer's own) may create segments; ours
-    are the ones no living process holds."""
-    name = path.name
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if any(name in ln for ln in Path(f"/proc/{pid}/maps").read_text().splitlines()):
-                return False
-        except OSError:
-            continue
-    return path.exists()

@@ -70,7 +70,9 @@ def test_no_output_of_ours_carries_a_secret(keyed: hosts.Pair) -> None:
     evidence = client / "evidence.json"
     _, out = ran("plan", 0, "plan")
     # both secrets reach the containers by name only (docker run -e NAME, value from env)
-    has("plan", out, f"# endpoint: {endpoint}/v1", "-e HF_TOKEN", "-e VLLM_API_KEY")
+    has("plan", out, f"# endpoint: {endpoint}/v1", "-e VLLM_API_KEY")
+    # HF_TOKEN is the host's, for the model fetch: no container is given it, not even by name
+    assert "HF_TOKEN" not in " ".join(x for x in out.splitlines() if "docker run" in x), out
     _, out = ran("preflight", 0, "preflight", "--json", str(evidence))
     has("preflight", out, "PASS  PF-")
     _, out = ran("up", 0, "up", "--gate", timeout=900)

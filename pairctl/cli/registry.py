@@ -40,6 +40,9 @@ BENCHES: dict[str, Command] = {
     "headline-real": Command(
         "bench.headline_real", "chat-ttft-ab on two real CPU engines", argv=True
     ),
+    "frontend-stages": Command(
+        "bench.frontend_stages", "a turn's TTFT stage by stage in real CPU servers", argv=True
+    ),
     "spin-budget-pair": Command(
         "bench.spin_budget_pair", "the spin-budget overlay A/B on a real CPU pair"
     ),

@@ -132,6 +132,32 @@ def containers(host: hosts.Host) -> list[str]:
     return sorted(json.loads(line)["Names"] for line in res.stdout.splitlines() if line.strip())
 
 
+def held_shm() -> set[str]:
+    """/dev/shm names some live process maps or holds open. /dev/shm is the machine's, not
+    the netns hosts': another test's engine beside us holds its segments while it runs. A
+    segment left behind by a pair that is down is held by nobody (a pair process still
+    holding one is a leaked process, which the process check reports)."""
+    names: set[str] = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                names |= {ln.split("/dev/shm/", 1)[1].strip() for ln in f if "/dev/shm/" in ln}
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("/dev/shm/"):
+                    names.add(target[len("/dev/shm/") :].removesuffix(" (deleted)"))
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return names
+
+
+def unheld_shm() -> list[str]:
+    """The machine's /dev/shm entries that no live process holds (see held_shm)."""
+    if not os.path.isdir("/dev/shm"):
+        return []
+    return sorted(set(os.listdir("/dev/shm")) - held_shm())
+
+
 def snapshot(pair: hosts.Pair, when: str) -> Snapshot:
     held, files = lock_state(pair)
     procs = {h.name: h.process_cmdlines() for h in pair.hosts}
@@ -142,7 +168,7 @@ def snapshot(pair: hosts.Pair, when: str) -> Snapshot:
         containers={h.name: containers(h) for h in pair.hosts},
         processes=procs,
         ports={h.name: listening_ports(h) for h in pair.hosts},
-        shm=sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else [],
+        shm=unheld_shm(),
         lock_held=held,
         lock_files=files,
         netns_rss_kib=rss,

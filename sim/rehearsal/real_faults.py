@@ -37,7 +37,7 @@ from pairctl.cli import argtypes
 from pairctl.contracts import REAL_FAULTS_EXITS, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
-from sim.rehearsal import hosts, pairenv, provision
+from sim.rehearsal import hosts, leaks, pairenv, provision
 
 REPO = project_root()
 LAUNCHER = REPO / "launch" / "dspark_launch.sh"
@@ -217,9 +217,9 @@ def scenario(name: str, pair: hosts.Pair, url: str, partition_s: float) -> dict[
 
 
 def leftovers(pair: hosts.Pair, shm_before: set[str]) -> dict[str, Any]:
-    new_shm = sorted(
-        n for n in set(os.listdir("/dev/shm")) - shm_before if n.startswith(("psm_", "sem.mp-"))
-    )
+    new_shm = [  # held by nobody: a segment another test's live engine holds is not ours
+        n for n in leaks.unheld_shm() if n not in shm_before and n.startswith(("psm_", "sem.mp-"))
+    ]
     return {
         "containers": [h.docker("ps", "-a", "-q").stdout.split() for h in pair.hosts],
         "processes": [h.process_cmdlines() for h in pair.hosts],

@@ -21,9 +21,9 @@ from pairctl.contracts import GATE_EXITS, GATE_PROMPT_TIMEOUT_S, GATE_READY_TIME
 from pairctl.endpoint import KEY_FROM_FLAGS, Endpoint, NotReady, wait_ready
 from pairctl.gate.check import (
     DEFAULT_PROMPTS,
+    Asker,
     GateResult,
     Verdict,
-    ask,
     ask_all,
     check,
     load_reference,
@@ -87,8 +87,7 @@ def run_gate(
         return EXIT_FAIL
     model = opts.model if opts.model is not None else ident.model
     verdicts = ask_all(
-        lambda spec: ask(s, endpoint, model, spec, max_tokens, opts.thinking, opts.timeout_s),
-        ref,
+        Asker(s, endpoint, model, max_tokens, opts.thinking, opts.timeout_s).ask, ref
     )
     result = GateResult(endpoint.base, model, max_tokens, opts.thinking, verdicts, ident)
     print_summary(result)

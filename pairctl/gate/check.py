@@ -57,58 +57,54 @@ def check(spec: dict[str, Any], content: str) -> str | None:
     return f"expected {spec['answer']!r}, got {content[:120]!r}"
 
 
-def ask(
-    session: requests.Session,
-    endpoint: Endpoint,
-    model: str,
-    spec: dict[str, Any],
-    max_tokens: int,
-    thinking: bool,
-    timeout_s: float,
-) -> tuple[str | None, str | None]:
-    """(content, error) for one prompt; every transport/protocol failure becomes an error
-    text, and so does a reply without an answer (all reasoning: it says how many tokens)."""
-    reply, err = ask_reply(session, endpoint, model, spec, max_tokens, thinking, timeout_s)
-    if reply is None:
-        return None, err
-    why = reply.no_answer()
-    return (None, why) if why else (reply.content, None)
+@dataclass(frozen=True)
+class Asker:
+    """What every prompt of one run shares (session, endpoint, model, request knobs), so
+    each prompt is asked the same way; ``ask`` is what ``ask_all``/``run`` call per prompt."""
 
+    session: requests.Session
+    endpoint: Endpoint
+    model: str
+    max_tokens: int
+    thinking: bool
+    timeout_s: float
 
-def ask_reply(
-    session: requests.Session,
-    endpoint: Endpoint,
-    model: str,
-    spec: dict[str, Any],
-    max_tokens: int,
-    thinking: bool,
-    timeout_s: float,
-) -> tuple[Reply | None, str | None]:
-    """(reply, None), or (None, error) when no reply body came back (transport, HTTP status,
-    malformed JSON). ``thinking`` asks in DSV4's thinking mode (chat_template_kwargs)."""
-    import requests
+    def ask(self, spec: dict[str, Any]) -> tuple[str | None, str | None]:
+        """(content, error) for one prompt; every transport/protocol failure becomes an error
+        text, and so does a reply without an answer (all reasoning: it says how many tokens)."""
+        reply, err = self.reply(spec)
+        if reply is None:
+            return None, err
+        why = reply.no_answer()
+        return (None, why) if why else (reply.content, None)
 
-    payload = {
-        "model": model,
-        "messages": [{"role": "user", "content": spec["prompt"]}],
-        "temperature": 0.0,
-        "max_tokens": max_tokens,
-        "stream": False,
-        "chat_template_kwargs": {"thinking": thinking},
-    }
-    target = endpoint.url(CHAT_PATH)
-    try:
-        r = session.post(target, json=payload, timeout=timeout_s)
-    except requests.Timeout:
-        return None, f"timeout after {timeout_s:g}s"
-    except requests.RequestException as e:
-        return None, f"request to {target} failed: {cause(e)}"
-    if r.status_code != 200:
-        return None, f"HTTP {r.status_code}: {r.text[:200]}"
-    try:
-        return from_body(r.json()), None
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None, f"malformed response JSON: {r.text[:200]!r}"
+    def reply(self, spec: dict[str, Any]) -> tuple[Reply | None, str | None]:
+        """(reply, None), or (None, error) when no reply body came back (transport, HTTP
+        status, malformed JSON). ``thinking`` asks in DSV4's thinking mode
+        (chat_template_kwargs)."""
+        import requests
+
+        payload = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": spec["prompt"]}],
+            "temperature": 0.0,
+            "max_tokens": self.max_tokens,
+            "stream": False,
+            "chat_template_kwargs": {"thinking": self.thinking},
+        }
+        target = self.endpoint.url(CHAT_PATH)
+        try:
+            r = self.session.post(target, json=payload, timeout=self.timeout_s)
+        except requests.Timeout:
+            return None, f"timeout after {self.timeout_s:g}s"
+        except requests.RequestException as e:
+            return None, f"request to {target} failed: {cause(e)}"
+        if r.status_code != 200:
+            return None, f"HTTP {r.status_code}: {r.text[:200]}"
+        try:
+            return from_body(r.json()), None
+        except (ValueError, KeyError, IndexError, TypeError):
+            return None, f"malformed response JSON: {r.text[:200]!r}"
 
 
 def load_reference(path: str) -> dict[str, Any]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pairctl.nodes.ssh import Node, Result
-from pairctl.pair.plan import LABEL_PAIR
+from pairctl.pair.plan import LABEL_PAIR, LABEL_ROLE
 
 PS_FORMAT = "{{json .}}"
 
@@ -82,6 +83,39 @@ def ps_argv(label_filter: str) -> list[str]:
         f"label={label_filter}",
         "--format",
         PS_FORMAT,
+    ]
+
+
+def throwaway_argv(
+    pair_id: str,
+    role: str,
+    image: str,
+    interpreter: str,
+    script: str,
+    *,
+    opts: Sequence[str] = (),
+    args: Sequence[str] = (),
+) -> list[str]:
+    """A one-shot ``interpreter -c script`` in ``image``: labelled with the pair and ``role``
+    (so ``down`` finds one left behind), no network, removed after. ``opts`` go before the
+    entrypoint (mounts, env, GPUs), ``args`` after the script."""
+    return [
+        "docker",
+        "run",
+        "--rm",
+        "--label",
+        f"{LABEL_PAIR}={pair_id}",
+        "--label",
+        f"{LABEL_ROLE}={role}",
+        "--network",
+        "none",
+        *opts,
+        "--entrypoint",
+        interpreter,
+        image,
+        "-c",
+        script,
+        *args,
     ]
 
 

@@ -33,9 +33,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pairctl.nodes.docker import throwaway_argv
 from pairctl.nodes.ssh import Node
 from pairctl.pair.config import ConfigError
-from pairctl.pair.plan import LABEL_PAIR, LABEL_ROLE
 from pairctl.pair.recipe import Recipe
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight.evidence import ArgvCheck
@@ -258,30 +258,13 @@ def plan_note(res: ArgvCheck | None) -> str:
 
 
 def container_argv(pair_id: str, image: str, argvs: list[list[str]], interpreter: str) -> list[str]:
-    """The throwaway container: the image's interpreter (the stack's) runs SCRIPT, no
-    network, removed after."""
-    return [
-        "docker",
-        "run",
-        "--rm",
-        "--label",
-        f"{LABEL_PAIR}={pair_id}",
-        "--label",
-        f"{LABEL_ROLE}={ROLE}",
-        "--network",
-        "none",
-        # vLLM's parser needs a platform: the GPU it will really run on.
-        "--gpus",
-        "all",
-        "-e",
-        "VLLM_LOGGING_LEVEL=ERROR",
-        "--entrypoint",
-        interpreter,
-        image,
-        "-c",
-        SCRIPT,
-        json.dumps(argvs),
-    ]
+    """The throwaway container (docker.throwaway_argv): the image's interpreter (the
+    stack's) runs SCRIPT on both ranks' argvs."""
+    # vLLM's parser needs a platform: the GPU it will really run on.
+    opts = ["--gpus", "all", "-e", "VLLM_LOGGING_LEVEL=ERROR"]
+    return throwaway_argv(
+        pair_id, ROLE, image, interpreter, SCRIPT, opts=opts, args=[json.dumps(argvs)]
+    )
 
 
 def run_in_image(node: Node, pair: ResolvedPair, image_id: str) -> ArgvCheck:

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pairctl.nodes.docker import throwaway_argv
 from pairctl.nodes.ssh import Node
-from pairctl.pair.plan import LABEL_PAIR, LABEL_ROLE
 from pairctl.preflight import inimage
 
 MARK = inimage.MARK
@@ -147,23 +147,13 @@ def container_argv(
     overlay_dir: str | None,
     overlay_mount: str,
 ) -> list[str]:
-    """The throwaway: labelled with the pair, no network, no GPU, removed after."""
-    argv = [
-        "docker",
-        "run",
-        "--rm",
-        "--label",
-        f"{LABEL_PAIR}={pair_id}",
-        "--label",
-        f"{LABEL_ROLE}={ROLE}",
-        "--network",
-        "none",
-    ]
+    """The throwaway (docker.throwaway_argv) with the overlays mounted and the stack's env."""
+    opts: list[str] = []
     if overlay_dir:
-        argv += ["-v", f"{overlay_dir}:{overlay_mount}:ro"]
+        opts += ["-v", f"{overlay_dir}:{overlay_mount}:ro"]
     for key in sorted(env):
-        argv += ["-e", f"{key}={env[key]}"]
-    return [*argv, "--entrypoint", interpreter, image, "-c", SCRIPT]
+        opts += ["-e", f"{key}={env[key]}"]
+    return throwaway_argv(pair_id, ROLE, image, interpreter, SCRIPT, opts=opts)
 
 
 def cache_dir() -> Path:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pairctl.endpoint import Endpoint, NotReady, wait_ready
-from pairctl.gate.check import ask, check, load_reference
+from pairctl.gate.check import Asker, check, load_reference
 
 # Package data (pyproject package-data), read from the installed package, not the clone.
 CANARY_PROMPTS = Path(str(files("pairctl.gate") / "canary_dspark.json"))
@@ -173,7 +173,7 @@ def run_against(
             at, [CanaryVerdict(p["name"], ERROR, str(exc), None, 0.0) for p in ref["prompts"]]
         )
     max_tokens = int(ref["max_tokens"])
-    return run(lambda spec: ask(s, endpoint, model, spec, max_tokens, False, timeout_s), ref)
+    return run(Asker(s, endpoint, model, max_tokens, False, timeout_s).ask, ref)
 
 
 def failed_run(exc: BaseException) -> CanaryResult:

@@ -98,3 +98,29 @@ ADAPTIVE = (
     _adaptive(64, 6712.35, 7144.12),
     _adaptive(256, 7852.42, 13324.67),
 )
+
+# TP=2 -> TP=4 on four Sparks: single-stream C1 tok/s per prompt class.
+TONY_TP4 = "tonyd2wild/Deepseek-V4-Flash-TP4-4x-DGX-Spark"
+_TP4_SETUP = (
+    "4x GB10 TP=4 vs 2x GB10 TP=2, vLLM mp backend, switched 200GbE RoCE (MikroTik CRS812), "
+    "NCCL_IB_HCA=rocep1s0f0 NCCL_IB_GID_INDEX=3; non-streaming, temperature 0, max_tokens 200, "
+    "nonce-front prompts; the README says its tables were measured on its private DSpark k=5 "
+    "stack, not the published MTP-2 launcher"
+)
+TP4_C1 = tuple(
+    Measured(what, tp2, tp4, "tok/s", _TP4_SETUP, f"{TONY_TP4} README.md")
+    for what, tp2, tp4 in (("count", 87, 120), ("code", 66, 87), ("prose", 42, 46))
+)
+_LUX = "luxingcom/LuZ0.3.1-DeepSeek-v4-Flash-DSpark-DGXspark-TP4-Ring"
+TP4_NCCL = (
+    Measured(
+        "all-reduce latency, 16 B at TP=2 -> 196 KB at TP=4 ring",
+        29.0,
+        98.0,
+        "us",
+        "4x GB10 switchless ring; ring-only NCCL 2.30.7 build, NCCL_ALGO=RING, "
+        "NCCL_MIN_NCHANNELS=NCCL_MAX_NCHANNELS=4, NCCL_BUFFSIZE=8MB",
+        f"{_LUX} docs/01-research-reports/analysis-tp2-tp4-communication-2026-08-09.md; "
+        "ar-optimization-2026-08-22.md section 2.2",
+    ),
+)

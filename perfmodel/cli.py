@@ -25,6 +25,7 @@ from pairctl.cli.argtypes import (
 from pairctl.cli.options import usage_error
 from pairctl.contracts import PERFMODEL_EXITS, codes, exit_line
 from perfmodel import budget as B
+from perfmodel import group as G
 from perfmodel import report
 
 _EXIT = codes(PERFMODEL_EXITS)
@@ -100,6 +101,13 @@ def parse_args(argv: argparse.Namespace | list[str] | None = None) -> argparse.N
         usage_error(
             p or a._parser, f"--accept needs 1 or gamma={a.gamma} values, got {len(a.accept)}"
         )
+    if a.fabric == "ring" and a.allreduce == "tree":
+        usage_error(
+            p or a._parser,
+            "--allreduce tree needs a switched fabric: a switchless ring links neighbours only",
+        )
+    if a.replicated_share > 1:
+        usage_error(p or a._parser, "--replicated-share must be a fraction in [0, 1]")
     return a
 
 
@@ -185,6 +193,34 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         "vLLM's own 1 s, as the seed measured); calibrated on a peer's 2 ms A/B",
     )
     p.add_argument(
+        "--nodes",
+        type=int,
+        choices=G.NODES,
+        default=2,
+        help="Sparks in the TP group (TP=N; 2 = a pair, today's numbers). 4 adds the TP=4 "
+        "prediction beside tonyd2wild's measured TP=4 C1 figures",
+    )
+    p.add_argument(
+        "--fabric",
+        choices=G.FABRICS,
+        default="switched",
+        help="switched RoCE (any rank reaches any) or a switchless ring (neighbours only)",
+    )
+    p.add_argument(
+        "--allreduce",
+        choices=G.ALGOS,
+        default="ring",
+        help="NCCL all-reduce algorithm: ring (2(N-1) latency steps) or tree (2 log2 N; "
+        "switched fabric only)",
+    )
+    p.add_argument(
+        "--replicated-share",
+        type=_non_negative,
+        default=0.0,
+        help="share of the dense + weight-only GEMM time that is replicated on every rank "
+        "and does not shrink with N (default 0: an upper bound on the TP=4 gain)",
+    )
+    p.add_argument(
         "--mc-trials",
         type=_trials,
         default=2000,
@@ -240,6 +276,8 @@ def main(argv: argparse.Namespace | list[str] | None = None) -> int:
         tree_width=a.tree_width,
         per_seq_ms=a.per_seq_ms,
     )
+    if a.nodes != 2:
+        doc["group"] = G.build(inputs(a), a.nodes, a.fabric, a.allreduce, a.replicated_share)
     text = json.dumps(doc, indent=2)
     if a.json == "-":
         print(text)

@@ -328,6 +328,8 @@ def render(doc: dict) -> str:
     out.append(f"ceiling at max-num-seqs {i['max_num_seqs']}: {g['ceiling_tok_s']:.1f} tok/s")
     out += ["", "Decode levers: this model's prediction beside the peers' measurements"]
     out.append(_table(["lever", "kind", "model", "peers measured"], lever_rows(doc["levers"])))
+    if "group" in doc:
+        out += ["", *group_lines(doc["group"])]
     out += ["", "Seed figures vs this model (at the seed's operating point, alpha=0.8)"]
     rows = []
     for k, v in doc["seed_checks"].items():
@@ -364,3 +366,33 @@ def lever_rows(levers: list[dict]) -> list[list]:
                 ]
             )
     return rows
+
+
+def group_lines(g: dict) -> list[str]:
+    """The TP=N block: the step at N beside TP=2, then per workload the peer's figures."""
+    st = g["step_ms"]
+    out = [
+        f"TP={g['nodes']} on a {g['fabric']} fabric, {g['allreduce']} all-reduce: "
+        f"{g['allreduces_per_step']} all-reduces x {g['allreduce_steps']} steps x "
+        f"{g['hop_latency_us']:.1f} us + {g['bytes_share_per_link']:g} x "
+        f"{g['message_bytes']} B per link",
+        f"step {st['tp2']:.1f} ms (TP=2) -> {st['tpn']:.1f} ms: weights {st['weights_ms'][0]:.1f}"
+        f" -> {st['weights_ms'][1]:.1f}, all-reduce {st['nccl_ms'][0]:.1f} -> "
+        f"{st['nccl_ms'][1]:.1f}, other {st['other_ms']:.1f}; x{g['speedup']:.3f}",
+        f"Single stream: predicted (accept length read off the peer's TP=2) vs measured "
+        f"({g['peer']['source']})",
+    ]
+    rows = [
+        [
+            r["workload"],
+            r["tp2_measured"],
+            r["accept_len_from_tp2"],
+            r["predicted"],
+            r["measured"],
+            r["ratio"],
+        ]
+        for r in g["versus_peer"]
+    ]
+    hdr = ["workload", "TP=2 measured", "accept len", "predicted", "measured", "ratio"]
+    out.append(_table(hdr, rows))
+    return out

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 import statistics
 import subprocess
@@ -79,7 +78,7 @@ def served(pair: hosts.Pair) -> Served:
     if BOOT_FAILED:
         pytest.fail(f"the module's one boot failed (see its first test):\n{BOOT_FAILED[0]}")
     pairenv.copy_overlays(pair, REPO)
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = set(leaks.shm_entries())
     t0 = time.monotonic()
     limit = PAIR_BOOT_LIMIT_S  # 5x the idle boot; `up` names the slow phase if it is reached
     res = run_launcher(
@@ -408,10 +407,6 @@ def test_down_leaves_no_process_no_container_and_no_shm_segment(served):
         assert host.process_cmdlines() == [], host.process_cmdlines()
     # other engines on this machine (another test's, a developer's) hold their segments
     # while they run; ours are the new ones no living process holds
-    leaked = [
-        n
-        for n in leaks.unheld_shm()
-        if n not in served.shm_before and n.startswith(("psm_", "sem.mp-"))
-    ]
+    leaked = leaks.new_engine_segments(served.shm_before)
     assert not leaked, leaked
     print(f"\nreal pair: boot {served.boot_s:.1f} s (preflight included)")

@@ -87,6 +87,12 @@ class Snapshot:
     mem_available_kib: int  # the machine's MemAvailable
     mem_total_kib: int
     t: float = field(default_factory=time.time)
+    # of ``shm``, those a live process held then: another test's engine beside this pair
+    shm_held: list[str] = field(default_factory=list)
+
+    def shm_new_since(self, base: Snapshot) -> set[str]:
+        """Entries added since ``base`` that nobody held: what a pair that is down left."""
+        return set(self.shm) - set(self.shm_held) - set(base.shm)
 
 
 def rss_kib(pid: int) -> int:
@@ -151,11 +157,19 @@ def held_shm() -> set[str]:
     return names
 
 
-def unheld_shm() -> list[str]:
-    """The machine's /dev/shm entries that no live process holds (see held_shm)."""
-    if not os.path.isdir("/dev/shm"):
-        return []
-    return sorted(set(os.listdir("/dev/shm")) - held_shm())
+def shm_entries() -> list[str]:
+    return sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else []
+
+
+def new_engine_segments(before: set[str]) -> list[str]:
+    """vLLM's segments (torch's psm_*, multiprocessing's sem.mp-*) added since ``before``
+    that no live process holds: those a stopped engine left behind."""
+    held = held_shm()
+    return [
+        n
+        for n in shm_entries()
+        if n not in before and n not in held and n.startswith(("psm_", "sem.mp-"))
+    ]
 
 
 def snapshot(pair: hosts.Pair, when: str) -> Snapshot:
@@ -168,12 +182,13 @@ def snapshot(pair: hosts.Pair, when: str) -> Snapshot:
         containers={h.name: containers(h) for h in pair.hosts},
         processes=procs,
         ports={h.name: listening_ports(h) for h in pair.hosts},
-        shm=unheld_shm(),
+        shm=shm_entries(),
         lock_held=held,
         lock_files=files,
         netns_rss_kib=rss,
         mem_available_kib=mem.get("MemAvailable", 0),
         mem_total_kib=mem.get("MemTotal", 0),
+        shm_held=sorted(held_shm()),
     )
 
 
@@ -243,7 +258,7 @@ def verdicts(
             bad.append(f"{d.when}: the pair's launcher lock is still held")
         if len(d.lock_files) > 1:
             bad.append(f"{d.when}: more than the pair's one lock file: {d.lock_files}")
-        new_shm |= set(d.shm) - set(base.shm)
+        new_shm |= d.shm_new_since(base)
         if d.netns_rss_kib > base.netns_rss_kib + MARGINS["netns_rss_kib"]:
             bad.append(
                 f"{d.when}: {d.netns_rss_kib} kB resident in the hosts vs {base.netns_rss_kib} "
@@ -293,7 +308,7 @@ def row(up: Snapshot, down: Snapshot, base: Snapshot) -> str:
         f"{sum(map(len, down.containers.values())):>10}  "
         f"{sum(map(len, down.processes.values())):>5}  "
         f"{sum(map(len, down.ports.values())):>5}  "
-        f"{len(set(down.shm) - set(base.shm)):>4}  {'held' if down.lock_held else 'free'}"
+        f"{len(down.shm_new_since(base)):>4}  {'held' if down.lock_held else 'free'}"
     )
 
 

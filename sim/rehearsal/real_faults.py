@@ -217,9 +217,7 @@ def scenario(name: str, pair: hosts.Pair, url: str, partition_s: float) -> dict[
 
 
 def leftovers(pair: hosts.Pair, shm_before: set[str]) -> dict[str, Any]:
-    new_shm = [  # held by nobody: a segment another test's live engine holds is not ours
-        n for n in leaks.unheld_shm() if n not in shm_before and n.startswith(("psm_", "sem.mp-"))
-    ]
+    new_shm = leaks.new_engine_segments(shm_before)
     return {
         "containers": [h.docker("ps", "-a", "-q").stdout.split() for h in pair.hosts],
         "processes": [h.process_cmdlines() for h in pair.hosts],
@@ -288,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, local.EngineMissing) as exc:
         print(f"real_faults: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = set(leaks.shm_entries())
     pair = provision.build_free_pair(args.prefix)
     rows: list[dict[str, Any]] = []
     doc: dict[str, Any] = {}

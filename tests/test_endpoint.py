@@ -126,7 +126,7 @@ def test_the_gate_parses_its_url_once_in_and_out_of_process(splits, monkeypatch,
     ref = gate.load_reference(str(gate.DEFAULT_PROMPTS))
     right = {p["prompt"]: p["answer"] for p in ref["prompts"]}
     seen = Seen()
-    seen.spy(gate, "ask", 1, monkeypatch)
+    seen.spy(gate, "Asker", 1, monkeypatch)  # Asker(session, endpoint, ...)
     seen.spy(gate, "wait_ready", 1, monkeypatch)
     with MockServer(MockConfig(answers=right)) as m:
         splits.clear()  # the mock's own m.endpoint

@@ -42,6 +42,13 @@ UPSTREAM_DOCS = {
     "02-before-after.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",
     "03-what-i-wish-id-had.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",
     "05-dead-ends.md": "ecohash-co/deepseek-v4-flash-dgx-spark-vllm027",
+    "PERFORMANCE.md": "NVIDIA/nccl-tests (doc/PERFORMANCE.md)",
+    "analysis-tp2-tp4-communication-2026-08-09.md": (
+        "luxingcom/LuZ0.3.1-DeepSeek-v4-Flash-DSpark-DGXspark-TP4-Ring (docs/01-research-reports/)"
+    ),
+    "ar-optimization-2026-08-22.md": (
+        "luxingcom/LuZ0.3.1-DeepSeek-v4-Flash-DSpark-DGXspark-TP4-Ring (docs/01-research-reports/)"
+    ),
 }
 MARKDOWN_NAME = r"(?<![\w.-])([\w-]+\.md)\b"
 PARENT_PATH = r"(?<![\w.])\.\./[\w./-]*"

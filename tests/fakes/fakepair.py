@@ -66,10 +66,15 @@ def image_probe_reply(stack: str = DEFAULT_STACK, **changes: object) -> dict:
     return {"out": IMAGEPROBE_MARK + json.dumps(doc)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(other_than: int | None = None) -> int:
+    """A port free now; ``other_than``: never that one (a port just drawn and closed may be
+    drawn again, and the launcher refuses MASTER_PORT equal to PORT)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != other_than:
+            return port
 
 
 class Env:
@@ -94,7 +99,7 @@ class Env:
             "SPARK1": "127.0.0.1",
             "SPARK2": "127.0.0.2",
             # free: preflight's PF-FABRIC-REACH listens on it for a moment
-            "MASTER_PORT": str(free_port()),
+            "MASTER_PORT": str(free_port(other_than=port)),
             "PORT": str(port),
             "SSH_USER": "bird",
             "SSH_KNOWN_HOSTS_FILE": str(tmp / "known_hosts"),

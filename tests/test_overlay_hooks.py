@@ -318,6 +318,7 @@ def test_the_fork_table_does_not_resolve_in_vllm_033_and_says_where() -> None:
 
 
 @pytest.mark.needs_engine
+@pytest.mark.engine_no_boot  # one interpreter, no server
 def test_the_cpu_stack_in_the_real_cpu_engine() -> None:
     """The rehearsal's engine: the tokenizer cache, the weight guard, the front-end
     overlays and the spin budget resolve, the fp8 head says why not."""

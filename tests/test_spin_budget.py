@@ -238,6 +238,7 @@ gc.collect()
 
 
 @pytest.mark.needs_engine
+@pytest.mark.engine_no_boot  # one interpreter, no server
 def test_the_cpu_stack_sets_the_budget_in_the_real_cpu_engine() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DSV4_", "VLLM_"))}
     env.update(

@@ -207,6 +207,7 @@ def test_every_target_resolves_in_vllm_033() -> None:
 
 
 @pytest.mark.needs_engine
+@pytest.mark.engine_no_boot  # one interpreter, no server
 def test_every_target_resolves_in_the_cpu_engine() -> None:
     assert _resolve_all(str(ENGINE_PY)) == {}
 

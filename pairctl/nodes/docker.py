@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pairctl.nodes import docker_access
 from pairctl.nodes.ssh import Node, Result
 from pairctl.pair.plan import LABEL_PAIR, LABEL_ROLE
 
@@ -150,10 +151,9 @@ def remove_pair(node: Node, pair_id: str) -> tuple[list[str], str | None]:
 
 
 # docker's client, when it cannot talk to its daemon (docker/cli, moby client): the daemon
-# is not running, or the user may not open its socket (not in the `docker` group). Newer
-# clients say "docker API" where older ones say "Docker daemon socket".
+# is not running, or the user may not open its socket (not in the `docker` group:
+# docker_access.permission_denied knows the clients' wordings).
 DAEMON_DOWN = "cannot connect to the docker daemon"
-SOCKET_DENIED = ("permission denied while trying to connect to the docker",)
 # moby's answer for an image the daemon does not have (daemon/images: "No such image: REF").
 NO_SUCH_IMAGE = "no such image"
 
@@ -174,7 +174,7 @@ def daemon_problem(text: str, where: str, user: str) -> str | None:
             f"docker's daemon does not answer on {where} ({said}): start it there "
             "(sudo systemctl start docker; sudo systemctl enable docker keeps it on at boot)"
         )
-    if any(m in low for m in SOCKET_DENIED):
+    if docker_access.permission_denied(text):
         return (
             f"{user} may not use docker on {where} (permission denied on the docker socket): "
             f"add the user to the docker group there (sudo usermod -aG docker {user}), then "

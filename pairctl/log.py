@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TextIO
 
 
@@ -21,3 +22,8 @@ def log(msg: str, prefix: str = "", stream: TextIO | None = None) -> None:
 def logger(prefix: str) -> Callable[[str], None]:
     """``log`` with ``prefix`` bound: the module's own ``log(msg)``."""
     return functools.partial(log, prefix=prefix)
+
+
+def stamp() -> str:
+    """Now in UTC to the second, ``2026-12-02T10:13:45Z``: every log and record line's time."""
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -26,13 +26,13 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from pairctl.endpoint import Endpoint, NotReady, wait_ready
 from pairctl.gate.check import Asker, check, load_reference
+from pairctl.log import stamp
 
 # Package data (pyproject package-data), read from the installed package, not the clone.
 CANARY_PROMPTS = Path(str(files("pairctl.gate") / "canary_dspark.json"))
@@ -143,7 +143,7 @@ Ask = Callable[[dict[str, Any]], tuple[str | None, str | None]]
 
 def run(ask_one: Ask, ref: dict[str, Any]) -> CanaryResult:
     """Ask every canary prompt once (``ask_one`` is the gate's ``ask`` bound to a session)."""
-    at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    at = stamp()
     out = []
     for spec in ref["prompts"]:
         t0 = time.monotonic()
@@ -168,7 +168,7 @@ def run_against(
         key_from = "VLLM_API_KEY in the env file"
         model = wait_ready(s, endpoint, timeout_s, lambda _m: None, key_from=key_from).model
     except NotReady as exc:
-        at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        at = stamp()
         return CanaryResult(
             at, [CanaryVerdict(p["name"], ERROR, str(exc), None, 0.0) for p in ref["prompts"]]
         )
@@ -178,6 +178,6 @@ def run_against(
 
 def failed_run(exc: BaseException) -> CanaryResult:
     """A canary run that raised: one ERROR verdict, so it is an event and not a log line."""
-    at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    at = stamp()
     why = f"the canary could not run ({type(exc).__name__}: {exc})"
     return CanaryResult(at, [CanaryVerdict("canary", ERROR, why, None, 0.0)])

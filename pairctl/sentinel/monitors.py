@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pairctl.contracts import CANARY_EVERY_S, PROBE_EVERY_S
+from pairctl.log import stamp
 from pairctl.sentinel.canary import CanaryResult, failed_run
 from pairctl.sentinel.schedule import BUSY_STATE, ERROR, FAULT, OK, ProbeSchedule, Reading
 
@@ -109,7 +110,7 @@ class Monitors:
         if self.record is None:
             return
         doc = {
-            "written_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "written_at": stamp(),
             **self.doc,
         }
         tmp = self.record.with_name(self.record.name + f".{os.getpid()}.tmp")

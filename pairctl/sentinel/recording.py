@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pairctl.log import stamp
 from pairctl.sentinel import probefile
 from pairctl.sentinel.judgement import (
     FAULT,
@@ -103,7 +103,7 @@ def recorded_doc(
 ) -> dict[str, Any]:
     """The record file's document: the prompts' records and how they were taken."""
     recorded = {
-        "at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "at": stamp(),
         "endpoint": client.endpoint.base,
         "model": client.model,
         "simulator": simulator,

@@ -22,19 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
+from pairctl.log import stamp
 from pairctl.sentinel.judgement import FAULT, OK, PromptVerdict, judge, not_drafting
 from pairctl.sentinel.probe import BUSY, NO_SPEC, Measurement, ProbePrompt, Skip
 from pairctl.sentinel.probefile import ProbeRecord
 
 ERROR, BUSY_STATE, NO_RECORD = "error", "busy", "no-record"
 EVENT_STATES = (FAULT, ERROR)
-
-
-def stamp() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass

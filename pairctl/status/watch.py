@@ -24,7 +24,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from pairctl.contracts import (
@@ -39,7 +38,7 @@ from pairctl.contracts import (
     meaning,
 )
 from pairctl.lifecycle.steps import KEY_STATUSES, key_problem, session
-from pairctl.log import log
+from pairctl.log import log, stamp
 
 # While waiting for a wedged rank 1's ssh, one "still waiting" line this often.
 LOST_HEARTBEAT_S = 600.0
@@ -54,10 +53,6 @@ class WatchConfig:
     probe_timeout_s: float = WATCH_PROBE_TIMEOUT_S  # one 1-token completion, queueing included
     backoff_s: float = WATCH_BACKOFF_S  # wait after a failed restart, doubled each time
     backoff_max_s: float = WATCH_BACKOFF_MAX_S
-
-
-def stamp() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class KeyRejected(Exception):

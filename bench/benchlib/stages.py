@@ -68,8 +68,6 @@ STAGES: tuple[tuple[str, str, str], ...] = (
 )
 STAGE_NAMES = tuple(s for s, _, _ in STAGES)
 KIND = {s: k for s, k, _ in STAGES}
-# Stages whose cost is the new text only already in an uncached vLLM, by construction.
-FRONT = STAGE_NAMES[: STAGE_NAMES.index("queue")]
 
 
 @dataclass

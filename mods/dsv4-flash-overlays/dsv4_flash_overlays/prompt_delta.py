@@ -151,10 +151,6 @@ class Receiver:
         )
         return False
 
-    def held(self, sender: Hashable) -> list[str]:
-        with self._lock:
-            return list(self._by_sender.get(sender, {}))
-
 
 def sender_key(request: Any) -> Hashable:
     """Which sender a request came from (one per API server process)."""

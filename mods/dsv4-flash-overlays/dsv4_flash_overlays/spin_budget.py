@@ -87,8 +87,3 @@ def remove() -> None:
         owner, init = _installed
         owner.__init__ = init
         _installed = None
-
-
-def installed_budget_s(owner: Any) -> float | None:
-    """The budget ``owner.__init__`` installs, or None when it is not ours."""
-    return getattr(owner.__dict__.get("__init__"), MARK, None)

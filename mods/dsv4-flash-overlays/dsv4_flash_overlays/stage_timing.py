@@ -86,10 +86,6 @@ class Recorder:
 _REC: Recorder | None = None
 
 
-def recorder() -> Recorder | None:
-    return _REC
-
-
 def _wrap(fn: Callable, target: Target) -> Callable:
     def finish(t0: int, args: tuple, kwargs: dict, result: Any) -> None:
         rec = _REC

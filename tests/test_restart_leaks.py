@@ -84,6 +84,13 @@ def test_verdicts_see_each_kind_of_leak() -> None:
     for key, value in bad.items():
         down = leaks.Snapshot("down 1", **{**clean, key: value})
         assert leaks.verdicts(base, [ok_up], [down]), key
+    # /dev/shm is the machine's: an entry another job had for a moment and removed is not
+    # left behind; one still there after the last down is, held by nobody
+    passing = leaks.Snapshot("down 1", **{**clean, "shm": ["x", "psm_2"]})
+    assert leaks.verdicts(base, [ok_up] * 2, [passing, ok_down]) == []
+    assert leaks.verdicts(base, [ok_up] * 2, [ok_down, passing])
+    held = leaks.Snapshot("down 2", **{**clean, "shm": ["x", "psm_2"], "shm_held": ["psm_2"]})
+    assert leaks.verdicts(base, [ok_up] * 2, [ok_down, held]) == []
     growing = [
         leaks.Snapshot(f"up {i}", **{**clean, "netns_rss_kib": 200_000 * i}) for i in range(6)
     ]

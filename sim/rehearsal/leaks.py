@@ -24,7 +24,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pairctl.cli import argtypes
@@ -138,6 +138,9 @@ def containers(host: hosts.Host) -> list[str]:
     return sorted(json.loads(line)["Names"] for line in res.stdout.splitlines() if line.strip())
 
 
+SHM_SETTLE_S = 5.0  # how long a new /dev/shm entry must stay to count as left behind
+
+
 def held_shm() -> set[str]:
     """/dev/shm names some live process maps or holds open. /dev/shm is the machine's, not
     the netns hosts': another test's engine beside us holds its segments while it runs. A
@@ -230,7 +233,21 @@ def cycles(pair: hosts.Pair, n: int, say=print) -> tuple[Snapshot, list[Snapshot
             raise AssertionError(f"cycle {i}: down exited {rc}:\n{out[-3000:]}")
         downs.append(settled(pair, f"down {i}"))
         say(row(ups[-1], downs[-1], base))
+    if downs:
+        downs[-1] = lasting_shm(downs[-1], base)
     return base, ups, downs
+
+
+def lasting_shm(snap: Snapshot, base: Snapshot, wait_s: float = SHM_SETTLE_S) -> Snapshot:
+    """``snap`` without the new /dev/shm entries that are gone ``wait_s`` later: another
+    job's, between its process's exit and its resource tracker's unlink. A leaked segment
+    stays (nobody is left to unlink it)."""
+    new = snap.shm_new_since(base)
+    if not new:
+        return snap
+    time.sleep(wait_s)
+    gone = new - (set(shm_entries()) - held_shm())
+    return replace(snap, shm=[n for n in snap.shm if n not in gone])
 
 
 def verdicts(
@@ -243,7 +260,6 @@ def verdicts(
     MemAvailable by gigabytes): what stays is all that is the pair's own (its hosts' resident
     memory after each down and while up, containers, processes, ports, /dev/shm, the lock)."""
     bad = []
-    new_shm = set()
     for d in downs:
         for host, names in d.containers.items():
             if names:
@@ -258,12 +274,15 @@ def verdicts(
             bad.append(f"{d.when}: the pair's launcher lock is still held")
         if len(d.lock_files) > 1:
             bad.append(f"{d.when}: more than the pair's one lock file: {d.lock_files}")
-        new_shm |= d.shm_new_since(base)
         if d.netns_rss_kib > base.netns_rss_kib + MARGINS["netns_rss_kib"]:
             bad.append(
                 f"{d.when}: {d.netns_rss_kib} kB resident in the hosts vs {base.netns_rss_kib} "
                 f"kB before (margin {MARGINS['netns_rss_kib']} kB)"
             )
+    # Left behind is what is still there after the last down: a segment a pair leaks has
+    # nobody to unlink it, while /dev/shm, the machine's, also holds other jobs' segments
+    # for the moment between their process's exit and its resource tracker's unlink.
+    new_shm = downs[-1].shm_new_since(base) if downs else set()
     if new_shm:
         bad.append(f"/dev/shm entries left behind: {sorted(new_shm)}")
     if downs and machine_memory:

@@ -1,0 +1,82 @@
+"""The suite's scheduling (tests/conftest.py, docs/testing.md) really takes under xdist:
+heavy tests share one worker and a module fixture is built once. Run on a tiny suite of
+its own with the real pytest-xdist, since a lost group fails nothing by itself."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+CONFTEST = """
+import pytest
+from tests.conftest import (  # noqa: F401  the hooks under test
+    pytest_collection_modifyitems,
+    pytest_xdist_node_collection_finished,
+)
+
+def pytest_configure(config):
+    for name in ("needs_engine", "needs_netns", "engine_no_boot"):
+        config.addinivalue_line("markers", name)
+"""
+
+HEAVY = """
+import os
+import pytest
+
+pytestmark = [pytest.mark.needs_engine]
+
+@pytest.fixture(scope="module")
+def booted():
+    with open(os.environ["BOOTS"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+
+@pytest.mark.parametrize("i", range(4))
+def test_heavy(booted, i):
+    pass
+"""
+
+LIGHT = """
+import pytest
+
+@pytest.mark.parametrize("i", range(3))
+def test_light(i):
+    pass
+"""
+
+
+def run_suite(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_heavy_a.py").write_text(HEAVY)
+    (tmp_path / "test_heavy_b.py").write_text(HEAVY.replace("test_heavy", "test_other"))
+    for n in range(3):
+        (tmp_path / f"test_light_{n}.py").write_text(LIGHT)
+    boots = tmp_path / "boots"
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "3", "--dist", "loadgroup", "-v"]
+        + ["-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "BOOTS": str(boots), "PATH": "/usr/bin:/bin"},
+    )
+    return res, boots.read_text().split() if boots.exists() else []
+
+
+def test_heavy_tests_share_one_worker_and_a_module_fixture_is_built_once(tmp_path: Path):
+    res, boots = run_suite(tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    workers = {
+        m.group(1)
+        for m in re.finditer(r"\[(gw\d+)\] .*PASSED \S+::test_(?:heavy|other)\S*@heavy", res.stdout)
+    }
+    ran = len(re.findall(r"PASSED \S+@heavy", res.stdout))
+    assert ran == 8 and len(workers) == 1, res.stdout[-3000:]
+    # one boot per heavy module (two modules), on that one worker
+    assert len(boots) == 2 and len(set(boots)) == 1, boots
+    # light tests keep their module's group
+    assert len(re.findall(r"PASSED \S*test_light_\d\.py::\S+@test_light_\d", res.stdout)) == 9

@@ -61,7 +61,7 @@ lint: venv
 # (tests/conftest.py, docs/testing.md).
 PYTEST_WORKERS ?= 3
 pytest: venv engine
-	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
 
 test: system-deps lint pytest
 

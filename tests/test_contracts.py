@@ -177,7 +177,7 @@ def test_each_commands_help_prints_its_table(capsys) -> None:
     from pairctl.sentinel import record
     from perfmodel import cli as perf_cli
     from sim.diffcheck import cli as diff_cli
-    from sim.rehearsal import leaks, real_faults, rehearse
+    from sim.rehearsal import groupboot, leaks, real_faults, rehearse
 
     parsers = {
         "gate": lambda argv: gate_cli.parse_args(argv),
@@ -189,6 +189,7 @@ def test_each_commands_help_prints_its_table(capsys) -> None:
         "rehearse": rehearse.parse_args,
         "leaks": leaks.main,
         "real-faults": real_faults.main,
+        "group-boot": groupboot.main,
     }
     assert parsers.keys() == COMMAND_TABLES.keys()
     for which, parse in parsers.items():
@@ -202,7 +203,7 @@ def test_commands_bind_the_tables_numbers() -> None:
     from pairctl.sentinel import record
     from perfmodel import cli as perf_cli
     from sim.diffcheck import cli as diff_cli
-    from sim.rehearsal import leaks, real_faults, rehearse
+    from sim.rehearsal import groupboot, leaks, real_faults, rehearse
 
     for which, module in (
         ("bench", benchlib),
@@ -213,6 +214,7 @@ def test_commands_bind_the_tables_numbers() -> None:
         ("rehearse", rehearse),
         ("leaks", leaks),
         ("real-faults", real_faults),
+        ("group-boot", groupboot),
     ):
         for name, code in codes(COMMAND_TABLES[which]).items():
             assert getattr(module, name, code) == code, (which, name)

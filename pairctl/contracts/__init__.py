@@ -22,6 +22,7 @@ from pairctl.contracts.commands import (  # noqa: F401 - re-exported
     COMMAND_TABLES,
     DIFFCHECK_EXITS,
     GATE_EXITS,
+    GROUP_BOOT_EXITS,
     LEAKS_EXITS,
     PERFMODEL_EXITS,
     REAL_FAULTS_EXITS,

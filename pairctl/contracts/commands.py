@@ -145,6 +145,19 @@ REAL_FAULTS_EXITS: tuple[ExitCode, ...] = (
     ExitCode(130, "EXIT_INTERRUPTED", "interrupted (the test hosts are removed)", "interrupted"),
 )
 
+# python -m sim.rehearsal.groupboot: the real engine as one TP=N group, without the launcher.
+GROUP_BOOT_EXITS: tuple[ExitCode, ...] = (
+    ExitCode(0, "EXIT_OK", "booted, answered, removed with nothing left", "booted and clean"),
+    ExitCode(
+        1,
+        "EXIT_FAILED",
+        "the group did not come up or answer, or something was left after `rm -f`",
+        "not up, or left something",
+    ),
+    ExitCode(2, "EXIT_USAGE", "usage, an unwritable --json, or no engine", "usage"),
+    ExitCode(130, "EXIT_INTERRUPTED", "interrupted (the test hosts are removed)", "interrupted"),
+)
+
 COMMAND_TABLES: dict[str, tuple[ExitCode, ...]] = {
     "gate": GATE_EXITS,
     "sentinel": SENTINEL_EXITS,
@@ -155,4 +168,5 @@ COMMAND_TABLES: dict[str, tuple[ExitCode, ...]] = {
     "rehearse": REHEARSE_EXITS,
     "leaks": LEAKS_EXITS,
     "real-faults": REAL_FAULTS_EXITS,
+    "group-boot": GROUP_BOOT_EXITS,
 }

@@ -150,17 +150,24 @@ def env_values(
     api_key: str = "",
 ) -> dict[str, str]:
     """The pair's `.env` (variables as documented in .env.example); by default hosts 1 and
-    2 are its nodes (a fleet rehearsal names other hosts for its second pair). ``api_key``
+    2 are its nodes (a fleet rehearsal names other hosts for its second pair); built with
+    four hosts, all four are one group (SPARK3/4, FABRIC3/4, CABLING). ``api_key``
     (e.g. ``FAKE_API_KEY``) makes the pair's /v1 require it, as VLLM_API_KEY does on a real
     pair; empty by default, so the other rehearsals' plain clients keep working."""
     head, worker = head or pair.h1, worker or pair.h2
+    # a group of four (hosts 1-4, `--nodes 4`): SPARK3/4 and FABRIC3/4, on one switch
+    more = pair.hosts[2:4] if len(pair.hosts) == 4 and head is pair.h1 else []
     return {
         "PAIR_ID": pair_id,
         "SPARK1": head.ip,
         "SPARK2": worker.ip,
+        **{f"SPARK{i}": h.ip for i, h in enumerate(more, 3)},
         # the engine's addresses on the hosts' second NIC; MASTER_ADDR empty = FABRIC1
         "FABRIC1": head.fabric_ip,
         "FABRIC2": worker.fabric_ip,
+        **{f"FABRIC{i}": h.fabric_ip for i, h in enumerate(more, 3)},
+        # the hosts' fabric is one bridge: every node reaches every other, as on a switch
+        **({"CABLING": "switched"} if more else {}),
         "MASTER_ADDR": "",
         "MASTER_PORT": "29501",
         "PORT": "8000",

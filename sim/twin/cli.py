@@ -178,8 +178,6 @@ def parse_serve_args(argv: list[str]) -> ServeArgs:
         )
     if ns.nnodes > 1 and ns.node_rank not in range(ns.nnodes):
         raise UsageError(f"--node-rank {ns.node_rank} out of range for --nnodes {ns.nnodes}")
-    if ns.nnodes > 2:
-        raise UsageError("the twin simulates one pair: --nnodes must be 1 or 2")
     spec = ns.speculative_config or {}
     ns.num_speculative_tokens = int(spec.get("num_speculative_tokens", 5))
     if ns.num_speculative_tokens < 1:

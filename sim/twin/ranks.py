@@ -1,16 +1,19 @@
-"""Two-rank rendezvous over real TCP, the TP step both ranks take part in, and peer death.
+"""The ranks' rendezvous over real TCP, the TP step every rank takes part in, and peer death.
 
 Rank 0 listens on --master-addr:--master-port (the role of torch's TCPStore, which vLLM's
-worker creates in ``init_process_group``) and waits; rank 1 connects, retrying until it
-joins. Like the real store, both sides are silent while they wait; when the wait runs out
-the error carries torch's own wording (TORCH_STORE in vllm_log: the head's DistStoreError,
-the worker's DistNetworkError). After the handshake both sides send a heartbeat line every
+worker creates in ``init_process_group``) and waits until every other rank of `--nnodes N`
+has joined (N - 1 of them: 1 for a pair, 3 for a group of four, each with its own
+`--node-rank`); each connects, retrying until it joins. The head holds one ``Link`` per
+rank (a ``Group``); a headless rank holds one, to the head. Like the real store, both
+sides are silent while they wait; when the wait runs out the error carries torch's own
+wording (TORCH_STORE in vllm_log: the head's DistStoreError, the worker's
+DistNetworkError). After the handshake both sides of each link send a heartbeat line every
 interval. A closed socket or a reset means the peer is gone, and the survivor reacts as a
 vLLM rank does (serve.py ``_peer_gone``). Silence is not death: a frozen rank (SIGSTOP, a
 hung host) or a partitioned link keeps its TCP connection, and real vLLM notices nothing
-until a step needs that rank. Every engine step on the head is a round trip to rank 1
-(``step``/``wait_step``: the TP collective of the real forward pass), so a frozen rank 1
-stalls the head's next step until it resumes, or until the step timeout
+until a step needs that rank. Every engine step on the head is a round trip to every other
+rank (``step``/``wait_step``: the TP collective of the real forward pass), so a frozen
+rank stalls the head's next step until it resumes, or until the step timeout
 (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS) ends the engine, as measured on the real CPU pair
 (tests/data/real_engine/frozen_rank.json).
 """
@@ -134,6 +137,53 @@ class Link:
                 self._ack_cond.notify_all()
 
 
+class _AllSet:
+    """``Group.event(name)``: set once every rank's link has that event."""
+
+    def __init__(self, events: list[threading.Event]) -> None:
+        self.events = events
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        for ev in self.events:
+            left = None if end is None else max(end - time.monotonic(), 0.0)
+            if not ev.wait(left):
+                return False
+        return True
+
+
+class Group:
+    """The head's links to every other rank, as one peer: a step is every rank's (the
+    collective needs them all), and the first rank gone or silent decides it."""
+
+    def __init__(self, links: dict[int, Link]) -> None:
+        self.links = dict(sorted(links.items()))
+
+    def start(self) -> None:
+        for link in self.links.values():
+            link.start()
+
+    def step(self, n: int) -> None:
+        for link in self.links.values():
+            link.step(n)
+
+    def wait_step(self, n: int, timeout: float | None) -> str:
+        end = None if timeout is None else time.monotonic() + timeout
+        for link in self.links.values():
+            left = None if end is None else max(end - time.monotonic(), 0.0)
+            result = link.wait_step(n, left)
+            if result != "ok":
+                return result
+        return "ok"
+
+    def event(self, name: str) -> _AllSet:
+        return _AllSet([link.event(name) for link in self.links.values()])
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.close()
+
+
 # The hello/welcome exchange on a connected socket: as torch's TCPStore client, a connected
 # rank waits for the store's answer far longer than for a connection (its default store
 # timeout is minutes); 30 s covers any load these tests put on a box.
@@ -143,7 +193,15 @@ HANDSHAKE_S = 30.0
 def serve_rendezvous(
     addr: str, port: int, model: str, join_timeout: float
 ) -> tuple[socket.socket, dict]:
-    """Rank 0: listen and block until rank 1 has connected and said hello."""
+    """Rank 0 of a pair: listen and block until rank 1 has connected and said hello."""
+    return serve_group(addr, port, model, join_timeout, 2)[1]
+
+
+def serve_group(
+    addr: str, port: int, model: str, join_timeout: float, world: int
+) -> dict[int, tuple[socket.socket, dict]]:
+    """Rank 0: listen and block until ranks 1..world-1 have each connected and said hello;
+    {rank: (socket, hello)}. A second hello for a rank already in is turned away."""
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -155,15 +213,20 @@ def serve_rendezvous(
                 port, 0, -exc.errno, errno.errorcode.get(exc.errno, "?"), exc.strerror
             )
         ) from exc
-    srv.listen(4)
+    srv.listen(max(4, world))
     srv.settimeout(1.0)
     t0 = time.monotonic()
+    joined: dict[int, tuple[socket.socket, dict]] = {}
     try:
-        while True:
+        while len(joined) < world - 1:
             if join_timeout > 0 and time.monotonic() - t0 > join_timeout:
+                for sock, _hello in joined.values():
+                    sock.close()
                 raise RendezvousError(
                     "torch.distributed.DistStoreError: "
-                    + TORCH_STORE["server_timeout"].format(int(join_timeout), 1, 2)
+                    + TORCH_STORE["server_timeout"].format(
+                        int(join_timeout), 1 + len(joined), world
+                    )
                 )
             try:
                 conn, peer = srv.accept()
@@ -175,24 +238,34 @@ def serve_rendezvous(
             except (OSError, ValueError):
                 conn.close()
                 continue
-            if hello.get("type") != "hello" or hello.get("rank") != 1:
+            rank = hello.get("rank")
+            if hello.get("type") != "hello" or rank not in range(1, world) or rank in joined:
                 conn.close()
                 continue
             if hello.get("model") != model:
-                why = f"model mismatch: rank 0 serves {model!r}, rank 1 has {hello.get('model')!r}"
+                why = (
+                    f"model mismatch: rank 0 serves {model!r}, rank {rank} has "
+                    f"{hello.get('model')!r}"
+                )
                 conn.sendall((json.dumps({"type": "reject", "why": why}) + "\n").encode())
                 conn.close()
-                raise RendezvousError(why + "; both ranks need the same model path and args")
+                for sock, _hello in joined.values():
+                    sock.close()
+                raise RendezvousError(why + "; every rank needs the same model path and args")
             conn.sendall((json.dumps({"type": "welcome"}) + "\n").encode())
             # the peer as accept() saw it: getpeername() on a socket whose peer has gone since
             # raises ENOTCONN, and a lost peer is the Link's to report, not a crash here
-            return conn, {**hello, "peer": f"{peer[0]}:{peer[1]}"}
+            joined[rank] = (conn, {**hello, "peer": f"{peer[0]}:{peer[1]}"})
+        return joined
     finally:
         srv.close()
 
 
-def join_rendezvous(addr: str, port: int, model: str, join_timeout: float) -> socket.socket:
-    """Rank 1: connect to rank 0, retrying until it answers (or join_timeout passes)."""
+def join_rendezvous(
+    addr: str, port: int, model: str, join_timeout: float, rank: int = 1
+) -> socket.socket:
+    """Rank ``rank`` (1..N-1): connect to rank 0, retrying until it answers (or
+    join_timeout passes)."""
     t0 = time.monotonic()
     while True:
         try:
@@ -201,7 +274,8 @@ def join_rendezvous(addr: str, port: int, model: str, join_timeout: float) -> so
             # box can take seconds; giving up then (the old 2 s) left rank 0 holding a socket
             # whose peer had gone, and both ranks started over
             sock.settimeout(HANDSHAKE_S)
-            sock.sendall((json.dumps({"type": "hello", "rank": 1, "model": model}) + "\n").encode())
+            hello = {"type": "hello", "rank": rank, "model": model}
+            sock.sendall((json.dumps(hello) + "\n").encode())
             reply = json.loads(sock.makefile("r").readline() or "{}")
             if reply.get("type") == "welcome":
                 return sock

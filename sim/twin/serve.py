@@ -27,7 +27,7 @@ from sim.twin.lifecycle import (
     write_marker,
 )
 from sim.twin.prompting import PromptEncoder
-from sim.twin.ranks import Link, RendezvousError, join_rendezvous, serve_rendezvous
+from sim.twin.ranks import Group, Link, RendezvousError, join_rendezvous, serve_group
 from sim.twin.thinking import MODELLED_PARSERS
 from sim.twin.vllm_log import emit
 
@@ -52,7 +52,7 @@ def run(argv: list[str]) -> int:
     except (UsageError, profmod.ProfileError, faultmod.FaultSpecError) as exc:
         log.error("%s", exc)
         return 2
-    ROLE.headless = bool(args.headless or rank == 1)
+    ROLE.headless = bool(args.headless or rank >= 1)
     for flag in args.unknown_flags:  # names only: a value may be a secret
         log.warning("ignoring unknown flag %s (the twin accepts it; vLLM might not)", flag)
     for key in args.config_unknown:
@@ -134,8 +134,9 @@ def _non_default(args: ServeArgs) -> dict[str, Any]:
 
 def _rendezvous(
     args: ServeArgs, prof: profmod.Profile, faults: faultmod.Faults, rank: int
-) -> Link | None:
-    """The worker's torch.distributed init: one node needs nobody; two wait for each other."""
+) -> Group | Link | None:
+    """The worker's torch.distributed init: one node needs nobody; N nodes wait until all
+    are in (the head holds a link to each, a headless rank one to the head)."""
     boot.dist_init(args, rank)
     fault_at(faults, "rendezvous")
     if args.nnodes == 1:
@@ -143,13 +144,14 @@ def _rendezvous(
         return None
     dist = prof.section("distributed")
     timeout = float(dist.get("join_timeout_s", 900))
+    interval = float(dist.get("heartbeat_interval_s", 0.5))
     try:
         if rank == 0:
-            sock, hello = serve_rendezvous(args.master_addr, args.master_port, args.model, timeout)
-            peer = hello["peer"]
+            joined = serve_group(
+                args.master_addr, args.master_port, args.model, timeout, args.nnodes
+            )
         else:
-            sock = join_rendezvous(args.master_addr, args.master_port, args.model, timeout)
-            peer = f"{args.master_addr}:{args.master_port}"
+            sock = join_rendezvous(args.master_addr, args.master_port, args.model, timeout, rank)
     except RendezvousError as exc:
         if str(exc).startswith("torch."):
             # how vLLM reports it: the worker's exception log, then the exception itself
@@ -160,20 +162,25 @@ def _rendezvous(
         raise  # unreachable; keeps type checkers happy
     boot.rank_assigned(args, rank)
     ROLE.joined = True
-    link = Link(
-        sock,
-        1 - rank,
-        float(dist.get("heartbeat_interval_s", 0.5)),
-        lambda why: _peer_gone(why, peer),
+    if rank != 0:
+        peer = f"{args.master_addr}:{args.master_port}"
+        link = Link(sock, 0, interval, lambda why: _peer_gone(why, peer))
+        link.start()
+        return link
+    group = Group(
+        {
+            r: Link(conn, r, interval, lambda why, p=hello["peer"]: _peer_gone(why, p))
+            for r, (conn, hello) in joined.items()
+        }
     )
-    link.start()
-    return link
+    group.start()
+    return group
 
 
 def _peer_gone(why: str, peer: str) -> None:
-    """The other rank's socket closed (a frozen rank's does not: ranks.py), as vLLM 0.32
+    """Another rank's socket closed (a frozen rank's does not: ranks.py), as vLLM 0.32
     reacts (measured; see docs/simulator.md "Peer loss and shutdown"):
-    - headless rank 1: nothing. Its worker waits on the head's message queue forever; the
+    - a headless rank (1..N-1): nothing. Its worker waits on the head's message queue forever; the
       process never exits (vllm/v1/executor/multiproc_executor.py, the headless worker
       loop has no peer check).
     - rank 0 serving: nothing yet; the next engine step fails (sim/twin/peerloss.py).
@@ -187,9 +194,9 @@ def _peer_gone(why: str, peer: str) -> None:
     die(f"TP peer lost: {why}; shutting down this rank")
 
 
-def _headless(link: Link | None) -> int:
-    """Rank 1: tell rank 0 we are ready, then live as long as the pair does."""
-    if link is not None:
+def _headless(link: Group | Link | None) -> int:
+    """A headless rank: tell rank 0 we are ready, then live as long as the group does."""
+    if isinstance(link, Link):
         link.send({"type": "ready"})
     write_marker()
     while True:

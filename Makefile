@@ -10,6 +10,8 @@ WITH_VLLM ?= 1
 ENGINE_VENV ?= .venv-engine
 # `make rehearse ENGINE=sim` rehearses the simulator instead of the real CPU engine.
 ENGINE ?= cpu
+# `make rehearse NODES=4` rehearses one TP=4 group on four test hosts instead of a pair.
+NODES ?= 2
 # CI installs ~4 GB of wheels from PyPI and a connection can drop mid-download (a CI run lost
 # torch at 400 of 555 MB). pip (>= 25.1, which every venv here upgrades to) resumes a dropped
 # download; each install also runs up to PIP_ATTEMPTS times, finished wheels coming from pip's cache.
@@ -23,7 +25,8 @@ PIP_TRY := bash scripts/pip_retry.sh
 help:
 	@echo "make rehearse   offline rehearsal: the real launcher brings up a real vLLM pair (CPU build,"
 	@echo "                TP=2, tiny model) on two netns test hosts over real ssh, sends a chat"
-	@echo "                request, shows status, tears down (root); ENGINE=sim for the simulator"
+	@echo "                request, shows status, tears down (root); ENGINE=sim for the simulator,"
+	@echo "                NODES=4 for one TP=4 group on four hosts (a rank killed, too)"
 	@echo "make rehearse-fleet  the fleet command brings up two simulated pairs + the real vLLM"
 	@echo "                router on five netns hosts: chat, failover, recovery, down (root)"
 	@echo "make test       lint (ruff, shellcheck) + the whole test suite"
@@ -45,7 +48,7 @@ engine: venv
 	@if [[ "$(WITH_VLLM)" == "1" ]]; then bash scripts/install_cpu_engine.sh $(ENGINE_VENV); fi
 
 rehearse: system-deps venv $(if $(filter cpu,$(ENGINE)),engine)
-	$(VPY) -m sim.rehearsal --engine $(ENGINE)
+	$(VPY) -m sim.rehearsal --engine $(ENGINE) --nodes $(NODES)
 
 rehearse-fleet: system-deps venv
 	$(VPY) -m sim.rehearsal.fleet

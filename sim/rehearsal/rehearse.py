@@ -1,4 +1,5 @@
-"""`make rehearse`: the real launcher brings up a real vLLM pair on two netns test hosts.
+"""`make rehearse`: the real launcher brings up a real vLLM pair on two netns test hosts
+(or, with `--nodes 4`, one TP=4 group on four).
 
 Steps (each prints a progress line):
   0. (`--engine cpu`, the default) check the CPU engine's venv and build the tiny model
@@ -19,6 +20,11 @@ Steps (each prints a progress line):
   5. send one streamed chat request to http://SPARK1:8000 and print the reply;
   6. `status`, then `down`, then check nothing of the pair is left on either host;
   7. remove everything the rehearsal created (also on failure and Ctrl-C).
+
+`--nodes 4` builds four hosts and one group (SPARK1..4, FABRIC1..4, rank 0 the head, ranks
+1..3 headless, TP=4): step 6 also checks `status --json` has live figures from every rank,
+then SIGKILLs one rank other than rank 1 (`--kill-rank`, default 2) and checks `status`
+names it and is not healthy, before `down` (sim/rehearsal/groupsteps.py).
 
 Needs root (ip netns, mounts, sshd). `--keep` leaves the pair up for poking and prints
 how to reach it; `--on N -- CMD` runs a command on host N of a kept pair; `--clean`
@@ -42,7 +48,7 @@ from pairctl.cli import argtypes, options
 from pairctl.contracts import REHEARSE_EXITS, REHEARSE_PASSES_ON, codes, exit_line
 from pairctl.home import project_root
 from sim.engine import local
-from sim.rehearsal import chat, hosts, mismatch, pairenv, provision
+from sim.rehearsal import chat, groupsteps, hosts, mismatch, pairenv, provision
 
 _EXIT = codes(REHEARSE_EXITS)
 EXIT_OK, EXIT_FAILED = _EXIT["EXIT_OK"], _EXIT["EXIT_FAILED"]
@@ -156,7 +162,32 @@ def nothing_left_on(test_hosts: list[hosts.Host], step: str, where: str) -> None
 
 
 def check_nothing_left(pair: hosts.Pair) -> None:
-    nothing_left_on(pair.hosts, "down", "either host")
+    where = "either host" if len(pair.hosts) == 2 else f"any of the {len(pair.hosts)} hosts"
+    nothing_left_on(pair.hosts, "down", where)
+
+
+def status_from_every_rank(pair: hosts.Pair) -> None:
+    """A group: `status --json` reads every rank live (groupsteps.every_rank_live)."""
+    doc = groupsteps.status_json(pair, LAUNCHER)
+    wrong = groupsteps.every_rank_live(doc, len(pair.hosts))
+    print(groupsteps.summary(doc), flush=True)
+    if wrong:
+        raise StepFailed("status of the group: " + "; ".join(wrong))
+    say(f"status: {doc['verdict']}, live figures from all {len(pair.hosts)} ranks")
+
+
+def kill_one_rank(pair: hosts.Pair, pair_id: str, rank: int) -> None:
+    """A group: rank ``rank`` SIGKILLed; `status` must name it and not call the group
+    healthy, as it does for a pair's dead rank 1."""
+    name = groupsteps.kill_rank(pair, pair_id, rank)
+    say(f"SIGKILLed {name} on {pair.hosts[rank].name}; status must name rank {rank}")
+    doc = groupsteps.status_json(pair, LAUNCHER)
+    wrong = groupsteps.dead_rank_named(doc, rank)
+    for reason in doc.get("reasons", []):
+        print(f"  {reason}", flush=True)
+    if wrong:
+        raise StepFailed(f"status after rank {rank} died: " + "; ".join(wrong))
+    say(f"status: {doc['verdict']} ({doc['exit_code']}), rank {rank} named")
 
 
 def print_poke_help(pair: hosts.Pair) -> None:
@@ -207,6 +238,20 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--pair-id", default="rehearsal", help="PAIR_ID in the env file")
     p.add_argument(
+        "--nodes",
+        type=int,
+        choices=(2, 4),
+        default=2,
+        help="test hosts, one per rank: 2 = a TP=2 pair (default), 4 = one TP=4 group",
+    )
+    p.add_argument(
+        "--kill-rank",
+        type=int,
+        choices=(0, 2, 3),
+        default=None,
+        help="with --nodes 4: the rank SIGKILLed after status (default 2; 0 = the head)",
+    )
+    p.add_argument(
         "--engine",
         choices=pairenv.ENGINES,
         default="cpu",
@@ -232,7 +277,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--on",
         type=int,
-        choices=(1, 2),
+        choices=(1, 2, 3, 4),
         metavar="N",
         help="run the command after `--` on host N of a kept pair, then exit",
     )
@@ -267,8 +312,12 @@ def main(argv: argparse.Namespace | list[str]) -> int:
             say(f"removed {len(removed)} leftover item(s) with prefix {args.prefix}")
             return EXIT_OK
         model = prepare_engine(args.engine)
-        say("building two test hosts (netns + veth + bridge, an sshd each)")
-        pair = provision.build_pair(args.prefix, say)
+        if args.kill_rank is not None and args.nodes != 4:
+            print("rehearse: --kill-rank needs --nodes 4", file=sys.stderr)
+            return EXIT_USAGE
+        what = "two test hosts" if args.nodes == 2 else f"{args.nodes} test hosts (one group)"
+        say(f"building {what} (netns + veth + bridge, an sshd each)")
+        pair = provision.build_pair(args.prefix, say, n_hosts=args.nodes)
     except hosts.HarnessError as exc:
         print(f"rehearse: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -277,8 +326,9 @@ def main(argv: argparse.Namespace | list[str]) -> int:
         pair.env_file = pairenv.prepare(pair, args.pair_id, args.engine, model)
         image = pairenv.ENGINE_IMAGE if args.engine == "cpu" else pairenv.IMAGE
         what = "tiny real model" if args.engine == "cpu" else "fake model dir"
+        every = "both hosts" if args.nodes == 2 else f"all {args.nodes} hosts"
         say(
-            f"image {image} loaded on both hosts; {what}, JIT caches and RDMA device dir "
+            f"image {image} loaded on {every}; {what}, JIT caches and RDMA device dir "
             f"on each; env file {pair.env_file}"
         )
         sync_overlays(pair)
@@ -287,9 +337,13 @@ def main(argv: argparse.Namespace | list[str]) -> int:
         launcher(pair, "up", "--timeout", str(int(args.timeout)), timeout=args.timeout + 120)
         send_chat(pair)
         launcher(pair, "status", timeout=120)
+        if args.nodes > 2:
+            status_from_every_rank(pair)
         if args.keep:
             print_poke_help(pair)
             return True
+        if args.nodes > 2:
+            kill_one_rank(pair, args.pair_id, 2 if args.kill_rank is None else args.kill_rank)
         launcher(pair, "down", timeout=180)
         check_nothing_left(pair)
         say("rehearsal passed")

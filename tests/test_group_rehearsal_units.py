@@ -1,0 +1,81 @@
+"""The group rehearsal's judgements (sim/rehearsal/groupsteps.py) on status documents made
+by status's own verdict code, and its env file for four hosts; no root, no engine."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from pairctl.status.pair import EXIT_CODES, EndpointStatus, RankStatus, verdict
+from sim.rehearsal import groupsteps, hosts, pairenv
+
+
+def rank(r: int, state: str = "running") -> RankStatus:
+    running = state == "running"
+    return RankStatus(
+        r,
+        "head" if r == 0 else "worker",
+        f"10.213.9.{r + 1}",
+        True,
+        "",
+        f"dsv4-rehearsal-rank{r}",
+        state,
+        "2026-12-02T14:00:00Z" if running else None,
+        12.0 if running else None,
+        [],
+        "abc",
+    )
+
+
+def doc_of(ranks: list[RankStatus], healthy: bool = True) -> dict:
+    ep = EndpointStatus("http://x/v1", healthy, "ok", ["m"], False, True, ours="yes")
+    name, reasons = verdict(ranks, ep)
+    memory = [
+        {"rank": r.rank, "reachable": True, "available_kib": 9 << 20, "band": "ok"} for r in ranks
+    ]
+    return {
+        "verdict": name,
+        "exit_code": EXIT_CODES[name],
+        "reasons": reasons,
+        "ranks": [asdict(r) for r in ranks],
+        "memory": memory,
+        "serving": {"decode_tok_s": 1.0},
+    }
+
+
+def test_a_dead_rank2_is_named_by_statuss_own_reasons() -> None:
+    doc = doc_of([rank(0), rank(1), rank(2, "exited"), rank(3)])
+    assert doc["verdict"] == "degraded"
+    assert groupsteps.dead_rank_named(doc, 2) == []
+    # the wrong rank, or a group status still calls healthy, is caught
+    assert groupsteps.dead_rank_named(doc, 3)
+    healthy = doc_of([rank(r) for r in range(4)])
+    assert groupsteps.dead_rank_named(healthy, 2)
+
+
+def test_every_rank_live_wants_all_four_ranks_and_their_memory() -> None:
+    four = doc_of([rank(r) for r in range(4)])
+    assert groupsteps.every_rank_live(four, 4) == []
+    # a status that reads only the pair's two ranks (a launcher that knows only rank 1)
+    pair_only = doc_of([rank(0), rank(1)])
+    assert any("not 0..3" in w for w in groupsteps.every_rank_live(pair_only, 4))
+    no_mem = {**four, "memory": four["memory"][:3]}
+    assert any("rank 3: no memory" in w for w in groupsteps.every_rank_live(no_mem, 4))
+    assert "rank 3 (10.213.9.4): dsv4-rehearsal-rank3 running" in groupsteps.summary(four)
+
+
+def test_four_hosts_get_one_group_env_and_two_stay_a_pair(tmp_path: Path) -> None:
+    def pair_of(n: int) -> hosts.Pair:
+        hs = [
+            hosts.Host(f"p-h{i}", i - 1, f"10.1.1.{i}", "p-if0", tmp_path, f"10.2.1.{i}", "p-fab0")
+            for i in range(1, n + 1)
+        ]
+        return hosts.Pair("p", tmp_path, "", "", "", hs)
+
+    four = pairenv.env_values(pair_of(4), pairenv.layout(pair_of(4), "cpu"), engine="cpu")
+    assert [four[f"SPARK{i}"] for i in range(1, 5)] == [f"10.1.1.{i}" for i in range(1, 5)]
+    assert [four[f"FABRIC{i}"] for i in range(1, 5)] == [f"10.2.1.{i}" for i in range(1, 5)]
+    assert four["CABLING"] == "switched"
+    two = pairenv.env_values(pair_of(2), pairenv.layout(pair_of(2), "cpu"), engine="cpu")
+    assert not {"SPARK3", "SPARK4", "FABRIC3", "FABRIC4", "CABLING"} & set(two)
+    assert {k: v for k, v in four.items() if k in two} == two

@@ -24,6 +24,9 @@ IDLE_PAIR_BOOT_S = 54
 BOOT_HEADROOM = 5
 SERVER_BOOT_LIMIT_S = BOOT_HEADROOM * IDLE_SERVER_BOOT_S
 PAIR_BOOT_LIMIT_S = BOOT_HEADROOM * IDLE_PAIR_BOOT_S
+# A TP=4 group on four netns hosts (docs/rehearsal.md, "A TP=4 group"): measured idle boot.
+IDLE_GROUP_BOOT_S = 120
+GROUP_BOOT_LIMIT_S = BOOT_HEADROOM * IDLE_GROUP_BOOT_S
 # the flags the real snapshot was recorded with (tests/data/real_engine/README.md)
 SERVE_FLAGS = ["--tokenizer-mode", "deepseek_v4", "--enforce-eager", "--speculative-config", SPEC]
 

@@ -20,14 +20,17 @@ from sim.engine import local
 from sim.rehearsal import hosts, pairenv, provision
 
 
-def pair_fixture(prefix: str, with_env: bool = True, engine: str = "sim") -> Callable[..., Any]:
+def pair_fixture(
+    prefix: str, with_env: bool = True, engine: str = "sim", nodes: int = 2
+) -> Callable[..., Any]:
     """A session-scoped fixture yielding a built `hosts.Pair` (with `.env_file` if asked);
-    ``engine`` "cpu" gives both hosts the real-engine image and the tiny real model."""
+    ``engine`` "cpu" gives every host the real-engine image and the tiny real model;
+    ``nodes`` 4 builds four hosts, one group (SPARK1..4 in the env file)."""
 
     @pytest.fixture(scope="session")
     def _pair() -> Iterator[hosts.Pair]:
         model = local.built_model() if engine == "cpu" else None
-        pair = provision.build_free_pair(prefix)
+        pair = provision.build_free_pair(prefix, n_hosts=nodes)
         try:
             if with_env:
                 pair.env_file = pairenv.prepare(pair, engine=engine, model=model)

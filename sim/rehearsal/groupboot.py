@@ -150,13 +150,19 @@ def kill_rank(pair: hosts.Pair, rank: int, nodes: int) -> dict[str, Any]:
     url = f"http://{pair.h1.ip}:{PORT}"
     out: dict[str, Any] = {"killed": rank}
     body = {"model": "deepseek-v4-flash-dspark", "prompt": "1 2 3", "max_tokens": 1}
+    t_req = time.monotonic()
     try:
         r = requests.post(f"{url}/v1/completions", json=body, timeout=30)
         out["first_request"] = {"status": r.status_code, "body": r.text[:200]}
     except requests.RequestException as exc:
         out["first_request"] = {"status": "error", "body": str(exc)[:200]}
+    out["first_request"]["s"] = round(time.monotonic() - t_req, 1)
+    try:
+        out["health_after"] = requests.get(f"{url}/health", timeout=10).status_code
+    except requests.RequestException as exc:
+        out["health_after"] = str(exc)[:120]
     exits: dict[str, float | None] = {}
-    deadline = t_fault + 30
+    deadline = time.monotonic() + 30  # 30 s of watching after the request's answer
     while time.monotonic() < deadline and len(exits) < nodes:
         for r_, h in enumerate(pair.hosts[:nodes]):
             if str(r_) not in exits and state_of(h, r_) != "running":

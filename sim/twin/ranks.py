@@ -154,10 +154,26 @@ class _AllSet:
 
 class Group:
     """The head's links to every other rank, as one peer: a step is every rank's (the
-    collective needs them all), and the first rank gone or silent decides it."""
+    collective needs them all), and the first rank gone or silent decides it.
+
+    A rank that is not one of the head's two ring neighbours (1 and N-1) ``hang``s the
+    group when it dies: measured on the real engine (TP=4 on four netns hosts, rank 2
+    SIGKILLed; docs/rehearsal.md "A TP=4 group"), ranks 1 and 3 log gloo's read error
+    while rank 0 logs nothing, its next request gets no answer and /health stays 200: the
+    head's step waits as for a frozen rank, until the step timeout ends the engine.
+    """
 
     def __init__(self, links: dict[int, Link]) -> None:
         self.links = dict(sorted(links.items()))
+        self.hung: set[int] = set()
+        self._hung_cond = threading.Condition()
+
+    def hang(self, rank: int) -> None:
+        """Rank ``rank`` died out of the head's sight: every later step waits out its
+        timeout (``wait_step`` "timeout")."""
+        with self._hung_cond:
+            self.hung.add(rank)
+            self._hung_cond.notify_all()
 
     def start(self) -> None:
         for link in self.links.values():
@@ -169,12 +185,23 @@ class Group:
 
     def wait_step(self, n: int, timeout: float | None) -> str:
         end = None if timeout is None else time.monotonic() + timeout
-        for link in self.links.values():
+        for rank, link in self.links.items():
             left = None if end is None else max(end - time.monotonic(), 0.0)
-            result = link.wait_step(n, left)
+            result = "timeout" if rank in self.hung else link.wait_step(n, left)
+            if result == "gone" and rank in self.hung:
+                result = "timeout"
+            if result == "timeout" and rank in self.hung:
+                self._wait_out(end)
             if result != "ok":
                 return result
         return "ok"
+
+    def _wait_out(self, end: float | None) -> None:
+        """A hung step: no answer comes; only the step timeout (``end``) ends the wait."""
+        while end is None or time.monotonic() < end:
+            left = None if end is None else end - time.monotonic()
+            with self._hung_cond:
+                self._hung_cond.wait(timeout=60.0 if left is None else min(left, 60.0))
 
     def event(self, name: str) -> _AllSet:
         return _AllSet([link.event(name) for link in self.links.values()])

@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -167,14 +168,21 @@ def _rendezvous(
         link = Link(sock, 0, interval, lambda why: _peer_gone(why, peer))
         link.start()
         return link
-    group = Group(
-        {
-            r: Link(conn, r, interval, lambda why, p=hello["peer"]: _peer_gone(why, p))
-            for r, (conn, hello) in joined.items()
-        }
-    )
+    group = Group({})
+    for r, (conn, hello) in joined.items():
+        group.links[r] = Link(conn, r, interval, _on_rank_death(group, r, hello["peer"], args))
+    group.links = dict(sorted(group.links.items()))
     group.start()
     return group
+
+
+def _on_rank_death(group: Group, rank: int, peer: str, args: ServeArgs) -> Callable[[str], None]:
+    """What the head does when rank ``rank``'s socket closes: a ring neighbour of the head
+    (rank 1 or N-1; a pair's rank 1) is a lost peer (``_peer_gone``); any other rank of a
+    larger group hangs the head's next step (ranks.Group.hang, as measured)."""
+    if rank in (1, args.nnodes - 1):
+        return lambda why: _peer_gone(why, peer)
+    return lambda _why: group.hang(rank)
 
 
 def _peer_gone(why: str, peer: str) -> None:

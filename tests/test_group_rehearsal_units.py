@@ -79,3 +79,33 @@ def test_four_hosts_get_one_group_env_and_two_stay_a_pair(tmp_path: Path) -> Non
     two = pairenv.env_values(pair_of(2), pairenv.layout(pair_of(2), "cpu"), engine="cpu")
     assert not {"SPARK3", "SPARK4", "FABRIC3", "FABRIC4", "CABLING"} & set(two)
     assert {k: v for k, v in four.items() if k in two} == two
+
+
+def test_memwatch_sums_the_hosts_processes_and_keeps_the_worst_moment() -> None:
+    """A stand-in host whose netns holds this process: PSS and RSS are this process's, the
+    peak keeps the largest sums and the lowest MemAvailable seen."""
+    import os
+
+    from sim.rehearsal import memwatch
+
+    class OneProcess:
+        def pids(self) -> list[int]:
+            return [os.getpid()]
+
+        def sshd_pid(self) -> None:
+            return None
+
+    watch = memwatch.MemWatch([OneProcess()])  # type: ignore[list-item]
+    watch.sample()
+    first = watch.peak.hosts_pss_max_kib
+    ballast = bytearray(64 << 20)  # 64 MiB, touched: resident
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    watch.sample()
+    del ballast
+    watch.sample()
+    peak = watch.peak
+    assert peak.samples == 3
+    assert peak.hosts_pss_max_kib - first >= 60 << 10
+    assert peak.hosts_rss_max_kib >= peak.hosts_pss_max_kib
+    assert peak.available_min_kib <= peak.available_before_kib
+    assert "GiB (PSS;" in peak.line()

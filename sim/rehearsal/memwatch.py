@@ -5,9 +5,11 @@ decides that is the peak, which a reading before and after a boot never sees (vL
 processes import torch one after another, load, profile, then settle lower). A thread
 reads the machine's MemAvailable (/proc/meminfo) and the resident memory of every process
 in the test hosts' network namespaces (their sshd aside) once a second; ``peak`` says
-how far MemAvailable fell below its level before the boot, and the largest resident sum.
-The resident sum counts pages shared between processes once per process (an upper bound);
-the MemAvailable drop is what the machine lost, whoever holds it.
+how far MemAvailable fell below its level before the boot, and the largest resident and
+proportional (PSS, /proc/PID/smaps_rollup) sums. The resident sum counts pages shared
+between processes once per process (an upper bound); PSS splits them, so it is what the
+hosts' processes hold, whatever else runs on the machine; the MemAvailable drop is what
+the machine lost, whoever holds it (on a shared machine, other jobs too).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ class MemPeak:
     available_before_kib: int = 0
     available_min_kib: int = 0
     hosts_rss_max_kib: int = 0
+    hosts_pss_max_kib: int = 0
     samples: int = 0
-    series: list[tuple[float, int, int]] = field(default_factory=list)  # (s, avail, rss)
+    series: list[tuple[float, int, int, int]] = field(default_factory=list)  # s, avail, rss, pss
 
     @property
     def drop_kib(self) -> int:
@@ -54,8 +57,21 @@ class MemPeak:
             f"peak memory: MemAvailable fell {self.drop_kib / gib:.2f} GiB below its level "
             f"before the boot (machine in use at worst {self.used_at_peak_kib / gib:.2f} of "
             f"{self.mem_total_kib / gib:.2f} GiB); the hosts' processes held at most "
-            f"{self.hosts_rss_max_kib / gib:.2f} GiB resident ({self.samples} samples)"
+            f"{self.hosts_pss_max_kib / gib:.2f} GiB (PSS; {self.hosts_rss_max_kib / gib:.2f} "
+            f"GiB resident) ({self.samples} samples)"
         )
+
+
+def pss_kib(pid: int) -> int:
+    """The process's proportional set size (its share of every page it maps), in KiB."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass  # gone meanwhile
+    return 0
 
 
 class MemWatch:
@@ -80,12 +96,15 @@ class MemWatch:
 
     def sample(self) -> None:
         avail = meminfo().get("MemAvailable", 0)
-        rss = sum(rss_kib(p) for h in self.hosts for p in h.pids() if p != h.sshd_pid())
+        pids = [p for h in self.hosts for p in h.pids() if p != h.sshd_pid()]
+        rss = sum(rss_kib(p) for p in pids)
+        pss = sum(pss_kib(p) for p in pids)
         p = self.peak
         p.available_min_kib = min(p.available_min_kib, avail)
         p.hosts_rss_max_kib = max(p.hosts_rss_max_kib, rss)
+        p.hosts_pss_max_kib = max(p.hosts_pss_max_kib, pss)
         p.samples += 1
-        p.series.append((round(time.monotonic() - self._t0, 1), avail, rss))
+        p.series.append((round(time.monotonic() - self._t0, 1), avail, rss, pss))
 
     def _run(self) -> None:
         while not self._stop.is_set():

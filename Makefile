@@ -20,7 +20,7 @@ export PIP_RETRIES ?= 10
 export PIP_ATTEMPTS ?= 3
 PIP_TRY := bash scripts/pip_retry.sh
 
-.PHONY: help venv engine system-deps rehearse rehearse-fleet test lint pytest clean
+.PHONY: help venv engine system-deps rehearse rehearse-fleet test test-group lint pytest clean
 
 help:
 	@echo "make rehearse   offline rehearsal: the real launcher brings up a real vLLM pair (CPU build,"
@@ -30,6 +30,7 @@ help:
 	@echo "make rehearse-fleet  the fleet command brings up two simulated pairs + the real vLLM"
 	@echo "                router on five netns hosts: chat, failover, recovery, down (root)"
 	@echo "make test       lint (ruff, shellcheck) + the whole test suite"
+	@echo "make test-group the real TP=4 group's tests, outside the suite (root; ~N min)"
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -67,6 +68,11 @@ pytest: venv engine
 	$(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=25
 
 test: system-deps lint pytest
+
+# The real TP=4 group's module (tests/test_real_group.py): one boot of four real ranks does not
+# fit the default suite's ~12 min on 2 cores, so it runs here, on its own (docs/rehearsal.md).
+test-group: venv engine
+	DSV4_OUTSIDE_SUITE=1 $(VPY) -m pytest -q tests/test_real_group.py --durations=5
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache .ruff_cache

@@ -80,3 +80,26 @@ def test_heavy_tests_share_one_worker_and_a_module_fixture_is_built_once(tmp_pat
     assert len(boots) == 2 and len(set(boots)) == 1, boots
     # light tests keep their module's group
     assert len(re.findall(r"PASSED \S*test_light_\d\.py::\S+@test_light_\d", res.stdout)) == 9
+
+
+def test_an_outside_suite_module_runs_only_when_asked(tmp_path: Path) -> None:
+    """tests/test_real_group.py's marker: deselected in the default suite (it would pass by
+    not running, so the count is what is checked), run with DSV4_OUTSIDE_SUITE=1."""
+    import os
+
+    (tmp_path / "conftest.py").write_text(
+        CONFTEST.replace('"engine_no_boot")', '"engine_no_boot", "outside_suite")')
+    )
+    (tmp_path / "test_long.py").write_text(
+        "import pytest\n\npytestmark = [pytest.mark.outside_suite]\n\ndef test_long():\n    pass\n"
+    )
+    (tmp_path / "test_short.py").write_text("def test_short():\n    pass\n")
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    argv += ["--rootdir", str(tmp_path), str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k != "DSV4_OUTSIDE_SUITE"}
+    env["PYTHONPATH"] = str(REPO)
+    default = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert "1 passed, 1 deselected" in default.stdout, default.stdout + default.stderr
+    env["DSV4_OUTSIDE_SUITE"] = "1"
+    asked = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert "2 passed" in asked.stdout and "deselected" not in asked.stdout, asked.stdout

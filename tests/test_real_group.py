@@ -7,7 +7,7 @@ launcher's N-rank argv (`--nnodes 4 --node-rank R`, ranks 1..3 headless) and the
 reports TP=4; a streamed chat; `status` with live figures from every rank; rank 2 (not
 rank 1) SIGKILLed, named by `status` as a pair's dead rank 1 is; and a `down` that leaves
 no container, process or /dev/shm segment on any host. The tests run in file order; the
-last one takes the group down. One boot per module (issue 32, goal 5: the suite's time).
+last one takes the group down. One boot per module (the suite's time).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why: before our launcher drives four nodes, the engine itself must be shown to run as
 TP=4 across four netns hosts, and to fit the machine the rehearsal targets (2 cores,
-24 GiB; issue 32, goals 2 and 5). This builds N test hosts (sim/rehearsal/provision.py),
+24 GiB, the machine `make test` runs on). This builds N test hosts (sim/rehearsal/provision.py),
 gives each the tiny real model and the CPU-engine image (sim/rehearsal/pairenv.py), then
 runs each rank with the rehearsal's process runtime (`docker run -d`, as the launcher
 would) with the engine argv written out here: vLLM's `mp` backend over N nodes
@@ -172,6 +172,13 @@ def kill_rank(pair: hosts.Pair, rank: int, nodes: int) -> dict[str, Any]:
     return out
 
 
+def portable(text: str, pair_dir: Path) -> str:
+    """A log for the record without this machine's paths (leaks.portable), the engine
+    venv's checkout too (a venv shared by several clones lives in another one)."""
+    engine_repo = str(local.ENGINE_VENV.resolve().parent) + "/"
+    return leaks.portable(text, pair_dir).replace(engine_repo, "")
+
+
 def leftovers(pair: hosts.Pair, shm_before: set[str]) -> dict[str, Any]:
     return {
         "containers": {h.name: h.docker("ps", "-a", "-q").stdout.split() for h in pair.hosts},
@@ -210,7 +217,9 @@ def run(args: argparse.Namespace, model: Path) -> dict[str, Any]:
             say(f"fault: {doc['fault']}")
             for rank, host in enumerate(pair.hosts[: args.nodes]):
                 tail = host.docker("logs", "--tail", "60", container(rank))
-                doc["fault"][f"rank{rank}_log_tail"] = (tail.stdout + tail.stderr)[-6000:]
+                doc["fault"][f"rank{rank}_log_tail"] = portable(
+                    (tail.stdout + tail.stderr)[-6000:], pair.base
+                )
         peak = watch.stop()
         doc["memory"] = {k: v for k, v in peak.to_json().items() if k != "series"}
         doc["memory_series"] = peak.series

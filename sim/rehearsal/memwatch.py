@@ -1,6 +1,6 @@
 """The machine's memory while a rehearsal group runs, sampled every second.
 
-Why: the TP=4 rehearsal must fit a 2-core, 24 GiB machine (issue 32, goal 5), and what
+Why: the TP=4 rehearsal must fit a 2-core, 24 GiB machine (the one `make test` runs on), and what
 decides that is the peak, which a reading before and after a boot never sees (vLLM's
 processes import torch one after another, load, profile, then settle lower). A thread
 reads the machine's MemAvailable (/proc/meminfo) and the resident memory of every process

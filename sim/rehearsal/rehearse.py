@@ -261,8 +261,9 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
         type=argtypes.seconds(0),
-        default=300,
-        help="seconds for `up` to become healthy (default 300)",
+        default=None,
+        help="seconds for `up` to become healthy (default 300; 900 with --nodes 4, whose "
+        "nine torch imports took 3-5 min on 2 loaded cores)",
     )
     p.add_argument(
         "--keep",
@@ -334,7 +335,8 @@ def main(argv: argparse.Namespace | list[str]) -> int:
         sync_overlays(pair)
         if args.engine == "cpu":
             refuse_mismatched_image(pair)
-        launcher(pair, "up", "--timeout", str(int(args.timeout)), timeout=args.timeout + 120)
+        limit = args.timeout or (300 if args.nodes == 2 else 900)
+        launcher(pair, "up", "--timeout", str(int(limit)), timeout=limit + 120)
         send_chat(pair)
         launcher(pair, "status", timeout=120)
         if args.nodes > 2:

@@ -306,7 +306,7 @@ def gather(
     """
     say = progress or (lambda _msg: None)
     image = pair.image
-    n0, n1 = pair.nodes
+    n0, n1 = pair.nodes[:2]  # the head and rank 1 (a group's other ranks: preflight.group)
     say(
         f"resolving SPARK1 ({pair.spark1}), SPARK2 ({pair.spark2}), the fabric addresses and "
         "MASTER_ADDR on this machine"

@@ -41,6 +41,9 @@ VARS: tuple[Var, ...] = (
     Var("PAIR_ID", None, "pair_id", "name of this pair; labels every container it owns"),
     Var("SPARK1", None, "host", "rank-0 node address (the node the launcher runs on)"),
     Var("SPARK2", None, "host", "rank-1 node address (reached over ssh)"),
+    # A group of four Sparks (one TP=4 engine): both or neither (pairctl.pair.group).
+    Var("SPARK3", "", "host_or_empty", "rank-2 node address (a group of 4); empty = a pair"),
+    Var("SPARK4", "", "host_or_empty", "rank-3 node address (a group of 4); empty = a pair"),
     Var(
         "FABRIC1",
         "",
@@ -52,6 +55,24 @@ VARS: tuple[Var, ...] = (
         "",
         "host_or_empty",
         "rank 1's address on the fabric (the RoCE link); empty = SPARK2",
+    ),
+    Var(
+        "FABRIC3",
+        "",
+        "host_or_empty",
+        "rank 2's address on the fabric (a group of 4); empty = SPARK3",
+    ),
+    Var(
+        "FABRIC4",
+        "",
+        "host_or_empty",
+        "rank 3's address on the fabric (a group of 4); empty = SPARK4",
+    ),
+    Var(
+        "CABLING",
+        "switched",
+        "cabling",
+        "how a group of 4 is cabled: switched (RoCE switch) or ring (0-1-2-3-0, no switch)",
     ),
     Var("MASTER_ADDR", "", "host_or_empty", "torch.distributed master address; empty = FABRIC1"),
     Var("MASTER_PORT", "29501", "port", "torch.distributed master port on rank 0"),
@@ -193,6 +214,9 @@ def _check(kind: str, value: str) -> str | None:
     if kind == "stack":
         ok = re.fullmatch(r"[a-z][a-z0-9-]*", value)
         return None if ok else "must be a stack name (recipes/stacks/NAME.yaml), e.g. fork"
+    if kind == "cabling":
+        ok = value in CABLINGS
+        return None if ok else f"must be one of {', '.join(CABLINGS)}"
     if kind == "hf_repo":
         return None if _HF_REPO_RE.match(value) else "must be a Hugging Face repo id (owner/name)"
     if kind == "token":
@@ -200,6 +224,13 @@ def _check(kind: str, value: str) -> str | None:
         return None if ok else "must be one printable word (no spaces)"
     raise AssertionError(f"unknown kind {kind}")
 
+
+# The ways a group's fabric is cabled (pairctl.pair.cabling holds what each needs).
+CABLINGS = ("switched", "ring")
+# A group is a pair or four Sparks: TP must divide the model's 128 attention heads, so a
+# third Spark is no TP size (tonyd2wild/Deepseek-V4-Flash-TP4-4x-DGX-Spark
+# launch/tp4-4x-spark-launch.sh, "HEAD-COUNT RULE").
+GROUP_SIZES = (2, 4)
 
 # Host caches mounted at the same path and exported under the same name (env file
 # variables): a recreated container keeps its compiled kernels and graphs.
@@ -229,12 +260,19 @@ class PairConfig:
         default) are the resolved pair's: ``pairctl.pair.resolved``."""
         return self.values[name]
 
+    @property
+    def nnodes(self) -> int:
+        """How many Sparks the group has: 4 when SPARK3/SPARK4 are set, else 2 (a pair)."""
+        return GROUP_SIZES[1] if self.values.get("SPARK3") else GROUP_SIZES[0]
+
+    def spark(self, rank: int) -> str:
+        """A rank's node address: SPARK<rank+1>."""
+        return self.values[f"SPARK{rank + 1}"]
+
     def fabric_addr(self, rank: int) -> str:
-        """A rank's engine address on the fabric: FABRIC1/FABRIC2, defaulting to SPARK1/SPARK2
+        """A rank's engine address on the fabric: FABRIC<R+1>, defaulting to SPARK<R+1>
         (a direct-cabled pair whose ssh addresses are the link's)."""
-        if rank == 0:
-            return self.values["FABRIC1"] or self.values["SPARK1"]
-        return self.values["FABRIC2"] or self.values["SPARK2"]
+        return self.values[f"FABRIC{rank + 1}"] or self.spark(rank)
 
     @property
     def master_addr(self) -> str:
@@ -242,10 +280,11 @@ class PairConfig:
         rank 1 must reach its TCP store over the link)."""
         return self.values["MASTER_ADDR"] or self.fabric_addr(0)
 
-    def ssh_target(self) -> str:
-        """``[user@]SPARK2`` for ssh."""
+    def ssh_target(self, rank: int = 1) -> str:
+        """``[user@]SPARK<rank+1>`` for ssh (rank 1's by default)."""
         user = self.values["SSH_USER"]
-        return f"{user}@{self.values['SPARK2']}" if user else self.values["SPARK2"]
+        host = self.spark(rank)
+        return f"{user}@{host}" if user else host
 
 
 def parse_env(values: dict[str, str | None], env_file: str = "<dict>") -> PairConfig:
@@ -274,8 +313,45 @@ def parse_env(values: dict[str, str | None], env_file: str = "<dict>") -> PairCo
             f"{env_file}: SPARK1 and SPARK2 are both {out['SPARK1']}; a pair is two Sparks: "
             "set SPARK2 to the rank-1 node's address"
         )
+    _check_group(out, env_file)
     unknown = tuple(sorted(k for k in values if k not in VAR_NAMES))
     return PairConfig(values=out, env_file=env_file, unknown=unknown)
+
+
+def _check_group(out: dict[str, str], env_file: str) -> None:
+    """SPARK3/SPARK4 both or neither (a group is 2 or 4 Sparks: GROUP_SIZES), FABRIC3/FABRIC4
+    only with them, every node and fabric address distinct, a ring only with four."""
+    have = [n for n in ("SPARK3", "SPARK4") if out[n]]
+    if len(have) == 1:
+        other = "SPARK4" if have == ["SPARK3"] else "SPARK3"
+        raise ConfigError(
+            f"{env_file}: {have[0]} is set but {other} is not; a group is 2 or 4 Sparks: "
+            f"set both SPARK3 and SPARK4 (four Sparks, TP=4) or neither (a pair)"
+        )
+    n = 4 if have else 2
+    for extra in ("FABRIC3", "FABRIC4"):
+        if out[extra] and n == 2:
+            raise ConfigError(
+                f"{env_file}: {extra} is set without SPARK3/SPARK4; it is a rank of a group "
+                "of four: set SPARK3 and SPARK4 too, or empty it"
+            )
+    if out["CABLING"] == "ring" and n == 2:
+        raise ConfigError(
+            f"{env_file}: CABLING=ring needs four Sparks (0-1-2-3-0); a pair is one cable: "
+            "set SPARK3 and SPARK4, or CABLING=switched (the default)"
+        )
+    # A pair's FABRIC1 == FABRIC2 stays preflight's to fail (PF-FABRIC-ADDR), as before.
+    for kind in ("SPARK", "FABRIC") if n > 2 else ():
+        seen: dict[str, str] = {}
+        for r in range(1, n + 1):
+            name = f"{kind}{r}"
+            addr = (out[name] or out[f"SPARK{r}"]).lower()
+            if addr in seen:
+                raise ConfigError(
+                    f"{env_file}: {name} and {seen[addr]} are both {addr}; every Spark of "
+                    f"the group needs its own address: fix {name}"
+                )
+            seen[addr] = name
 
 
 LAUNCHER_HINT = "copy .env.example to .env and set your pair's addresses (or pass --env-file FILE)"

@@ -25,6 +25,7 @@ from pairctl.lifecycle.updown import lock_path
 from pairctl.lock import busy as lock_busy
 from pairctl.log import log
 from pairctl.nodes.docker import pair_containers
+from pairctl.pair.config import ConfigError
 from pairctl.pair.plan import container_name
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import runner
@@ -115,6 +116,11 @@ def transfer(a: Args, pair: ResolvedPair) -> int:
 def logs(a: Args, pair: ResolvedPair) -> int:
     """One rank's container log. A node that cannot be asked, or no container, is a message
     and exit 1 (never ssh's bare 255)."""
+    if a.rank >= pair.nnodes:
+        raise ConfigError(
+            f"--rank {a.rank}: this pair has ranks 0-{pair.nnodes - 1} (SPARK3/SPARK4 make a "
+            "group of four)"
+        )
     node = pair.nodes[a.rank]
     name = container_name(pair.pair_id, a.rank)
     via = " over ssh" if node.remote else ""

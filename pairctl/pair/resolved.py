@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -112,6 +112,23 @@ class ResolvedPair:
         """The address a rank's engine uses on the fabric (its VLLM_HOST_IP):
         FABRIC<rank+1>."""
         return self.fabrics[rank]
+
+    def with_head(self, rank: int) -> ResolvedPair:
+        """The head and one headless rank as the two nodes a pair-shaped check (preflight's)
+        judges: ``nodes`` is (rank 0, ``rank``), and spark2/fabric2/ssh_target are that
+        rank's; the per-rank tuples stay whole, indexed by rank number (the second node
+        keeps its own). A pair's own rank 1 gives the pair itself."""
+        if self.nnodes == 2 and rank == 1:
+            return self
+        if rank not in self.headless_ranks:
+            raise ValueError(f"rank {rank} is not a headless rank of this group")
+        return replace(
+            self,
+            spark2=self.sparks[rank],
+            fabric2=self.fabrics[rank],
+            ssh_target=self.ssh_targets[rank],
+            nodes=(self.nodes[0], self.nodes[rank]),
+        )
 
 
 def resolve(

@@ -109,7 +109,7 @@ SCRIPT = _SCRIPT.replace("@@PARSER_MODULES@@", repr(PARSER_MODULES))
 
 def rank_argvs(pair: ResolvedPair) -> list[list[str]]:
     """What follows ``vllm serve`` for rank 0 and rank 1 (built once, in the resolved pair)."""
-    return [list(pair.vllm_argv[r][2:]) for r in (0, 1)]
+    return [list(pair.vllm_argv[r][2:]) for r in pair.ranks]
 
 
 def explain(flag: str, error: str, recipe: Recipe, passthrough: list[str]) -> str:

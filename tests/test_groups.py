@@ -149,3 +149,24 @@ def test_links_head_to_every_rank_and_ring_neighbours() -> None:
     assert cabling.links(cabling.SWITCHED, 2) == ((0, 1),)
     assert cabling.links(cabling.SWITCHED, 4) == ((0, 1), (0, 2), (0, 3))
     assert cabling.links(cabling.RING, 4) == ((0, 1), (0, 2), (0, 3), (1, 2), (2, 3))
+
+
+def test_status_names_a_rank_of_another_boot() -> None:
+    from pairctl.status.pair import DEGRADED, HEALTHY, EndpointStatus, RankStatus, verdict
+
+    def rank(r: int, boot: str) -> RankStatus:
+        role = "head" if r == 0 else "worker"
+        name = f"dsv4-quad-rank{r}"
+        return RankStatus(
+            r, role, f"10.0.0.1{r + 1}", True, "", name, "running", None, None, [], "p", boot
+        )
+
+    ep = EndpointStatus("http://10.0.0.11:8000/v1", True, "ok", ["m"], False, True, ours="yes")
+    same = [rank(r, "b1") for r in range(4)]
+    assert verdict(same, ep) == (HEALTHY, [])
+    odd = [*same[:2], rank(2, "b0"), same[3]]
+    name, reasons = verdict(odd, ep)
+    assert name == DEGRADED and reasons == [
+        "rank 2 (10.0.0.13): runs boot b0, the head boot b1: not part of the engine that "
+        "serves; run down, then up"
+    ]

@@ -194,6 +194,7 @@ def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]
             reasons.append(f"rank {r.rank} ({r.addr}): cannot ask docker: {r.error}")
         elif not r.running:
             reasons.append(f"rank {r.rank} ({r.addr}): container {r.container} {r.state}")
+    reasons += mixed_boots(ranks)
     if not ep.healthy:
         reasons.append(f"endpoint {ep.url}: {ep.detail}")
     if ep.ours == NOT_OURS:
@@ -205,6 +206,21 @@ def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]
     if not (ep.healthy or ep.ours == UNPROVEN) and not any(r.running for r in ranks):
         return DOWN, reasons
     return DEGRADED, reasons
+
+
+def mixed_boots(ranks: list[RankStatus]) -> list[str]:
+    """Running ranks of another boot than the head's: one engine is one boot (``up`` labels
+    every rank with it), so a rank of another is a leftover that is not part of the engine
+    the endpoint serves, though it holds its node's memory."""
+    head = ranks[0] if ranks and ranks[0].rank == 0 else None
+    if head is None or not head.running or head.boot is None:
+        return []
+    return [
+        f"rank {r.rank} ({r.addr}): runs boot {r.boot}, the head boot {head.boot}: not part "
+        "of the engine that serves; run down, then up"
+        for r in ranks[1:]
+        if r.running and r.boot is not None and r.boot != head.boot
+    ]
 
 
 def whose(node: Node, pair_id: str, h: Health) -> str:

@@ -129,3 +129,20 @@ def test_logs_rank_beyond_the_group_is_a_usage_error(tmp_path: Path) -> None:
         pair = Env(tmp_path, srv.port)
         p = pair.run("logs", "--rank", "2")
     assert p.returncode == 2 and "this pair has ranks 0-1" in p.stderr
+
+
+def test_preflight_of_a_ring_pings_the_neighbour_links(group: Env, tmp_path: Path) -> None:
+    group.values["CABLING"] = "ring"
+    group.write_env()
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    ping = stub / "ping"
+    # rank 2 -> rank 3's address fails; every other ping answers
+    ping.write_text(
+        '#!/bin/sh\n[ "$FAKE_HOST" = h3 ] && { echo "100% packet loss" >&2; exit 1; }\nexit 0\n'
+    )
+    ping.chmod(0o755)
+    p = group.run("preflight", path_first=stub)
+    line = next(ln for ln in p.stdout.splitlines() if "PF-RING-NEIGHBOURS" in ln)
+    assert "FAIL" in line and "rank 2 -> rank 3 (127.0.0.4): 100% packet loss" in line, line
+    assert p.returncode == 3

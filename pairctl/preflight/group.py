@@ -17,11 +17,18 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from pairctl.pair import cabling
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import runner
 from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check
 from pairctl.preflight.evidence import ArgvCheck, Evidence
 
+RING_ID = "PF-RING-NEIGHBOURS"
+RING_WHAT = "on a ring, each headless rank reaches its next neighbour's fabric address (ping)"
+RING_FIX = (
+    "check the cable between the two (each Spark's two ports go to its two neighbours), "
+    "both ports' addresses (FABRIC<R>) and IP forwarding on every node"
+)
 # Worst first: the merged verdict is the first of these any rank got.
 _ORDER = (FAIL, WARN, SKIP, PASS)
 
@@ -66,6 +73,24 @@ def merge(per_rank: Mapping[int, list[Check]]) -> list[Check]:
     return out
 
 
+def ring_check(pair: ResolvedPair, timeout: float = 20) -> Check:
+    """The ring's cables the head is not on (1-2, 2-3 of 0-1-2-3-0): rank A pings rank B's
+    fabric address over ssh; the head's own links are the pair checks' (PF-FABRIC-REACH)."""
+    links = [(a, b) for a, b in cabling.links(pair.cabling, pair.nnodes) if a != 0]
+    bad, good = [], []
+    for a, b in links:
+        addr = pair.fabric_addr(b)
+        res = pair.nodes[a].run(["ping", "-c", "1", "-W", "3", addr], timeout=timeout)
+        if res.rc == 0:
+            good.append(f"rank {a} -> rank {b} ({addr})")
+        else:
+            why = (res.err or res.out).strip().splitlines()[-1:] or [f"rc={res.rc}"]
+            bad.append(f"rank {a} -> rank {b} ({addr}): {why[0][:200]}")
+    if bad:
+        return Check(RING_ID, FAIL, RING_WHAT, "; ".join(bad), RING_FIX)
+    return Check(RING_ID, PASS, RING_WHAT, "; ".join(good))
+
+
 def run(
     pair: ResolvedPair,
     overlay_want: Mapping[str, str],
@@ -97,6 +122,10 @@ def run(
         per_rank[r] = [renamed(c, r) for c in checks]
     assert evidence is not None  # a group has headless ranks
     merged = merge(per_rank)
+    if pair.cabling == cabling.RING:
+        ring = ring_check(pair)
+        emit(ring)
+        merged.append(ring)
     last = pair.nnodes - 1
     say(f"-- the group of {pair.nnodes}: each check's worst verdict over ranks 1-{last} --")
     return merged, evidence

@@ -170,3 +170,15 @@ def test_status_names_a_rank_of_another_boot() -> None:
         "rank 2 (10.0.0.13): runs boot b0, the head boot b1: not part of the engine that "
         "serves; run down, then up"
     ]
+
+
+def test_watch_waits_for_ssh_when_any_headless_rank_is_lost() -> None:
+    from pairctl.nodes.pressure import NodeMemory
+    from pairctl.status.memory import ssh_lost
+
+    ok = [NodeMemory.unknown(r, f"10.0.0.1{r + 1}", "", reachable=True) for r in range(3)]
+    lost = NodeMemory.unknown(3, "10.0.0.14", "Connection timed out during banner exchange")
+    assert ssh_lost(ok) is None
+    assert ssh_lost([*ok, lost]) == (
+        "ssh to rank 3 (10.0.0.14) failed: Connection timed out during banner exchange"
+    )

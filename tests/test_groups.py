@@ -182,3 +182,17 @@ def test_watch_waits_for_ssh_when_any_headless_rank_is_lost() -> None:
     assert ssh_lost([*ok, lost]) == (
         "ssh to rank 3 (10.0.0.14) failed: Connection timed out during banner exchange"
     )
+
+
+def test_argv_check_reads_every_ranks_verdict() -> None:
+    import json
+
+    from pairctl.preflight.argcheck import MARK, parse_output
+
+    ok = {"ok": True, "flag": "", "error": ""}
+    bad = {"ok": False, "flag": "--headless", "error": "unrecognized arguments: --headless"}
+    text = MARK + json.dumps({"vllm": "0.33.0", "results": [ok, ok, ok, bad]})
+    res = parse_output(text, "image x", RECIPE, [], 4)
+    assert len(res.errors) == 1 and res.errors[0].startswith("rank 3: ")
+    text = MARK + json.dumps({"vllm": "0.33.0", "results": [bad] * 4})
+    assert parse_output(text, "image x", RECIPE, [], 4).errors[0].startswith("every rank: ")

@@ -343,7 +343,8 @@ def wait_healthy(
                 node.rank, phase_of(text, needles_for(pair.stack)), now
             )
             in_phase = fmt_elapsed(now - tracker.since[node.rank])
-            phases.append(f"rank{node.rank}: {bootlog.shown(phase, node.rank)} {in_phase}")
+            where = bootlog.shown(phase, node.rank, pair.nnodes)
+            phases.append(f"rank{node.rank}: {where} {in_phase}")
             if node.rank == 0:
                 if phase != bootlog.RENDEZVOUS:
                     waiting_since = None

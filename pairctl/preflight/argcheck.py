@@ -180,7 +180,7 @@ def parse_output(
 
 
 def _who(got: list[int], ranks: int) -> str:
-    """"both ranks" (a pair) or "every rank" (a group) when all said it, else which."""
+    """ "both ranks" (a pair) or "every rank" (a group) when all said it, else which."""
     if len(got) == ranks > 1:
         return "both ranks" if ranks == 2 else "every rank"
     if len(got) == 1:

@@ -19,6 +19,7 @@ from dotenv.parser import parse_stream
 
 from pairctl import home
 from pairctl.pair import imageref
+from pairctl.pair.group import CABLINGS, GROUP_SIZES, group_problem
 
 
 class ConfigError(Exception):
@@ -77,8 +78,8 @@ VARS: tuple[Var, ...] = (
     Var("MASTER_ADDR", "", "host_or_empty", "torch.distributed master address; empty = FABRIC1"),
     Var("MASTER_PORT", "29501", "port", "torch.distributed master port on rank 0"),
     Var("PORT", "", "port_or_empty", "OpenAI endpoint port on rank 0; empty = recipe's (8000)"),
-    Var("SSH_USER", "", "word_or_empty", "ssh user for SPARK2; empty = ssh default"),
-    Var("SSH_PORT", "", "port_or_empty", "ssh port for SPARK2; empty = ssh default"),
+    Var("SSH_USER", "", "word_or_empty", "ssh user for every remote node (SPARK2..4); empty = ssh default"),
+    Var("SSH_PORT", "", "port_or_empty", "ssh port for every remote node; empty = ssh default"),
     Var("SSH_IDENTITY_FILE", "", "path_or_empty", "ssh identity file; empty = ssh default"),
     Var("SSH_KNOWN_HOSTS_FILE", "", "path_or_empty", "known_hosts file; empty = ssh default"),
     Var(
@@ -225,13 +226,6 @@ def _check(kind: str, value: str) -> str | None:
     raise AssertionError(f"unknown kind {kind}")
 
 
-# The ways a group's fabric is cabled (pairctl.pair.cabling holds what each needs).
-CABLINGS = ("switched", "ring")
-# A group is a pair or four Sparks: TP must divide the model's 128 attention heads, so a
-# third Spark is no TP size (tonyd2wild/Deepseek-V4-Flash-TP4-4x-DGX-Spark
-# launch/tp4-4x-spark-launch.sh, "HEAD-COUNT RULE").
-GROUP_SIZES = (2, 4)
-
 # Host caches mounted at the same path and exported under the same name (env file
 # variables): a recreated container keeps its compiled kernels and graphs.
 CACHE_VARS = (
@@ -313,45 +307,11 @@ def parse_env(values: dict[str, str | None], env_file: str = "<dict>") -> PairCo
             f"{env_file}: SPARK1 and SPARK2 are both {out['SPARK1']}; a pair is two Sparks: "
             "set SPARK2 to the rank-1 node's address"
         )
-    _check_group(out, env_file)
+    why = group_problem(out)
+    if why:
+        raise ConfigError(f"{env_file}: {why}")
     unknown = tuple(sorted(k for k in values if k not in VAR_NAMES))
     return PairConfig(values=out, env_file=env_file, unknown=unknown)
-
-
-def _check_group(out: dict[str, str], env_file: str) -> None:
-    """SPARK3/SPARK4 both or neither (a group is 2 or 4 Sparks: GROUP_SIZES), FABRIC3/FABRIC4
-    only with them, every node and fabric address distinct, a ring only with four."""
-    have = [n for n in ("SPARK3", "SPARK4") if out[n]]
-    if len(have) == 1:
-        other = "SPARK4" if have == ["SPARK3"] else "SPARK3"
-        raise ConfigError(
-            f"{env_file}: {have[0]} is set but {other} is not; a group is 2 or 4 Sparks: "
-            f"set both SPARK3 and SPARK4 (four Sparks, TP=4) or neither (a pair)"
-        )
-    n = 4 if have else 2
-    for extra in ("FABRIC3", "FABRIC4"):
-        if out[extra] and n == 2:
-            raise ConfigError(
-                f"{env_file}: {extra} is set without SPARK3/SPARK4; it is a rank of a group "
-                "of four: set SPARK3 and SPARK4 too, or empty it"
-            )
-    if out["CABLING"] == "ring" and n == 2:
-        raise ConfigError(
-            f"{env_file}: CABLING=ring needs four Sparks (0-1-2-3-0); a pair is one cable: "
-            "set SPARK3 and SPARK4, or CABLING=switched (the default)"
-        )
-    # A pair's FABRIC1 == FABRIC2 stays preflight's to fail (PF-FABRIC-ADDR), as before.
-    for kind in ("SPARK", "FABRIC") if n > 2 else ():
-        seen: dict[str, str] = {}
-        for r in range(1, n + 1):
-            name = f"{kind}{r}"
-            addr = (out[name] or out[f"SPARK{r}"]).lower()
-            if addr in seen:
-                raise ConfigError(
-                    f"{env_file}: {name} and {seen[addr]} are both {addr}; every Spark of "
-                    f"the group needs its own address: fix {name}"
-                )
-            seen[addr] = name
 
 
 LAUNCHER_HINT = "copy .env.example to .env and set your pair's addresses (or pass --env-file FILE)"

@@ -78,7 +78,7 @@ VARS: tuple[Var, ...] = (
     Var("MASTER_ADDR", "", "host_or_empty", "torch.distributed master address; empty = FABRIC1"),
     Var("MASTER_PORT", "29501", "port", "torch.distributed master port on rank 0"),
     Var("PORT", "", "port_or_empty", "OpenAI endpoint port on rank 0; empty = recipe's (8000)"),
-    Var("SSH_USER", "", "word_or_empty", "ssh user for every remote node (SPARK2..4); empty = ssh default"),
+    Var("SSH_USER", "", "word_or_empty", "ssh user for every remote node; empty = ssh default"),
     Var("SSH_PORT", "", "port_or_empty", "ssh port for every remote node; empty = ssh default"),
     Var("SSH_IDENTITY_FILE", "", "path_or_empty", "ssh identity file; empty = ssh default"),
     Var("SSH_KNOWN_HOSTS_FILE", "", "path_or_empty", "known_hosts file; empty = ssh default"),

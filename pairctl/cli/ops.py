@@ -197,12 +197,14 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
     )
     canary = f"every {a.canary_every:g} s" if a.canary_every else "off"
     probe = f"every {a.probe_every:g} s" if a.probe_every else "off"
+    nodes = "both nodes'" if pair.nnodes == 2 else f"all {pair.nnodes} nodes'"
+    ssh = "rank 1's ssh" if pair.nnodes == 2 else "every headless rank's ssh"
     what = (
         f"{base}/v1: a 1-token completion every {wc.interval_s:g} s (answer within "
         f"{wc.probe_timeout_s:g} s); after {wc.failures} failures in a row: down, then up "
         f"(up --timeout {a.timeout}); a failed restart waits {wc.backoff_s:g} s, doubling "
-        f"up to {wc.backoff_max_s:g} s; both nodes' memory read each cycle; a restart waits "
-        f"for rank 1's ssh to answer. Acceptance probe {probe}, output canary {canary}: "
+        f"up to {wc.backoff_max_s:g} s; {nodes} memory read each cycle; a restart waits "
+        f"for {ssh} to answer. Acceptance probe {probe}, output canary {canary}: "
         "events only, never a restart. Nothing is done against a server not proven this "
         "pair's ("
         + ("its system_fingerprint names this boot" if identity else "labels only: weaker")

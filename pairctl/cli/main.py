@@ -114,7 +114,7 @@ def restart(a: Args) -> int:
 
 def cmd_plan(_a: Args, pair: ResolvedPair) -> int:
     checked = argcheck.require_local(pair)  # vLLM's parser, if importable here
-    sys.stdout.write(render_plan(pair, argcheck.plan_note(checked)))
+    sys.stdout.write(render_plan(pair, argcheck.plan_note(checked, pair.nnodes)))
     return EXIT_OK
 
 

@@ -250,7 +250,7 @@ def require_local(pair: ResolvedPair) -> ArgvCheck | None:
     return res
 
 
-def plan_note(res: ArgvCheck | None) -> str:
+def plan_note(res: ArgvCheck | None, nnodes: int = 2) -> str:
     """One comment line for ``plan`` saying what checked the argv."""
     if res is None:
         return (
@@ -259,7 +259,8 @@ def plan_note(res: ArgvCheck | None) -> str:
         )
     if res.ok:
         extra = f"; {res.detail}" if res.detail else ""
-        return f"argv of both ranks accepted by vLLM's serve parser ({res.where}{extra})"
+        ranks = "both ranks" if nnodes == 2 else f"all {nnodes} ranks"
+        return f"argv of {ranks} accepted by vLLM's serve parser ({res.where}{extra})"
     return f"argv NOT checked: {res.where}: {res.detail}"
 
 

@@ -197,8 +197,9 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
     )
     canary = f"every {a.canary_every:g} s" if a.canary_every else "off"
     probe = f"every {a.probe_every:g} s" if a.probe_every else "off"
-    nodes = "both nodes'" if pair.nnodes == 2 else f"all {pair.nnodes} nodes'"
-    ssh = "rank 1's ssh" if pair.nnodes == 2 else "every headless rank's ssh"
+    n = len(pair.nodes)  # 2 for a pair, 4 for a group (a test may pass a stand-in)
+    nodes = "both nodes'" if n == 2 else f"all {n} nodes'"
+    ssh = "rank 1's ssh" if n == 2 else "every headless rank's ssh"
     what = (
         f"{base}/v1: a 1-token completion every {wc.interval_s:g} s (answer within "
         f"{wc.probe_timeout_s:g} s); after {wc.failures} failures in a row: down, then up "

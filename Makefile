@@ -30,7 +30,7 @@ help:
 	@echo "make rehearse-fleet  the fleet command brings up two simulated pairs + the real vLLM"
 	@echo "                router on five netns hosts: chat, failover, recovery, down (root)"
 	@echo "make test       lint (ruff, shellcheck) + the whole test suite"
-	@echo "make test-group the real TP=4 group's tests, outside the suite (root; one 3-5 min boot)"
+	@echo "make test-group the real TP=4 group's tests, outside the suite (root; 2.5-4.5 min)"
 
 $(VPY):
 	$(PY) -m venv $(VENV)

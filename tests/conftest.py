@@ -81,17 +81,27 @@ def _undo_weight_guard():
 
 
 # Tests that boot real engines (three Python processes importing torch per rank) or netns
-# rehearsals (sshd, docker stand-ins and simulated ranks per host) each want both cores.
-HEAVY_MARKERS = ("needs_engine", "needs_netns")
-HEAVY_GROUP = "heavy"
+# rehearsals (sshd, docker stand-ins and simulated ranks per host) are heavy. They run in two
+# lanes, each one test at a time: real-engine boots in one (a real pair is ~6 GB, a four-rank
+# group or a fleet of two pairs ~10-12 GB: two at once could exhaust the 24 GiB box), netns
+# rehearsals of the simulator in the other.
+ENGINE_LANE = "heavy-engine"
+NETNS_LANE = "heavy-netns"
+
+
+def heavy_lane(item: pytest.Item) -> str | None:
+    """The heavy lane a test runs in, or None for a light test. An engine test that boots
+    no server (engine_no_boot: one interpreter importing the CPU engine's vLLM) is light
+    unless it also builds netns hosts."""
+    netns = item.get_closest_marker("needs_netns") is not None
+    engine = item.get_closest_marker("needs_engine") is not None
+    if engine and item.get_closest_marker("engine_no_boot") is None:
+        return ENGINE_LANE
+    return NETNS_LANE if netns else None
 
 
 def is_heavy(item: pytest.Item) -> bool:
-    """An engine test that boots no server (engine_no_boot: one interpreter importing the
-    CPU engine's vLLM) is not heavy: it runs with its module's other tests."""
-    if item.get_closest_marker("engine_no_boot") is not None:
-        return item.get_closest_marker("needs_netns") is not None
-    return any(item.get_closest_marker(m) is not None for m in HEAVY_MARKERS)
+    return heavy_lane(item) is not None
 
 
 # tryfirst: xdist's worker reads the xdist_group marks in its own collection hook and
@@ -101,16 +111,15 @@ def is_heavy(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Scheduling under `pytest -n N --dist loadgroup` (make test; docs/testing.md):
-    - every heavy test (needs_engine or needs_netns, unless engine_no_boot) joins one group,
-      so they run one after another on one worker and no two of them compete for the 2 cores;
-      they are moved to the front, so that worker starts on them at once (their sum is the
-      suite's critical path);
+    - every heavy test joins its lane's group (heavy_lane), so each lane runs one test at a
+      time on one worker; both lanes are moved to the front, so two workers start on them at
+      once (the longer lane is the suite's critical path);
     - every other test stays with its module on one worker, so a module's fixtures (a twin, a
       mock server) are built once, not once per worker."""
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
-        group = HEAVY_GROUP if is_heavy(item) else item.module.__name__
+        group = heavy_lane(item) or item.module.__name__
         item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: not is_heavy(item))  # stable: file order kept within each
 

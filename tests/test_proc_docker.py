@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sim.rehearsal.docker_args import verdict
-from sim.rehearsal.store import remove_created_paths
+from sim.rehearsal.store import Store, proc_start_time, remove_created_paths, write_json_atomic
 from tests.conftest import require
 
 REPO = Path(__file__).resolve().parents[1]
@@ -517,6 +517,42 @@ def test_device_is_recorded_and_entrypoint_replaces_the_images(state: Path, tmp_
     assert info["Config"]["Entrypoint"] == ["printf"] and info["Path"] == "printf"
     image = json.loads(docker(state, "image", "inspect", "img").stdout)[0]
     assert image["Config"]["Entrypoint"] == ["echo", "from-image"]
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_container_whose_supervisor_has_not_recorded_its_exit_still_runs(
+    tmp_path: Path,
+) -> None:
+    """Between the process's exit and its supervisor recording the code, `state` must not
+    make up an exit code (137): an attached `run --rm` on a loaded CI box exited 137 in that
+    window instead of its container's 3. Only with the supervisor gone too is it 137."""
+    store = Store(tmp_path)
+    cdir = store.cdir("c1")
+    cdir.mkdir(parents=True)
+    me = os.getpid()
+    write_json_atomic(
+        cdir / "state.json",
+        {
+            "Status": "running",
+            "ExitCode": 0,
+            "Pid": _dead_pid(),
+            "SupervisorPid": me,
+            "SupervisorStart": proc_start_time(me),
+        },
+    )
+    assert store.state("c1")["Status"] == "running"
+    write_json_atomic(
+        cdir / "state.json",
+        {"Status": "running", "ExitCode": 0, "Pid": _dead_pid(), "SupervisorPid": _dead_pid()},
+    )
+    st = store.state("c1")
+    assert (st["Status"], st["ExitCode"]) == ("exited", 137)
 
 
 @needs_root

@@ -1,5 +1,5 @@
 """The suite's scheduling (tests/conftest.py, docs/testing.md) really takes under xdist:
-heavy tests share one worker and a module fixture is built once. Run on a tiny suite of
+each heavy lane's tests share one worker and a module fixture is built once. Run on a tiny suite of
 its own with the real pytest-xdist, since a lost group fails nothing by itself."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.needs_engine]
 @pytest.fixture(scope="module")
 def booted():
     with open(os.environ["BOOTS"], "a") as f:
-        f.write(f"{os.getpid()}\\n")
+        f.write(f"{__name__}={os.getpid()}\\n")
 
 @pytest.mark.parametrize("i", range(4))
 def test_heavy(booted, i):
@@ -52,6 +52,8 @@ def run_suite(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_heavy_a.py").write_text(HEAVY)
     (tmp_path / "test_heavy_b.py").write_text(HEAVY.replace("test_heavy", "test_other"))
+    netns = HEAVY.replace("needs_engine", "needs_netns").replace("test_heavy", "test_netns")
+    (tmp_path / "test_netns_a.py").write_text(netns)
     for n in range(3):
         (tmp_path / f"test_light_{n}.py").write_text(LIGHT)
     boots = tmp_path / "boots"
@@ -67,16 +69,24 @@ def run_suite(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
     return res, boots.read_text().split() if boots.exists() else []
 
 
-def test_heavy_tests_share_one_worker_and_a_module_fixture_is_built_once(tmp_path: Path):
+def lane_workers(out: str, lane: str) -> tuple[int, set[str]]:
+    """How many tests passed in ``lane`` and on which workers."""
+    hits = re.findall(rf"\[(gw\d+)\] .*PASSED \S+@{lane}\b", out)
+    return len(hits), set(hits)
+
+
+def test_each_heavy_lane_runs_on_one_worker_and_a_module_fixture_is_built_once(
+    tmp_path: Path,
+):
     res, boots = run_suite(tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
-    workers = {
-        m.group(1)
-        for m in re.finditer(r"\[(gw\d+)\] .*PASSED \S+::test_(?:heavy|other)\S*@heavy", res.stdout)
-    }
-    ran = len(re.findall(r"PASSED \S+@heavy", res.stdout))
+    ran, workers = lane_workers(res.stdout, "heavy-engine")
     assert ran == 8 and len(workers) == 1, res.stdout[-3000:]
-    # one boot per heavy module (two modules), on that one worker
-    assert len(boots) == 2 and len(set(boots)) == 1, boots
+    ran_n, workers_n = lane_workers(res.stdout, "heavy-netns")
+    assert ran_n == 4 and len(workers_n) == 1, res.stdout[-3000:]
+    # one boot per heavy module (three modules); the engine lane's two in one process
+    pids = dict(b.split("=") for b in boots)
+    assert len(boots) == 3 and len(pids) == 3, boots
+    assert pids["test_heavy_a"] == pids["test_heavy_b"], boots
     # light tests keep their module's group
     assert len(re.findall(r"PASSED \S*test_light_\d\.py::\S+@test_light_\d", res.stdout)) == 9

@@ -180,6 +180,11 @@ class Store:
         """The recorded state corrected by real process liveness."""
         st = self.raw_state(cid)
         if st.get("Status") == "running" and not alive(st.get("Pid"), st.get("PidStart")):
+            if alive(st.get("SupervisorPid"), st.get("SupervisorStart")):
+                # Its supervisor is about to record the real exit code: until then the
+                # container still runs, as docker's does until the daemon has reaped it
+                # (reading 137 here made an attached `run --rm` exit 137 on a loaded box).
+                return st
             # Died without its supervisor recording it (supervisor killed too).
             st = dict(
                 st,

@@ -90,6 +90,7 @@ def run(cdir: Path) -> int:
         PidStart=proc_start_time(proc.pid),
         Pgid=proc.pid,
         SupervisorPid=os.getpid(),
+        SupervisorStart=proc_start_time(os.getpid()),
         StartedAt=now_iso(),
     )
     rc = proc.wait()

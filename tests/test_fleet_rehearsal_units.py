@@ -128,6 +128,8 @@ def test_attributed_report_infers_where_real_engines_name_no_pair() -> None:
     # a head that still answers: nothing after the kill can be attributed
     rep = report(victim_answers=True)
     assert rep.moved == {"s-a": ["?"], "s-b": ["?"]}
+    rep.survivor_finished = None  # the survivor's counter unreadable: said, not a crash
+    assert "pair-a's own vllm:request_success_total: ? finished" in "\n".join(rep.lines())
 
 
 class _Metrics:

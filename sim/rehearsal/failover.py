@@ -186,10 +186,11 @@ class Report:
         for t in self.lost_in_flight + self.unexpected:
             out.append(f"  {t.session} turn {t.n} (pair {self.where(t)}): {t.error}")
         if self.counted_from is not None:
+            n = self.survivor_finished
             out.append(
                 f"{self.survivor}'s own vllm:request_success_total: "
-                f"{self.survivor_finished if self.survivor_finished is not None else '?':g} "
-                f"finished since the kill, {self.answered_since(self.counted_from)} turns "
+                f"{'?' if n is None else f'{n:g}'} finished since the kill, "
+                f"{self.answered_since(self.counted_from)} turns "
                 f"answered; {self.killed}'s head "
                 + ("still answers" if self.victim_answers else "no longer answers")
             )

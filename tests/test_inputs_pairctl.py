@@ -83,7 +83,7 @@ def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     def probe(*_a, **_k):
         raise AssertionError("a probe ran before the bad path was refused")
 
-    monkeypatch.setattr(cli.runner, "run", probe)
+    monkeypatch.setattr(cli.pfgroup.runner, "run", probe)  # preflight, pair or group
     monkeypatch.setattr(cli.ops.runner, "run", probe)
 
 

@@ -46,6 +46,7 @@ UPSTREAM_DOCS = {
     "analysis-tp2-tp4-communication-2026-08-09.md": (
         "luxingcom/LuZ0.3.1-DeepSeek-v4-Flash-DSpark-DGXspark-TP4-Ring (docs/01-research-reports/)"
     ),
+    "DEEPSEEK_V4_FLASH_QUICKSTART.md": "FujitsuPolycom/sparkring (docs/)",
     "ar-optimization-2026-08-22.md": (
         "luxingcom/LuZ0.3.1-DeepSeek-v4-Flash-DSpark-DGXspark-TP4-Ring (docs/01-research-reports/)"
     ),

@@ -27,7 +27,8 @@ from pairctl.lifecycle import updown
 from pairctl.pair.config import ConfigError
 from pairctl.pair.plan import render_plan
 from pairctl.pair.resolved import ResolvedPair, load
-from pairctl.preflight import argcheck, runner
+from pairctl.preflight import argcheck
+from pairctl.preflight import group as pfgroup
 from pairctl.status import pair as pst
 
 Also = Sequence[tuple[str, str]]
@@ -44,7 +45,9 @@ def preflight(pair: ResolvedPair, json_file: str | None = None) -> int:
     """Every check, each printed as its evidence arrives; exit 3 on any FAIL."""
     want = shipped_files(contracts.OVERLAY_SRC)
     checked = argcheck.require_local(pair)  # else the image's parser, in gather
-    checks, evidence = runner.run(pair, want, ops.print_check, ops.progress, local_argv=checked)
+    checks, evidence = pfgroup.run(
+        pair, want, ops.print_check, ops.progress, local_argv=checked, say=ops.log
+    )
     sys.stdout.write(pf.summary(checks))
     if json_file:
         Path(json_file).write_text(json.dumps(pf.as_json(checks, evidence), indent=2) + "\n")
@@ -111,7 +114,7 @@ def restart(a: Args) -> int:
 
 def cmd_plan(_a: Args, pair: ResolvedPair) -> int:
     checked = argcheck.require_local(pair)  # vLLM's parser, if importable here
-    sys.stdout.write(render_plan(pair, argcheck.plan_note(checked)))
+    sys.stdout.write(render_plan(pair, argcheck.plan_note(checked, pair.nnodes)))
     return EXIT_OK
 
 

@@ -25,6 +25,7 @@ from pairctl.lifecycle.updown import lock_path
 from pairctl.lock import busy as lock_busy
 from pairctl.log import log
 from pairctl.nodes.docker import pair_containers
+from pairctl.pair.config import ConfigError
 from pairctl.pair.plan import container_name
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import runner
@@ -115,6 +116,11 @@ def transfer(a: Args, pair: ResolvedPair) -> int:
 def logs(a: Args, pair: ResolvedPair) -> int:
     """One rank's container log. A node that cannot be asked, or no container, is a message
     and exit 1 (never ssh's bare 255)."""
+    if a.rank >= pair.nnodes:
+        raise ConfigError(
+            f"--rank {a.rank}: this pair has ranks 0-{pair.nnodes - 1} (SPARK3/SPARK4 make a "
+            "group of four)"
+        )
     node = pair.nodes[a.rank]
     name = container_name(pair.pair_id, a.rank)
     via = " over ssh" if node.remote else ""
@@ -191,12 +197,15 @@ def watchdog(a: Args, pair: ResolvedPair, restart: Callable[[], int]) -> int:
     )
     canary = f"every {a.canary_every:g} s" if a.canary_every else "off"
     probe = f"every {a.probe_every:g} s" if a.probe_every else "off"
+    n = len(pair.nodes)  # 2 for a pair, 4 for a group (a test may pass a stand-in)
+    nodes = "both nodes'" if n == 2 else f"all {n} nodes'"
+    ssh = "rank 1's ssh" if n == 2 else "every headless rank's ssh"
     what = (
         f"{base}/v1: a 1-token completion every {wc.interval_s:g} s (answer within "
         f"{wc.probe_timeout_s:g} s); after {wc.failures} failures in a row: down, then up "
         f"(up --timeout {a.timeout}); a failed restart waits {wc.backoff_s:g} s, doubling "
-        f"up to {wc.backoff_max_s:g} s; both nodes' memory read each cycle; a restart waits "
-        f"for rank 1's ssh to answer. Acceptance probe {probe}, output canary {canary}: "
+        f"up to {wc.backoff_max_s:g} s; {nodes} memory read each cycle; a restart waits "
+        f"for {ssh} to answer. Acceptance probe {probe}, output canary {canary}: "
         "events only, never a restart. Nothing is done against a server not proven this "
         "pair's ("
         + ("its system_fingerprint names this boot" if identity else "labels only: weaker")

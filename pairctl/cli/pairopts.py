@@ -47,8 +47,8 @@ ACTIONS = {"image": ("ship",), "model": ("fetch", "verify")}
 
 
 def _rank(text: str) -> int:
-    if text not in ("0", "1"):
-        raise Bad(f"must be 0 or 1, got '{text}'")
+    if text not in ("0", "1", "2", "3"):
+        raise Bad(f"must be 0 or 1 (0-3 in a group of four), got '{text}'")
     return int(text)
 
 
@@ -117,7 +117,7 @@ OPTIONS: tuple[Opt, ...] = (
         str,
         "DIR",
     ),
-    Opt(("--rank",), "rank", ("logs",), "which rank (default 0)", _rank, "0|1"),
+    Opt(("--rank",), "rank", ("logs",), "which rank (default 0)", _rank, "0-3"),
     Opt(("-f", "--follow"), "follow", ("logs",), "follow"),
     Opt(("--tail",), "tail", ("logs",), "last N lines", _lines, "N"),
     Opt(("--watch",), "watch", ("status",), "live view, redrawn every --interval seconds"),

@@ -122,8 +122,10 @@ def phase_of(text: str, needles: Sequence[Needle] = NEEDLES) -> str:
     return phase
 
 
-def shown(phase: str, rank: int) -> str:
-    """The phase as the progress line shows it for ``rank``."""
+def shown(phase: str, rank: int, nnodes: int = 2) -> str:
+    """The phase as the progress line shows it for ``rank`` of a group of ``nnodes``."""
     if phase == RENDEZVOUS:
-        return "waiting for rank 1 to join" if rank == 0 else "joining rank 0"
+        if rank != 0:
+            return "joining rank 0"
+        return "waiting for rank 1 to join" if nnodes == 2 else "waiting for ranks 1-3 to join"
     return phase

@@ -90,6 +90,7 @@ def pinned_tag(ref: str) -> str:
 
 
 def node_ref(ref: str, rank: int) -> str:
-    """The reference of IMAGE on one rank's node: IMAGE itself, except rank 1's local name
-    for a digest-pinned IMAGE (``pinned_tag``), which `image ship` tags after the load."""
-    return pinned_tag(ref) if rank == 1 else ref
+    """The reference of IMAGE on one rank's node: IMAGE itself, except a headless rank's
+    local name for a digest-pinned IMAGE (``pinned_tag``), which `image ship` tags after
+    the load."""
+    return pinned_tag(ref) if rank != 0 else ref

@@ -19,13 +19,15 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME, IMAGE_STAGE_DIR, REPO
 from pairctl.engine.image import node_ref
 from pairctl.log import logger
-from pairctl.nodes import fabric
+from pairctl.nodes import fabric, fanout
 from pairctl.nodes.docker import NO_SUCH_IMAGE, daemon_problem, node_user
 from pairctl.nodes.ssh import Node
 from pairctl.nodes.transfer import PARTIAL, TransferError
@@ -151,12 +153,13 @@ def ship(
     remote_stage: str | None = None,
     dockerfile: Path | None = None,
 ) -> int:
-    """Get IMAGE onto both ranks; 0 when both hold the same ID, 1 otherwise.
+    """Get IMAGE onto every rank; 0 when all hold the same ID, 1 otherwise.
 
-    ``dockerfile`` (``--build``) defaults to the pair's stack's: ``pair.stack`` once
-    ResolvedPair carries the resolved stack, the default stack's until then.
+    A group of four gets it on ranks 1-3 at once (pairctl.nodes.fanout: a thread and a bar
+    per node, rank 0 saving the tar once); a rank that fails is named, the others finish.
+    ``dockerfile`` (``--build``) defaults to the pair's stack's.
     """
-    rank0, rank1 = pair.nodes
+    rank0 = pair.nodes[0]
     image = pair.image
     stack = getattr(pair, "stack", None)  # ResolvedPair.stack, where the stack is resolved
     if build:
@@ -169,6 +172,47 @@ def ship(
     if pull and _stream(["docker", "pull", image]) != 0:
         log(f"docker pull {image} failed on {rank0.label}; nothing was shipped")
         return EXIT_RUNTIME
+    tar_lock = threading.Lock()
+    saved: list[Path] = []
+
+    def save_once(tar: Path) -> None:
+        with tar_lock:  # the headless ranks' threads share one docker save
+            if tar not in saved:
+                save(rank0, image, tar)
+                saved.append(tar)
+
+    if getattr(pair, "nnodes", 2) == 2:  # a pair (or a test's stand-in for one)
+        return deliver(pair, stage, remote_stage, dockerfile, save_once, keep_tar=False)
+
+    def job(rank: int) -> int:
+        return deliver(pair.with_head(rank), stage, remote_stage, dockerfile, save_once, True)
+
+    rc, bad = fanout.summary(fanout.each_rank(list(pair.headless_ranks), job, log))
+    if rc != EXIT_OK:
+        log(f"image ship failed on {bad} (named above); run it again: it copies only there")
+        return rc
+    for tar in saved:
+        tar.unlink(missing_ok=True)
+    print(f"{image} on all {pair.nnodes} ranks")
+    return EXIT_OK
+
+
+def deliver(
+    pair: ResolvedPair,
+    stage: str,
+    remote_stage: str | None,
+    dockerfile: Path | None,
+    save_tar: Callable[[Path], None],
+    keep_tar: bool,
+) -> int:
+    """IMAGE from rank 0 onto the pair's second node (``pair.nodes[1]``: rank 1, or one
+    headless rank of a group, ``ResolvedPair.with_head``), by image ID: already there,
+    tagged, or saved (``save_tar``), copied over the fabric and loaded. ``keep_tar``: leave
+    rank 0's tar for the caller (the other ranks' copies still read it)."""
+    rank0, rank1 = pair.nodes
+    image = pair.image
+    stack = getattr(pair, "stack", None)
+    both = "both ranks" if getattr(pair, "nnodes", 2) == 2 else f"rank 0 and {rank1.label}"
     local = node_ref(image, 1)  # IMAGE, or a digest-pinned IMAGE's name on rank 1
     try:
         id0 = image_id(rank0, image)
@@ -186,17 +230,17 @@ def ship(
         )
         return EXIT_RUNTIME
     if id1 == id0:
-        print(f"{image} = {id0} on both ranks; nothing to ship")
+        print(f"{image} = {id0} on {both}; nothing to ship")
         return EXIT_OK
     if id1:
         log(f"{rank1.label} has {local} = {id1}, rank 0 has {id0}: replacing it with rank 0's")
     if there:
-        return name_on_rank1(rank1, image, local, id0, "already there, nothing copied")
+        return name_on_rank1(rank1, image, local, id0, "already there, nothing copied", both)
     name = tar_name(id0)
     tar = Path(stage) / name
     far = (remote_stage or stage).rstrip("/")
     try:
-        save(rank0, image, tar)
+        save_tar(tar)
         sent, nbytes = fabric.send(rank1, pair.fabric2, tar.parent, far, [name], f"{image}")
         via = fabric.bulk_node(rank1, pair.fabric2).label
         log(f"copied {nbytes / 2**30:.1f} GiB to {via}" if sent else "tar already there")
@@ -218,11 +262,14 @@ def ship(
         rank1.run(["rm", "-f", far_tar])
         return EXIT_RUNTIME
     rank1.run(["rm", "-f", far_tar])
-    tar.unlink(missing_ok=True)
-    return name_on_rank1(rank1, image, local, id0, "docker load, image ID checked")
+    if not keep_tar:
+        tar.unlink(missing_ok=True)
+    return name_on_rank1(rank1, image, local, id0, "docker load, image ID checked", both)
 
 
-def name_on_rank1(rank1: Node, image: str, local: str, id0: str, how: str) -> int:
+def name_on_rank1(
+    rank1: Node, image: str, local: str, id0: str, how: str, both: str = "both ranks"
+) -> int:
     """Rank 1 holds image ``id0``: make ``local`` (IMAGE, or a digest-pinned IMAGE's
     ``repo:pinned-D``) name it there, by ID, and check that it does."""
     tagged = ""
@@ -241,5 +288,8 @@ def name_on_rank1(rank1: Node, image: str, local: str, id0: str, how: str) -> in
     if named != id0:
         log(f"{local} on {rank1.label} is not {id0} after docker tag; run image ship again")
         return EXIT_RUNTIME
-    print(f"{image} = {id0} on both ranks ({how} on {rank1.label}{tagged})")
+    if both == "both ranks":  # a pair's line, as the README quotes it
+        print(f"{image} = {id0} on both ranks ({how} on {rank1.label}{tagged})")
+    else:
+        print(f"{image} = {id0} on {both} ({how} on {rank1.label}{tagged})")
     return EXIT_OK

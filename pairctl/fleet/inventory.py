@@ -288,7 +288,7 @@ def check_disjoint(path: Path, pairs: tuple[PairEntry, ...], router: Router) -> 
                 "every pair needs its own PAIR_ID",
             )
         seen_ids[p.pair_id] = p.env_file
-        for key, node in (("SPARK1", p.pair.spark1), ("SPARK2", p.pair.spark2)):
+        for key, node in ((f"SPARK{r + 1}", p.pair.node_addr(r)) for r in p.pair.ranks):
             if node in seen_nodes and seen_nodes[node] != p.pair_id:
                 raise _err(
                     path,

@@ -348,12 +348,14 @@ class FleetStatus:
 
     def to_json(self, fleet: Fleet) -> dict[str, Any]:
         by_url = {p.endpoint: p.pair_id for p in fleet.pairs}
+        # each group's size (2: a pair, 4: four Sparks as one TP=4 engine), from its env file
+        sizes = {p.pair_id: p.pair.nnodes for p in fleet.pairs}
         return {
             "fleet_id": fleet.fleet_id,
             "verdict": self.verdict,
             "exit_code": self.exit_code,
             "endpoint": f"{fleet.router.url}/v1",
-            "pairs": {k: v.to_json() for k, v in self.pairs.items()},
+            "pairs": {k: dict(v.to_json(), nnodes=sizes.get(k)) for k, v in self.pairs.items()},
             "router": {
                 "host": fleet.router.host,
                 "containers": self.router_containers,

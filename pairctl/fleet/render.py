@@ -10,6 +10,7 @@ from pairctl.fleet.inventory import Fleet
 from pairctl.fleet.ops import DownResult, FleetStatus, UpResult
 from pairctl.fleet.pairs import head, pair_argv
 from pairctl.fleet.remote import ssh_argv
+from pairctl.pair.resolved import ResolvedPair
 
 
 def table(rows: list[list[str]], headers: list[str]) -> str:
@@ -35,7 +36,7 @@ def plan(fleet: Fleet) -> str:
         argv = pair_argv(fleet, p, "up", "--timeout", str(BOOT_TIMEOUT_S))
         out += [
             "",
-            f"## pair {p.pair_id}: head {p.head}, worker {p.pair.spark2}, {p.endpoint}/v1",
+            f"## pair {p.pair_id}: head {p.head}, {_workers(p.pair)}, {p.endpoint}/v1",
         ]
         if m.local:
             out.append(f"# on this machine: {shlex.join(argv)}")
@@ -127,6 +128,7 @@ def status_text(fleet: Fleet, st: FleetStatus) -> str:
         rows.append(
             [
                 p.pair_id,
+                f"{p.pair.nnodes} (TP={p.pair.nnodes})",
                 f"{p.endpoint}/v1",
                 ("healthy" + sim) if pv.healthy else f"not healthy ({pv.detail})",
                 rview,
@@ -134,12 +136,20 @@ def status_text(fleet: Fleet, st: FleetStatus) -> str:
                 _num(pv.waiting),
             ]
         )
-    heads = ["pair", "endpoint", "pair health", "router's view", "running", "waiting"]
+    heads = ["pair", "sparks", "endpoint", "pair health", "router's view", "running", "waiting"]
     out.append(table(rows, heads))
     extra = [u for u in v.workers if u not in fleet.by_endpoint()]
     if extra:
         out.append(f"note: the router also routes to {', '.join(extra)} (not in the inventory)")
     return "\n".join(out) + "\n"
+
+
+def _workers(pair: ResolvedPair) -> str:
+    """A pair's "worker SPARK2"; a group of four's "3 workers (TP=4): S2, S3, S4"."""
+    if pair.nnodes == 2:
+        return f"worker {pair.spark2}"
+    rest = ", ".join(pair.node_addr(r) for r in pair.headless_ranks)
+    return f"{pair.nnodes - 1} workers (TP={pair.nnodes}): {rest}"
 
 
 def _num(x: float | None) -> str:

@@ -34,33 +34,44 @@ from pairctl.pair.resolved import ResolvedPair
 JOIN_HINT_AFTER_S = 90.0
 
 
+def laggard(by_rank: dict[int, str], pair: ResolvedPair) -> int:
+    """The headless rank a join hint is about: the first that has not reached distributed
+    init (it holds the group up), else rank 1."""
+    for r in pair.headless_ranks:
+        if by_rank.get(r, "") != bootlog.RENDEZVOUS:
+            return r
+    return 1
+
+
 def join_hint(
-    head_phase: str, worker_phase: str, waited_s: float, pair: ResolvedPair
+    head_phase: str, worker_phase: str, waited_s: float, pair: ResolvedPair, worker: int = 1
 ) -> str | None:
     """A hint once the head has waited long in distributed init (the DistStoreError family).
 
     ``head_phase`` is the head's bootlog phase; only ``rendezvous`` (its worker logged
     ``distributed_init_method=...`` and has not yet been assigned its rank, see
-    pairctl.engine.bootlog) means rank 1 has not joined. Rank 1's own phase says which side to fix.
+    pairctl.engine.bootlog) means a headless rank (``worker``) has not joined; its own
+    phase says which side to fix.
     """
     if head_phase != bootlog.RENDEZVOUS or waited_s < JOIN_HINT_AFTER_S:
         return None
     target = f"{pair.master_addr}:{pair.master_port}"
     if worker_phase == bootlog.RENDEZVOUS:
         why = (
-            f"rank 1 is in distributed init too, but cannot reach {target} (the head's "
+            f"rank {worker} is in distributed init too, but cannot reach {target} (the head's "
             f"TCP store) or the head's ZeroMQ ports on {pair.fabric1} over "
             f"{pair.nccl_socket_ifname}: check the firewall, MASTER_ADDR/FABRIC1 and "
             "PF-NCCL-IFACE, PF-FABRIC-ADDR, PF-FABRIC-REACH"
         )
     else:
         why = (
-            f"rank 1 has not reached distributed init (its phase: {worker_phase}); when it "
+            f"rank {worker} has not reached distributed init (its phase: {worker_phase}); when it "
             f"does it must reach {target}"
         )
     return (
-        f"hint: rank 1 has not joined after {waited_s:.0f}s: rank 0 waits in "
-        f"torch.distributed init for it; {why}. See `launch/dspark_launch.sh logs --rank 1`"
+        f"hint: rank {worker} has not joined after {waited_s:.0f}s: rank 0 waits in "
+        f"torch.distributed init for it; {why}. See `launch/dspark_launch.sh logs --rank "
+        f"{worker}`"
     )
 
 
@@ -141,7 +152,8 @@ def probe_health(base: str, timeout: float = 3.0, api_key: str = "") -> Health:
 
 
 def cleanup(pair: ResolvedPair) -> int:
-    """Remove this pair's containers (label-selected) on both nodes; 0 if both went fine."""
+    """Remove this pair's containers (label-selected) on every node, the head last; 0 if
+    every node went fine (one that did not is named, and the others are still cleaned)."""
     rc = EXIT_OK
     for node in reversed(pair.nodes):
         removed, err = remove_pair(node, pair.pair_id)
@@ -244,7 +256,8 @@ def report_dead(dead: list[tuple[Node, str, State]]) -> None:
     """Print each dead rank's status and log tail, the first to die first."""
     ordered = first_dead(dead)
     if len(ordered) > 1:
-        log(f"FAIL: both ranks exited; rank {ordered[0][0].rank} went first")
+        many = "both ranks" if len(ordered) == 2 else f"{len(ordered)} ranks"
+        log(f"FAIL: {many} exited; rank {ordered[0][0].rank} went first")
     for node, name, st in ordered:
         why = (
             "disappeared"
@@ -330,7 +343,8 @@ def wait_healthy(
                 node.rank, phase_of(text, needles_for(pair.stack)), now
             )
             in_phase = fmt_elapsed(now - tracker.since[node.rank])
-            phases.append(f"rank{node.rank}: {bootlog.shown(phase, node.rank)} {in_phase}")
+            where = bootlog.shown(phase, node.rank, pair.nnodes)
+            phases.append(f"rank{node.rank}: {where} {in_phase}")
             if node.rank == 0:
                 if phase != bootlog.RENDEZVOUS:
                     waiting_since = None
@@ -345,7 +359,8 @@ def wait_healthy(
                 _print_dead(node, container_name(pair.pair_id, node.rank), "stalled")
             return EXIT_TIMEOUT
         waited = now - (waiting_since or now)
-        hint = join_hint(by_rank.get(0, ""), by_rank.get(1, ""), waited, pair)
+        late = laggard(by_rank, pair)
+        hint = join_hint(by_rank.get(0, ""), by_rank.get(late, ""), waited, pair, late)
         if hint and not hinted:
             if tty:
                 print(file=sys.stderr)

@@ -1,5 +1,6 @@
 """``up`` and ``down`` of one pair, in one process: lock, health check, preflight, cleanup,
-rank 1 then rank 0, wait, and the teardown of a boot that did not finish.
+the headless ranks (rank 1; 3, 2, 1 for a group of four) then rank 0, wait, and the
+teardown of a boot that did not finish (on every node: any rank failing tears down all).
 
 The order is the seed launcher's. A boot that fails (a rank dies: exit 4; a boot phase
 stalls past its limit, or the --timeout backstop passes: exit 5) or is interrupted (Ctrl-C,
@@ -65,14 +66,27 @@ def signals_interrupt() -> Iterator[None]:
             signal.signal(s, h)
 
 
+def every_node(pair: ResolvedPair) -> str:
+    """ "both nodes" for a pair, "all N nodes" for a group (the log lines say which)."""
+    return "both nodes" if pair.nnodes == 2 else f"all {pair.nnodes} nodes"
+
+
+def start_order(pair: ResolvedPair) -> tuple[int, ...]:
+    """The headless ranks first, highest first, then the head (rank 0): every worker waits
+    in distributed init before the head opens its store (tonyd2wild
+    launch/tp4-4x-spark-launch.sh, "STARTUP ORDER")."""
+    return (*reversed(pair.headless_ranks), 0)
+
+
 def teardown(pair: ResolvedPair) -> None:
-    log("tearing down pair containers on both nodes")
+    log(f"tearing down pair containers on {every_node(pair)}")
     if lc.cleanup(pair) != EXIT_OK:
         log("teardown incomplete: run 'launch/dspark_launch.sh down' once the node answers")
 
 
 def boot(pair: ResolvedPair, timeout_s: float, poll_s: float = BOOT_POLL_S) -> int:
-    """Cleanup, rank 1, rank 0, wait; anything but healthy is torn down (4, 5 or 130).
+    """Cleanup, the headless ranks, rank 0, wait; anything but healthy is torn down (4, 5
+    or 130).
 
     Before anything starts, the JIT caches say whether this is a first boot (longer phase
     limits, pairctl.contracts.BOOT_PHASES) or a warm one."""
@@ -82,13 +96,14 @@ def boot(pair: ResolvedPair, timeout_s: float, poll_s: float = BOOT_POLL_S) -> i
             if cold:
                 log(f"first boot ({'; '.join(cold)}): first-boot phase limits, ~10 min")
             else:
-                log("warm boot (JIT caches filled on both nodes): warm-boot phase limits")
+                log(f"warm boot (JIT caches filled on {every_node(pair)}): warm-boot phase limits")
             if lc.cleanup(pair) != EXIT_OK:
                 log("could not remove this pair's stale containers; nothing new was started")
                 return EXIT_BOOT
             boot_id = secrets.token_hex(6)  # this boot's identity (pairctl.status.ownership)
-            log(f"boot id {boot_id} (label dsv4.boot on both ranks)")
-            for rank in (1, 0):
+            ranks = "both ranks" if pair.nnodes == 2 else "every rank"
+            log(f"boot id {boot_id} (label dsv4.boot on {ranks})")
+            for rank in start_order(pair):
                 if lc.start_rank(pair, rank, boot_id) != EXIT_OK:
                     log(f"rank {rank} did not start")
                     teardown(pair)
@@ -132,7 +147,7 @@ def up(
 
 
 def down(pair: ResolvedPair) -> int:
-    """Remove this pair's containers on both nodes (label-selected), under its lock."""
+    """Remove this pair's containers on every node (label-selected), under its lock."""
     try:
         with pair_lock(pair):
             if lc.cleanup(pair) != EXIT_OK:

@@ -60,9 +60,10 @@ def known_fingerprint(cfg: PairConfig, host: str) -> str:
     return shlex.join(argv)
 
 
-def hostkey_fix(cfg: PairConfig, fabric2: str, changed: bool = False) -> str:
-    """What the operator runs when ssh refuses FABRIC2's host key, exactly."""
-    spark2 = cfg["SPARK2"]
+def hostkey_fix(cfg: PairConfig, fabric2: str, changed: bool = False, spark: str = "") -> str:
+    """What the operator runs when ssh refuses FABRIC2's host key, exactly; ``spark``: the
+    same node's SPARK address (default SPARK2; a group's rank R: SPARK<R+1>)."""
+    spark2 = spark or cfg["SPARK2"]
     how = (
         f"run `{first_contact(cfg, fabric2)}` once on rank 0 and answer yes only if the "
         f"fingerprint it shows is one `{known_fingerprint(cfg, spark2)}` prints (the key "
@@ -82,7 +83,8 @@ def explain(cfg: PairConfig, node: Node, message: str) -> str:
     """``message`` (a copy's error) plus the host-key fix when ssh to the fabric refused."""
     if not node.ssh_host or HOSTKEY_FAILED not in message:
         return message
-    return f"{message}\n{hostkey_fix(cfg, node.ssh_host, HOSTKEY_CHANGED in message)}"
+    fix = hostkey_fix(cfg, node.ssh_host, HOSTKEY_CHANGED in message, cfg.spark(node.rank))
+    return f"{message}\n{fix}"
 
 
 def send(

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pairctl.contracts import EXIT_OK, EXIT_RUNTIME
 from pairctl.log import logger
-from pairctl.nodes import fabric
+from pairctl.nodes import fabric, fanout
 from pairctl.nodes.shardcheck import shard_problem
 from pairctl.nodes.ssh import Node
 from pairctl.nodes.transfer import PARTIAL, TransferError, remote_sizes, sha256_remote
@@ -147,12 +147,12 @@ def gaps(
     return both, only0
 
 
-def differences(local: Mapping[str, int], far: Mapping[str, int]) -> list[str]:
-    """What differs between rank 0's files (``local``) and rank 1's (``far``)."""
-    out = [f"rank 1 lacks {k}" for k in sorted(set(local) - set(far))]
-    out += [f"rank 1 has {k}, rank 0 does not" for k in sorted(set(far) - set(local))]
+def differences(local: Mapping[str, int], far: Mapping[str, int], rank: int = 1) -> list[str]:
+    """What differs between rank 0's files (``local``) and ``rank``'s (``far``)."""
+    out = [f"rank {rank} lacks {k}" for k in sorted(set(local) - set(far))]
+    out += [f"rank {rank} has {k}, rank 0 does not" for k in sorted(set(far) - set(local))]
     out += [
-        f"{k}: {local[k]} bytes on rank 0, {far[k]} on rank 1"
+        f"{k}: {local[k]} bytes on rank 0, {far[k]} on rank {rank}"
         for k in sorted(set(local) & set(far))
         if local[k] != far[k]
     ]
@@ -160,9 +160,22 @@ def differences(local: Mapping[str, int], far: Mapping[str, int]) -> list[str]:
 
 
 def verify(pair: ResolvedPair, checksum: bool = False, far_root: str | None = None) -> int:
+    """Compare rank 0's copy with every other rank's (a group of four: each in turn, every
+    rank named); 0 when all match."""
+    if pair.nnodes == 2:
+        return verify_one(pair, checksum, far_root)
+    rcs = {r: verify_one(pair.with_head(r), checksum, far_root) for r in pair.headless_ranks}
+    rc, bad = fanout.summary(rcs)
+    if rc != EXIT_OK:
+        log(f"model verify: {bad} differ from rank 0 (named above)")
+    return rc
+
+
+def verify_one(pair: ResolvedPair, checksum: bool = False, far_root: str | None = None) -> int:
     """Compare the two copies (file list, sizes, the index's shards whole; ``checksum``:
     sha256). Two copies that are the same but incomplete are said to be so, not to differ."""
     rank0, rank1 = pair.nodes
+    both_ranks = "both ranks" if pair.nnodes == 2 else f"rank 0 and rank {rank1.rank}"
     root = Path(pair.model_path)
     far = far_root or pair.model_path
     if not root.is_dir():
@@ -182,7 +195,7 @@ def verify(pair: ResolvedPair, checksum: bool = False, far_root: str | None = No
         log(f"{root}/{INDEX} unreadable: {exc}")
         return EXIT_RUNTIME
     both, only0 = gaps(root, local, there, index)
-    differ = differences(local, there)
+    differ = differences(local, there, rank1.rank)
     if not (both or only0 or differ) and checksum:
         differ = _checksums(rank0, rank1, pair.model_path, far, files)
     if both:
@@ -207,7 +220,7 @@ def verify(pair: ResolvedPair, checksum: bool = False, far_root: str | None = No
     how = "sha256 of every file" if checksum else "names and sizes"
     shard_note = f", all {len(index)} shards of {INDEX}" if index else ""
     print(
-        f"{pair.model_path}: {len(files)} files, {size / 2**30:.1f} GiB identical on both ranks "
+        f"{pair.model_path}: {len(files)} files, {size / 2**30:.1f} GiB identical on {both_ranks} "
         f"({how}{shard_note})"
     )
     return EXIT_OK
@@ -231,9 +244,9 @@ def fetch(
     downloader_cmd: str | None = None,
     far_root: str | None = None,
 ) -> int:
-    """Download on rank 0, copy to rank 1, verify; 0 when both copies match."""
+    """Download on rank 0, copy to every other rank (a group of four: all at once,
+    pairctl.nodes.fanout), verify; 0 when every copy matches."""
     repo, rev = repo_and_revision(pair)
-    rank1 = pair.nodes[1]
     if not skip_download:
         cmd = downloader(downloader_cmd)
         rc = download(repo, rev, pair.model_path, cmd, pair.hf_token)
@@ -246,17 +259,24 @@ def fetch(
         log(f"{root} is empty on rank 0; nothing to copy")
         return EXIT_RUNTIME
     far = far_root or pair.model_path
-    try:
-        sent, nbytes = fabric.send(
-            rank1, pair.fabric2, root, far, files, Path(pair.model_path).name
+
+    def copy(rank: int) -> int:
+        node, addr = pair.nodes[rank], pair.fabric_addr(rank)
+        try:
+            sent, nbytes = fabric.send(node, addr, root, far, files, Path(pair.model_path).name)
+        except TransferError as exc:
+            log(f"copy to {node.label} failed: {exc}" if pair.nnodes > 2 else str(exc))
+            return EXIT_RUNTIME
+        log(
+            f"copied {sent} file(s), {nbytes / 2**30:.1f} GiB to "
+            f"{fabric.bulk_node(node, addr).label}"
+            if sent
+            else f"{node.label} already has every file at its size"
         )
-    except TransferError as exc:
-        log(str(exc))
-        return EXIT_RUNTIME
-    log(
-        f"copied {sent} file(s), {nbytes / 2**30:.1f} GiB to "
-        f"{fabric.bulk_node(rank1, pair.fabric2).label}"
-        if sent
-        else f"{rank1.label} already has every file at its size"
-    )
+        return EXIT_OK
+
+    rc, bad = fanout.summary(fanout.each_rank(list(pair.headless_ranks), copy, log))
+    if rc != EXIT_OK:
+        log(f"model fetch: the copy to {bad} failed; run model fetch again to resume it")
+        return rc
     return verify(pair, checksum=checksum, far_root=far_root)

@@ -1,4 +1,4 @@
-"""Running commands on the two nodes: rank 0 locally, rank 1 over ssh.
+"""Running commands on the group's nodes: rank 0 locally, ranks 1.. over ssh.
 
 ssh always runs with ``BatchMode=yes`` and ``StrictHostKeyChecking=yes``: an unknown or
 changed host key is a hard failure, never a prompt or a silent accept. (The seed's incident
@@ -77,8 +77,8 @@ def ssh_argv(
     host: str = "",
     options: tuple[str, ...] = (),
 ) -> list[str]:
-    """ssh argv for SPARK2 (or ``host``, another address of rank 1: its fabric one), with
-    the pair's SSH_* settings."""
+    """ssh argv for SPARK2 (or ``host``: another rank's node, or a rank's fabric address),
+    with the pair's SSH_* settings (the same for every remote node)."""
     return ssh_to(
         host or cfg["SPARK2"],
         user=cfg["SSH_USER"],
@@ -101,9 +101,9 @@ class Result:
 
 @dataclass(frozen=True)
 class Node:
-    """One node of the pair. ``remote`` nodes are reached with ssh_argv: at SPARK2, or at
-    ``ssh_host`` when set (rank 1's fabric address, for the bulk copies:
-    pairctl.nodes.fabric)."""
+    """One node of the group. ``remote`` nodes (every rank but 0) are reached with ssh_argv:
+    at ``addr`` (SPARK<rank+1>), or at ``ssh_host`` when set (the rank's fabric address,
+    for the bulk copies: pairctl.nodes.fabric)."""
 
     rank: int
     addr: str
@@ -113,7 +113,7 @@ class Node:
 
     @property
     def remote(self) -> bool:
-        return self.rank == 1
+        return self.rank != 0
 
     @property
     def label(self) -> str:
@@ -131,12 +131,12 @@ class Node:
         if secret_names:
             reads = "".join(f"IFS= read -r {n}; " for n in secret_names)
             cmd = f"{reads}export {' '.join(secret_names)}; exec {cmd}"
-        return ssh_argv(self.cfg, cmd, self.ssh_host, self.ssh_options)
+        return ssh_argv(self.cfg, cmd, self.ssh_host or self.addr, self.ssh_options)
 
     def ssh_argv(self, remote_cmd: str | None = None) -> list[str]:
-        """The ssh command line that reaches this node (SPARK2, or ``ssh_host``) with this
+        """The ssh command line that reaches this node (its SPARK, or ``ssh_host``) with this
         pair's ssh settings."""
-        return ssh_argv(self.cfg, remote_cmd, self.ssh_host, self.ssh_options)
+        return ssh_argv(self.cfg, remote_cmd, self.ssh_host or self.addr, self.ssh_options)
 
     def run(
         self,
@@ -182,6 +182,6 @@ class Node:
         return self.run(["sh", "-s"], timeout=timeout, stdin=script)
 
 
-def nodes(cfg: PairConfig) -> tuple[Node, Node]:
-    """(rank 0 = SPARK1 local, rank 1 = SPARK2 over ssh)."""
-    return Node(0, cfg["SPARK1"], cfg), Node(1, cfg["SPARK2"], cfg)
+def nodes(cfg: PairConfig) -> tuple[Node, ...]:
+    """(rank 0 = SPARK1 local, rank R = SPARK<R+1> over ssh), one per rank of the group."""
+    return tuple(Node(r, cfg.spark(r), cfg) for r in range(cfg.nnodes))

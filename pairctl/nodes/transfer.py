@@ -1,4 +1,4 @@
-"""Copy big files from rank 0 to rank 1 over the pair's ssh, resumably, with progress.
+"""Copy big files from rank 0 to another rank over the pair's ssh, resumably, with progress.
 
 The image tar (tens of GB) and the checkpoint (~150 GB in 5 GB shards) cross the fabric
 once; a dropped link must not restart them from zero. Each file is appended to
@@ -7,7 +7,9 @@ does for a file that only grows) and renamed to ``DST`` once its size is right, 
 never sees a half file under the real name. Rank 1 needs nothing but ``sh``, ``cat``,
 ``find`` and ``mv``, and the same ssh options every other command uses (host keys checked).
 Progress is rich's transfer bar (bytes, bytes/s, time left) on a terminal, and one plain
-line every 10 s otherwise (a log, a systemd journal), on stderr.
+line every 10 s otherwise (a log, a systemd journal), on stderr. Copies to several nodes
+at once (a group of four: pairctl.nodes.fanout) share one rich display, a bar per node
+(``bars_together``): rich allows one live display at a time.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import shlex
 import subprocess
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +42,39 @@ PLAIN_EVERY_S = 10.0
 
 class TransferError(RuntimeError):
     """A copy or a remote listing failed; the message names the file and the cause."""
+
+
+_shared: list[Progress] = []  # the display the bars of concurrent copies share, if any
+_shared_lock = threading.Lock()
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+@contextmanager
+def bars_together() -> Iterator[None]:
+    """In this block every copy's bar is a row of one shared display (on a terminal), so
+    copies to several nodes at once each show their own progress."""
+    console = Console(stderr=True)
+    progress = _progress(console) if console.is_terminal else None
+    if progress is None:
+        yield
+        return
+    progress.start()
+    _shared.append(progress)
+    try:
+        yield
+    finally:
+        _shared.remove(progress)
+        progress.stop()
 
 
 def _q(path: str) -> str:
@@ -74,19 +111,19 @@ class Bar:
     console: Console = field(default_factory=lambda: Console(stderr=True))
     progress: Progress | None = None
     task: int = 0
+    owned: bool = True  # False: a row of the shared display (bars_together)
 
     def __post_init__(self) -> None:
-        if self.console.is_terminal:
-            self.progress = Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                DownloadColumn(binary_units=True),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=self.console,
-            )
+        if not self.console.is_terminal:
+            return
+        with _shared_lock:
+            shared = _shared[-1] if _shared else None
+        if shared is not None:
+            self.progress, self.owned = shared, False
+        else:
+            self.progress = _progress(self.console)
             self.progress.start()
-            self.task = self.progress.add_task(self.what, total=self.total)
+        self.task = self.progress.add_task(self.what, total=self.total)
 
     def rate(self) -> float:
         return self.done / max(time.monotonic() - self.started, 1e-6)
@@ -108,7 +145,8 @@ class Bar:
 
     def close(self) -> None:
         if self.progress is not None:
-            self.progress.stop()
+            if self.owned:
+                self.progress.stop()
         else:
             self.console.print(self.line() + " (done)", highlight=False)
 

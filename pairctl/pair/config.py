@@ -19,6 +19,7 @@ from dotenv.parser import parse_stream
 
 from pairctl import home
 from pairctl.pair import imageref
+from pairctl.pair.group import CABLINGS, GROUP_SIZES, group_problem
 
 
 class ConfigError(Exception):
@@ -41,6 +42,9 @@ VARS: tuple[Var, ...] = (
     Var("PAIR_ID", None, "pair_id", "name of this pair; labels every container it owns"),
     Var("SPARK1", None, "host", "rank-0 node address (the node the launcher runs on)"),
     Var("SPARK2", None, "host", "rank-1 node address (reached over ssh)"),
+    # A group of four Sparks (one TP=4 engine): both or neither (pairctl.pair.group).
+    Var("SPARK3", "", "host_or_empty", "rank-2 node address (a group of 4); empty = a pair"),
+    Var("SPARK4", "", "host_or_empty", "rank-3 node address (a group of 4); empty = a pair"),
     Var(
         "FABRIC1",
         "",
@@ -53,11 +57,29 @@ VARS: tuple[Var, ...] = (
         "host_or_empty",
         "rank 1's address on the fabric (the RoCE link); empty = SPARK2",
     ),
+    Var(
+        "FABRIC3",
+        "",
+        "host_or_empty",
+        "rank 2's address on the fabric (a group of 4); empty = SPARK3",
+    ),
+    Var(
+        "FABRIC4",
+        "",
+        "host_or_empty",
+        "rank 3's address on the fabric (a group of 4); empty = SPARK4",
+    ),
+    Var(
+        "CABLING",
+        "switched",
+        "cabling",
+        "how a group of 4 is cabled: switched (RoCE switch) or ring (0-1-2-3-0, no switch)",
+    ),
     Var("MASTER_ADDR", "", "host_or_empty", "torch.distributed master address; empty = FABRIC1"),
     Var("MASTER_PORT", "29501", "port", "torch.distributed master port on rank 0"),
     Var("PORT", "", "port_or_empty", "OpenAI endpoint port on rank 0; empty = recipe's (8000)"),
-    Var("SSH_USER", "", "word_or_empty", "ssh user for SPARK2; empty = ssh default"),
-    Var("SSH_PORT", "", "port_or_empty", "ssh port for SPARK2; empty = ssh default"),
+    Var("SSH_USER", "", "word_or_empty", "ssh user for every remote node; empty = ssh default"),
+    Var("SSH_PORT", "", "port_or_empty", "ssh port for every remote node; empty = ssh default"),
     Var("SSH_IDENTITY_FILE", "", "path_or_empty", "ssh identity file; empty = ssh default"),
     Var("SSH_KNOWN_HOSTS_FILE", "", "path_or_empty", "known_hosts file; empty = ssh default"),
     Var(
@@ -193,6 +215,9 @@ def _check(kind: str, value: str) -> str | None:
     if kind == "stack":
         ok = re.fullmatch(r"[a-z][a-z0-9-]*", value)
         return None if ok else "must be a stack name (recipes/stacks/NAME.yaml), e.g. fork"
+    if kind == "cabling":
+        ok = value in CABLINGS
+        return None if ok else f"must be one of {', '.join(CABLINGS)}"
     if kind == "hf_repo":
         return None if _HF_REPO_RE.match(value) else "must be a Hugging Face repo id (owner/name)"
     if kind == "token":
@@ -229,12 +254,19 @@ class PairConfig:
         default) are the resolved pair's: ``pairctl.pair.resolved``."""
         return self.values[name]
 
+    @property
+    def nnodes(self) -> int:
+        """How many Sparks the group has: 4 when SPARK3/SPARK4 are set, else 2 (a pair)."""
+        return GROUP_SIZES[1] if self.values.get("SPARK3") else GROUP_SIZES[0]
+
+    def spark(self, rank: int) -> str:
+        """A rank's node address: SPARK<rank+1>."""
+        return self.values[f"SPARK{rank + 1}"]
+
     def fabric_addr(self, rank: int) -> str:
-        """A rank's engine address on the fabric: FABRIC1/FABRIC2, defaulting to SPARK1/SPARK2
+        """A rank's engine address on the fabric: FABRIC<R+1>, defaulting to SPARK<R+1>
         (a direct-cabled pair whose ssh addresses are the link's)."""
-        if rank == 0:
-            return self.values["FABRIC1"] or self.values["SPARK1"]
-        return self.values["FABRIC2"] or self.values["SPARK2"]
+        return self.values[f"FABRIC{rank + 1}"] or self.spark(rank)
 
     @property
     def master_addr(self) -> str:
@@ -242,10 +274,11 @@ class PairConfig:
         rank 1 must reach its TCP store over the link)."""
         return self.values["MASTER_ADDR"] or self.fabric_addr(0)
 
-    def ssh_target(self) -> str:
-        """``[user@]SPARK2`` for ssh."""
+    def ssh_target(self, rank: int = 1) -> str:
+        """``[user@]SPARK<rank+1>`` for ssh (rank 1's by default)."""
         user = self.values["SSH_USER"]
-        return f"{user}@{self.values['SPARK2']}" if user else self.values["SPARK2"]
+        host = self.spark(rank)
+        return f"{user}@{host}" if user else host
 
 
 def parse_env(values: dict[str, str | None], env_file: str = "<dict>") -> PairConfig:
@@ -274,6 +307,9 @@ def parse_env(values: dict[str, str | None], env_file: str = "<dict>") -> PairCo
             f"{env_file}: SPARK1 and SPARK2 are both {out['SPARK1']}; a pair is two Sparks: "
             "set SPARK2 to the rank-1 node's address"
         )
+    why = group_problem(out)
+    if why:
+        raise ConfigError(f"{env_file}: {why}")
     unknown = tuple(sorted(k for k in values if k not in VAR_NAMES))
     return PairConfig(values=out, env_file=env_file, unknown=unknown)
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from pairctl.engine.image import ImageFacts, pythonpath
 from pairctl.engine.stack import DEFAULT_STACK, HOOKS_ENV, Stack
+from pairctl.pair.cabling import Setting
 from pairctl.pair.config import SECRET_NAMES, ConfigError, PairConfig
 from pairctl.pair.recipe import Recipe, serve_argv, substitute
 from pairctl.pair.stacked import prepended
@@ -72,7 +73,8 @@ def placeholders(cfg: PairConfig, rank: int) -> dict[str, str]:
     MASTER_ADDR with their defaults, NODE_IP (this rank's fabric address, not its ssh
     address: vLLM binds its cross-node message queue there) and RANK."""
     values = dict(cfg.values)
-    values["FABRIC1"], values["FABRIC2"] = cfg.fabric_addr(0), cfg.fabric_addr(1)
+    for r in range(cfg.nnodes):
+        values[f"FABRIC{r + 1}"] = cfg.fabric_addr(r)
     values["MASTER_ADDR"] = cfg.master_addr
     values["NODE_IP"] = cfg.fabric_addr(rank)
     values["RANK"] = str(rank)
@@ -104,10 +106,26 @@ def vllm_args(
         "--master-port",
         cfg["MASTER_PORT"],
     ]
-    if rank == 1:
+    if rank != 0:
         argv.append("--headless")
     argv += passthrough
     return argv
+
+
+def group_serve(serve: Mapping[str, object], nnodes: int) -> tuple[dict[str, object], list[str]]:
+    """The serve keys for a group of ``nnodes`` Sparks: one rank per Spark, so TP and
+    ``--nnodes`` are the group's size (a recipe written for a pair says 2); one plan note
+    per change, none for a pair."""
+    out = dict(serve)
+    notes = []
+    for key in ("tensor-parallel-size", "nnodes"):
+        if out.get(key) != nnodes:
+            notes.append(
+                f"--{key}: {out.get(key, 'unset')} -> {nnodes}: a group of {nnodes} Sparks, "
+                "one rank each (TP = nnodes; the recipe is written for a pair)"
+            )
+            out[key] = nnodes
+    return out, notes
 
 
 def container_env(
@@ -117,6 +135,7 @@ def container_env(
     overlay: bool,
     image: ImageFacts | None = None,
     stack: Stack | None = None,
+    cabling: Sequence[Setting] = (),
 ) -> dict[str, str]:
     """Recipe env with placeholders filled, then the stack's env over it (a stack variable
     replaces the recipe's; ``plan`` notes each: pairctl.pair.stacked.env_notes); empty
@@ -133,6 +152,8 @@ def container_env(
         val = substitute(v, values, f"recipe env {k}")
         if val != "":
             env[k] = val
+    for setting in cabling:  # a group of four's cabling (pairctl.pair.cabling); a pair: none
+        env[setting.name] = setting.value
     if stack is not None:
         for var in stack.env:
             val = prepended(var, image) if var.prepend else var.value

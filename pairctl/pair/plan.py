@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pairctl.engine.image import ImageFacts
 from pairctl.engine.stack import Stack
+from pairctl.pair import cabling
 from pairctl.pair.config import ConfigError
 from pairctl.pair.derive import OVERLAY_MOUNT, container_env, is_secret
 from pairctl.pair.recipe import Mount, substitute
@@ -103,12 +104,12 @@ def build_rank(
     placeholders and the plan hash come from the resolved pair, computed once there.
     ``boot_id``: this boot's id (``up``); None shows ``BOOT_PLACEHOLDER`` (``plan``).
     """
-    if rank not in (0, 1):
-        raise ConfigError(f"rank must be 0 or 1, not {rank}")
+    if rank not in pair.ranks:
+        raise ConfigError(f"rank must be 0..{pair.nnodes - 1}, not {rank}")
     recipe = pair.recipe
     role = "head" if rank == 0 else "worker"
     name = container_name(pair.pair_id, rank)
-    image = pair.node_image(rank)  # rank 1: a digest-pinned IMAGE's local tag
+    image = pair.node_image(rank)  # a headless rank: a digest-pinned IMAGE's local tag
     values = pair.placeholders[rank]
     mounts = [Mount(pair.model_path, pair.model_path, ro=True)]
     mounts += [Mount(d, d) for d in pair.caches.values()]
@@ -116,7 +117,7 @@ def build_rank(
         mounts.append(Mount(pair.overlay_dir, OVERLAY_MOUNT, ro=True))
     for m in recipe.mounts:
         mounts.append(Mount(substitute(m.src, values, "recipe mount"), m.dst, m.ro))
-    env = container_env(recipe, rank, values, overlay, image_facts, pair.stack)
+    env = container_env(recipe, rank, values, overlay, image_facts, pair.stack, pair.cabling_env)
     boot = boot_id or BOOT_PLACEHOLDER
     vargs = (*pair.vllm_argv[rank], *identity_args(pair, rank, boot))
     argv: list[str] = [
@@ -206,15 +207,19 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
     recipe = pair.recipe
     stack = pair.stack
     prepends = [v.name for v in stack.env if v.prepend]
+    group = pair.nnodes > 2
+    fabric = ", ".join(f"rank {r} {pair.fabric_addr(r)}" for r in pair.ranks)
+    every = "every node" if group else "both nodes"
+    starts = ", ".join(f"start rank {r}" for r in (*reversed(pair.headless_ranks), 0))
     lines = [
         f"# pair {pair.pair_id}: recipe {recipe.name} ({recipe.path}), "
         f"env {pair.env_file}, plan {pair.plan_hash}",
         f"# {stack.summary()}",
         f"# endpoint: http://{pair.spark1}:{pair.port}/v1 (clients and the router use SPARK1)",
-        f"# fabric ({pair.nccl_socket_ifname}): rank 0 {pair.fabric1}, rank 1 "
-        f"{pair.fabric2} (VLLM_HOST_IP); master {pair.master_addr}:{pair.master_port}",
-        "# order: remove this pair's stale containers on both nodes (label "
-        f"{LABEL_PAIR}={pair.pair_id}), start rank 1, start rank 0, wait for health",
+        f"# fabric ({pair.nccl_socket_ifname}): {fabric} "
+        f"(VLLM_HOST_IP); master {pair.master_addr}:{pair.master_port}",
+        f"# order: remove this pair's stale containers on {every} (label "
+        f"{LABEL_PAIR}={pair.pair_id}), {starts}, wait for health",
         f"# if OVERLAY_DIR ({pair.overlay_dir}) is missing on a node, that node boots "
         "without the overlay mount and PYTHONPATH (warning)",
         "# assumed (plan contacts no node): the image sets no PYTHONPATH"
@@ -228,9 +233,16 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
         )
         + f"; --entrypoint {stack.entrypoint} replaces any image ENTRYPOINT",
     ]
+    if group:
+        lines.insert(
+            3,
+            f"# group: {pair.nnodes} Sparks as one engine (TP={pair.nnodes}, --nnodes "
+            f"{pair.nnodes}; rank 0 the head, ranks 1-{pair.nnodes - 1} --headless), "
+            f"cabling {cabling.describe(pair.cabling, pair.nnodes)}",
+        )
     lines.append(
         f"# boot identity: up draws a fresh id for each boot and fills {BOOT_PLACEHOLDER} "
-        f"(label {LABEL_BOOT} on both ranks"
+        f"(label {LABEL_BOOT} on {'every rank' if group else 'both ranks'}"
         + (
             "; rank 0's --fingerprint-value, which vLLM returns as system_fingerprint"
             if stack.boot_identity == "fingerprint"
@@ -244,15 +256,15 @@ def render_plan(pair: ResolvedPair, argv_note: str = "") -> str:
         lines += [f"#   {note}" for note in pair.stack_notes]
     if argv_note:
         lines.append(f"# {argv_note}")
-    for rank in (1, 0):
+    for rank in (*reversed(pair.headless_ranks), 0):
         rp = build_rank(pair, rank)
-        where = "local (SPARK1)" if rank == 0 else f"ssh {pair.ssh_target} (SPARK2)"
+        where = "local (SPARK1)" if rank == 0 else f"ssh {pair.ssh_targets[rank]} (SPARK{rank + 1})"
         lines.append("")
         lines.append(f"## rank {rank} ({rp.role}) on {rp.node} via {where}: container {rp.name}")
-        if rank == 1:
+        if rank != 0:
             lines.append(
                 "# over: "
-                + shlex.join(pair.nodes[1].ssh_argv())
+                + shlex.join(pair.nodes[rank].ssh_argv())
                 + " -- <the docker line>"
                 + (" (secret values on stdin)" if rp.secret_env else "")
             )

@@ -2,18 +2,20 @@
 
 Every command builds it at its top (``load``) and passes it down; nothing below re-reads the
 env file or recipe, re-applies the recipe's defaults, re-picks the image or rebuilds the
-other rank's argv. Ports are ints, addresses and the image are settled (the two kinds of
-address: SPARK1/SPARK2 are where ssh, the router and clients reach a node, FABRIC1/FABRIC2
-where the engine's ranks reach each other, defaulting to SPARK1/SPARK2; MASTER_ADDR defaults
-to FABRIC1, IMAGE to the recipe's), each rank's placeholders and vLLM argv are
-computed here, and so is the plan hash both ranks' containers are labelled with.
+other ranks' argv. A pair is a group of two Sparks; a group of four (SPARK3/SPARK4) has the
+same head (rank 0, the endpoint, local) and three headless ranks over ssh, and every
+per-rank field is a tuple of ``nnodes``. Ports are ints, addresses and the image are
+settled (the two kinds of address: SPARK<R> are where ssh, the router and clients reach a
+node, FABRIC<R> where the engine's ranks reach each other, defaulting to SPARK<R>;
+MASTER_ADDR defaults to FABRIC1, IMAGE to the recipe's), each rank's placeholders and vLLM
+argv are computed here, and so is the plan hash every rank's container is labelled with.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
@@ -21,6 +23,7 @@ from pairctl.endpoint import Endpoint
 from pairctl.engine.image import node_ref
 from pairctl.engine.stack import Stack, load_stack
 from pairctl.nodes.ssh import Node, nodes
+from pairctl.pair import cabling as cab
 from pairctl.pair import derive, stacked
 from pairctl.pair.config import CACHE_VARS, PairConfig, check_port_clash, load_env_file
 from pairctl.pair.recipe import Recipe, check_passthrough, load_recipe
@@ -39,7 +42,7 @@ class ResolvedPair:
     pair_id: str
     spark1: str
     spark2: str
-    ssh_target: str  # ``[user@]SPARK2``
+    ssh_target: str  # ``[user@]SPARK2`` (rank 1's; ssh_targets for every rank)
     fabric1: str
     fabric2: str
     master_addr: str
@@ -57,16 +60,34 @@ class ResolvedPair:
     rdma_device_dir: str
     container_user: str
     caches: Mapping[str, str]  # CACHE_VARS -> the host dir, mounted at the same path
-    nodes: tuple[Node, Node] = field(repr=False, compare=False)  # rank 0 local, rank 1 ssh
+    # Per rank, ``nnodes`` each: rank 0 local, ranks 1.. over ssh.
+    nodes: tuple[Node, ...] = field(repr=False, compare=False)
     # What preflight's evidence records of the env file: every variable, secrets as ***.
     evidence_config: Mapping[str, str] = field(repr=False)
     api_key: str = field(repr=False)
     hf_token: str = field(repr=False)
-    placeholders: tuple[Mapping[str, str], Mapping[str, str]] = field(repr=False)
-    vllm_argv: tuple[tuple[str, ...], tuple[str, ...]] = field(repr=False)
+    placeholders: tuple[Mapping[str, str], ...] = field(repr=False)
+    vllm_argv: tuple[tuple[str, ...], ...] = field(repr=False)
     plan_hash: str = ""
     # What the stack changed relative to the recipe, one line each, with its source (plan).
     stack_notes: tuple[str, ...] = ()
+    nnodes: int = 2  # the group's size: 2 (a pair) or 4; TP = nnodes
+    sparks: tuple[str, ...] = ()  # SPARK1..SPARK<nnodes>
+    fabrics: tuple[str, ...] = ()  # each rank's fabric address (FABRIC<R+1> or SPARK<R+1>)
+    ssh_targets: tuple[str, ...] = ()  # ``[user@]SPARK<R+1>``; rank 0's is unused (local)
+    cabling: str = cab.SWITCHED  # CABLING (a pair's is one cable whatever it says)
+    # The container variables the cabling adds (pairctl.pair.cabling; none for a pair).
+    cabling_env: tuple[cab.Setting, ...] = ()
+
+    @property
+    def ranks(self) -> range:
+        """Every rank of the group, 0 (the head) first."""
+        return range(self.nnodes)
+
+    @property
+    def headless_ranks(self) -> range:
+        """The ranks over ssh (1..nnodes-1), started before the head."""
+        return range(1, self.nnodes)
 
     @property
     def tilelang_cache_dir(self) -> str:
@@ -79,18 +100,35 @@ class ResolvedPair:
         return Endpoint.for_host(self.spark1, self.port).base
 
     def node_addr(self, rank: int) -> str:
-        """The address a rank's node is reached at (SPARK1 for rank 0, SPARK2 for rank 1)."""
-        return self.spark1 if rank == 0 else self.spark2
+        """The address a rank's node is reached at (SPARK<rank+1>)."""
+        return self.sparks[rank]
 
     def node_image(self, rank: int) -> str:
-        """IMAGE as a rank's node names it: rank 1 holds a digest-pinned IMAGE under the
-        tag `image ship` gives it after the load (pairctl.engine.image.node_ref)."""
+        """IMAGE as a rank's node names it: a headless rank holds a digest-pinned IMAGE
+        under the tag `image ship` gives it after the load (pairctl.engine.image.node_ref)."""
         return node_ref(self.image, rank)
 
     def fabric_addr(self, rank: int) -> str:
-        """The address a rank's engine uses on the fabric (its VLLM_HOST_IP): FABRIC1 for
-        rank 0, FABRIC2 for rank 1."""
-        return self.fabric1 if rank == 0 else self.fabric2
+        """The address a rank's engine uses on the fabric (its VLLM_HOST_IP):
+        FABRIC<rank+1>."""
+        return self.fabrics[rank]
+
+    def with_head(self, rank: int) -> ResolvedPair:
+        """The head and one headless rank as the two nodes a pair-shaped check (preflight's)
+        judges: ``nodes`` is (rank 0, ``rank``), and spark2/fabric2/ssh_target are that
+        rank's; the per-rank tuples stay whole, indexed by rank number (the second node
+        keeps its own). A pair's own rank 1 gives the pair itself."""
+        if self.nnodes == 2 and rank == 1:
+            return self
+        if rank not in self.headless_ranks:
+            raise ValueError(f"rank {rank} is not a headless rank of this group")
+        return replace(
+            self,
+            spark2=self.sparks[rank],
+            fabric2=self.fabrics[rank],
+            ssh_target=self.ssh_targets[rank],
+            nodes=(self.nodes[0], self.nodes[rank]),
+        )
 
 
 def resolve(
@@ -108,15 +146,24 @@ def resolve(
     check_passthrough(list(extra))
     stack = load_stack(derive.stack_name(full, recipe), recipe.path)
     image = derive.resolve_image(full, recipe, stack)
-    serve, notes = stacked.serve_keys(recipe.serve, stack, image_patched)
+    n = full.nnodes
+    ranks = range(n)
+    group, group_notes = derive.group_serve(recipe.serve, n) if n > 2 else (recipe.serve, [])
+    serve, notes = stacked.serve_keys(group, stack, image_patched)
+    notes = group_notes + notes
+    wired = cab.cabling_env(full["CABLING"], n)
+    notes += [f"env {s.name}={s.value}: cabling {full['CABLING']} ({s.source})" for s in wired]
     notes += stacked.env_notes(recipe.env, stack)
     if image != (full["IMAGE"] or recipe.image):
         notes.insert(0, f"image {image}: stack {stack.name}'s image.default ({stack.image_source})")
-    values = tuple(MappingProxyType(derive.placeholders(full, r)) for r in (0, 1))
+    values = tuple(MappingProxyType(derive.placeholders(full, r)) for r in ranks)
     argvs = tuple(
-        tuple(derive.vllm_args(full, serve, r, values[r], extra, stack.entrypoint)) for r in (0, 1)
+        tuple(derive.vllm_args(full, serve, r, values[r], extra, stack.entrypoint)) for r in ranks
     )
-    envs = [derive.container_env(recipe, r, values[r], overlay=True, stack=stack) for r in (0, 1)]
+    envs = [
+        derive.container_env(recipe, r, values[r], overlay=True, stack=stack, cabling=wired)
+        for r in ranks
+    ]
     return ResolvedPair(
         recipe=recipe,
         stack=stack,
@@ -150,10 +197,16 @@ def resolve(
         ),
         api_key=full["VLLM_API_KEY"],
         hf_token=full["HF_TOKEN"],
-        placeholders=(values[0], values[1]),
-        vllm_argv=(argvs[0], argvs[1]),
+        placeholders=values,
+        vllm_argv=argvs,
         plan_hash=derive.plan_hash(argvs, envs, image),
         stack_notes=tuple(notes),
+        nnodes=n,
+        sparks=tuple(full.spark(r) for r in ranks),
+        fabrics=tuple(full.fabric_addr(r) for r in ranks),
+        ssh_targets=tuple(full.ssh_target(r) for r in ranks),
+        cabling=full["CABLING"],
+        cabling_env=wired,
     )
 
 

@@ -109,7 +109,7 @@ SCRIPT = _SCRIPT.replace("@@PARSER_MODULES@@", repr(PARSER_MODULES))
 
 def rank_argvs(pair: ResolvedPair) -> list[list[str]]:
     """What follows ``vllm serve`` for rank 0 and rank 1 (built once, in the resolved pair)."""
-    return [list(pair.vllm_argv[r][2:]) for r in (0, 1)]
+    return [list(pair.vllm_argv[r][2:]) for r in pair.ranks]
 
 
 def explain(flag: str, error: str, recipe: Recipe, passthrough: list[str]) -> str:
@@ -175,11 +175,17 @@ def parse_output(
         if not res.get("ok"):
             why = explain(str(res.get("flag", "")), str(res.get("error", "")), recipe, passthrough)
             by_why.setdefault(why, []).append(rank)
-    errors = [
-        f"{'both ranks' if len(r) == ranks > 1 else f'rank {r[0]}'}: {why}"
-        for why, r in by_why.items()
-    ]
+    errors = [f"{_who(r, ranks)}: {why}" for why, r in by_why.items()]
     return ArgvCheck(where, True, "", errors)
+
+
+def _who(got: list[int], ranks: int) -> str:
+    """ "both ranks" (a pair) or "every rank" (a group) when all said it, else which."""
+    if len(got) == ranks > 1:
+        return "both ranks" if ranks == 2 else "every rank"
+    if len(got) == 1:
+        return f"rank {got[0]}"
+    return "ranks " + ", ".join(str(r) for r in got)
 
 
 def local_parser() -> str | None:
@@ -209,7 +215,7 @@ def run_local(pair: ResolvedPair) -> ArgvCheck | None:
         out, err = run_script_locally(argvs)
     except subprocess.TimeoutExpired:
         return ArgvCheck(where, False, "the local parser did not answer within 300 s")
-    res = parse_output(out, where, recipe, passthrough)
+    res = parse_output(out, where, recipe, passthrough, len(argvs))
     if not res.ran:
         res = ArgvCheck(where, False, f"{res.detail} {err.strip()[-300:]}".strip())
     elif res.ok:
@@ -244,7 +250,7 @@ def require_local(pair: ResolvedPair) -> ArgvCheck | None:
     return res
 
 
-def plan_note(res: ArgvCheck | None) -> str:
+def plan_note(res: ArgvCheck | None, nnodes: int = 2) -> str:
     """One comment line for ``plan`` saying what checked the argv."""
     if res is None:
         return (
@@ -253,7 +259,8 @@ def plan_note(res: ArgvCheck | None) -> str:
         )
     if res.ok:
         extra = f"; {res.detail}" if res.detail else ""
-        return f"argv of both ranks accepted by vLLM's serve parser ({res.where}{extra})"
+        ranks = "both ranks" if nnodes == 2 else f"all {nnodes} ranks"
+        return f"argv of {ranks} accepted by vLLM's serve parser ({res.where}{extra})"
     return f"argv NOT checked: {res.where}: {res.detail}"
 
 
@@ -277,7 +284,7 @@ def run_in_image(node: Node, pair: ResolvedPair, image_id: str) -> ArgvCheck:
         return ArgvCheck(where, True, "passed before (cached)")
     argv = container_argv(pair.pair_id, pair.image, argvs, pair.stack.interpreter)
     res = node.run(argv, timeout=300)
-    out = parse_output(res.out, where, recipe, passthrough)
+    out = parse_output(res.out, where, recipe, passthrough, len(argvs))
     if not out.ran:
         err = (res.err or "").strip()[-300:]
         out = ArgvCheck(where, False, f"rc={res.rc}: {out.detail} {err}".strip())

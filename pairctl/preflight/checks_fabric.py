@@ -183,7 +183,7 @@ def check_fabric_hostkey(pair: ResolvedPair, f: FabricSsh) -> Check:
     copies = "image ship and model fetch copy over it"
     if f.known_rc != 0:
         if HOSTKEY_FAILED in f.known_err:
-            fix = hostkey_fix(pair.nodes[1].cfg, f2, HOSTKEY_CHANGED in f.known_err)
+            fix = hostkey_fix(pair.nodes[1].cfg, f2, HOSTKEY_CHANGED in f.known_err, s2)
             return PF_FABRIC_HOSTKEY.verdict(WARN, f"{fix} ({copies})")
         return PF_FABRIC_HOSTKEY.verdict(
             WARN, f"ssh to FABRIC2 {f2} failed (rc={f.known_rc}; {copies}): {f.known_err[-200:]}"

@@ -42,7 +42,7 @@ def probe(rank1: Node, fabric2: str, timeout: float = 30) -> FabricSsh:
     cfg = rank1.cfg
     node = Node(rank1.rank, fabric2, cfg, ssh_host=fabric2)
     known = node.run(["true"], timeout=timeout)
-    alias = f"HostKeyAlias={spark2_alias(cfg['SPARK2'], cfg['SSH_PORT'])}"
+    alias = f"HostKeyAlias={spark2_alias(rank1.addr, cfg['SSH_PORT'])}"
     same = Node(rank1.rank, fabric2, cfg, ssh_host=fabric2, ssh_options=(alias,))
     res = same.run(["true"], timeout=timeout)
     return FabricSsh(

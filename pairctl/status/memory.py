@@ -42,7 +42,8 @@ def parse(rank: int, addr: str, text: str) -> NodeMemory:
 
 
 def read(node: Node, timeout: float = READ_TIMEOUT_S) -> NodeMemory:
-    """One node's reading (rank 1 over ssh); unreachable with ssh's last words on failure."""
+    """One node's reading (a headless rank's over ssh); unreachable with ssh's last words
+    on failure."""
     res = node.run_script(SCRIPT, timeout=timeout)
     if res.rc in NOT_REACHED:
         why = (res.err.strip().splitlines() or [f"exit {res.rc}"])[-1][:300]
@@ -51,14 +52,15 @@ def read(node: Node, timeout: float = READ_TIMEOUT_S) -> NodeMemory:
 
 
 def sample(node_list: Sequence[Node]) -> list[NodeMemory]:
-    """Both nodes at once (rank 1's ssh alongside rank 0's local read), in rank order."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    """Every node at once (each headless rank's ssh alongside rank 0's local read), in
+    rank order."""
+    with ThreadPoolExecutor(max_workers=max(1, len(node_list))) as pool:
         return list(pool.map(read, node_list))
 
 
 def ssh_lost(readings: list[NodeMemory]) -> str | None:
     """Why a remote node cannot be reached over ssh (a wedge or a reboot), else None."""
-    lost = [m for m in readings if m.rank == 1 and not m.reachable]
+    lost = [m for m in readings if m.rank != 0 and not m.reachable]
     if not lost:
         return None
     return "; ".join(f"ssh to rank {m.rank} ({m.addr}) failed: {m.error}" for m in lost)

@@ -77,9 +77,9 @@ class RankStatus:
     """One rank's container on its node."""
 
     rank: int
-    role: str  # "head" (rank 0) or "worker" (rank 1)
-    addr: str  # SPARK1 or SPARK2
-    reachable: bool  # docker answered on the node (over ssh for rank 1)
+    role: str  # "head" (rank 0) or "worker" (every headless rank)
+    addr: str  # SPARK<rank+1>
+    reachable: bool  # docker answered on the node (over ssh for a headless rank)
     error: str  # why the node could not be asked ("" when reachable)
     container: str  # this rank's container name, dsv4-<PAIR_ID>-rank<R>
     state: str  # docker's state ("running", "exited", ...), "missing" or "unknown"
@@ -119,7 +119,7 @@ class PairStatus:
     verdict: str  # "healthy" | "degraded" | "down" | "unauthorized" | "foreign"
     exit_code: int  # 0, 7, 8, 9 or 10: what `status` exits with
     reasons: list[str]  # why not healthy (empty when healthy)
-    ranks: list[RankStatus]  # rank 0, rank 1
+    ranks: list[RankStatus]  # rank 0, rank 1 (.. rank 3 in a group of four)
     endpoint: EndpointStatus
     serving: ServingFigures | None  # None when /metrics was not read (endpoint not healthy)
     metrics_error: str  # why /metrics gave nothing ("" when it did or was not asked)
@@ -194,6 +194,7 @@ def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]
             reasons.append(f"rank {r.rank} ({r.addr}): cannot ask docker: {r.error}")
         elif not r.running:
             reasons.append(f"rank {r.rank} ({r.addr}): container {r.container} {r.state}")
+    reasons += mixed_boots(ranks)
     if not ep.healthy:
         reasons.append(f"endpoint {ep.url}: {ep.detail}")
     if ep.ours == NOT_OURS:
@@ -205,6 +206,21 @@ def verdict(ranks: list[RankStatus], ep: EndpointStatus) -> tuple[str, list[str]
     if not (ep.healthy or ep.ours == UNPROVEN) and not any(r.running for r in ranks):
         return DOWN, reasons
     return DEGRADED, reasons
+
+
+def mixed_boots(ranks: list[RankStatus]) -> list[str]:
+    """Running ranks of another boot than the head's: one engine is one boot (``up`` labels
+    every rank with it), so a rank of another is a leftover that is not part of the engine
+    the endpoint serves, though it holds its node's memory."""
+    head = ranks[0] if ranks and ranks[0].rank == 0 else None
+    if head is None or not head.running or head.boot is None:
+        return []
+    return [
+        f"rank {r.rank} ({r.addr}): runs boot {r.boot}, the head boot {head.boot}: not part "
+        "of the engine that serves; run down, then up"
+        for r in ranks[1:]
+        if r.running and r.boot is not None and r.boot != head.boot
+    ]
 
 
 def whose(node: Node, pair_id: str, h: Health) -> str:
@@ -309,7 +325,8 @@ def collect(
     h = probe_health(base, api_key=key)
     now = datetime.now(UTC)
     node_list = pair.nodes
-    with ThreadPoolExecutor(max_workers=3) as pool:  # rank 1's ssh runs alongside rank 0
+    # every headless rank's ssh runs alongside rank 0, and the memory read beside them
+    with ThreadPoolExecutor(max_workers=len(node_list) + 1) as pool:
         mem = pool.submit(memory.sample, node_list)
         ranks = list(pool.map(lambda n: rank_status(n, pair.pair_id, now), node_list))
         readings = mem.result()

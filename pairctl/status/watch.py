@@ -234,7 +234,7 @@ class Watchdog:
         return self.cfg.interval_s
 
     def wait_for_ssh(self, lost: str | None) -> float | None:
-        """A restart is due but rank 1 does not answer ssh: the host is wedged or rebooting
+        """A restart is due but a headless rank does not answer ssh: the host is wedged or rebooting
         (README troubleshooting: "Host wedged, ssh banner timeout": wait for ssh, docker
         rm -f, relaunch). Wait (no restart, no backoff) while it is lost; once it answers,
         None: the restart's down removes this pair's containers (by label) on both nodes
@@ -254,8 +254,8 @@ class Watchdog:
         took = now - self.lost_since if self.lost_since is not None else 0.0
         self.lost_since = None
         self.log(
-            f"ssh to rank 1 answers again after {took:.0f} s: removing this pair's "
-            "containers on both nodes and relaunching"
+            f"ssh to every rank answers again after {took:.0f} s: removing this pair's "
+            "containers on every node and relaunching"
         )
         return None
 

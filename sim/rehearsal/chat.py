@@ -8,10 +8,25 @@ a conversation through the router, with its X-Session-ID) and by the end-to-end 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import requests
+
+
+def sse_data(resp: requests.Response) -> Iterator[str]:
+    """The `data:` payloads of a server-sent-event stream, one per event line.
+
+    Lines are split on bytes, not on decoded text: requests' ``iter_lines(decode_unicode=
+    True)`` splits with ``str.splitlines``, which also breaks at U+2028, U+0085 and the other
+    Unicode line separators, and real vLLM writes its chunks' text unescaped (pydantic's
+    JSON keeps non-ASCII as is), so a gibberish reply of the tiny random model cut a chunk's
+    JSON in two. ``bytes.splitlines`` breaks only at CR/LF, which is where SSE lines end.
+    """
+    for raw in resp.iter_lines():
+        line = raw.decode("utf-8", errors="replace")
+        if line.startswith("data:"):
+            yield line[5:].strip()
 
 
 @dataclass
@@ -65,10 +80,7 @@ def stream_chat(
         resp.raise_for_status()
         result.simulator = resp.headers.get("X-Spark-Twin") == "simulator"
         result.pair = resp.headers.get("X-Spark-Pair")
-        for raw in resp.iter_lines(decode_unicode=True):
-            if not raw or not raw.startswith("data:"):
-                continue
-            data = raw[5:].strip()
+        for data in sse_data(resp):
             if data == "[DONE]":
                 break
             chunk = json.loads(data)

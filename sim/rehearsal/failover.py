@@ -10,6 +10,13 @@ reports:
 - which conversations changed pair (only the killed pair's may);
 - how long until the router's own view (`/workers`) marked the pair unhealthy.
 A failed turn is sent again (as a client would), so a conversation never skips a turn.
+
+Which pair answered a turn: the simulator says so in `X-Spark-Pair`. Real vLLM says nothing
+of the kind, so with ``counters`` (sim/rehearsal/whichpair.py) the settling turns go one at a
+time and each is attributed to the pair whose own finished-request counter went up; after
+the kill, a turn without the header was sent either before it (the router kept it on its
+session's home pair, as settling showed) or after it, when the killed head no longer answers
+(checked) and the survivor's own counter must account for every answered turn.
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import requests
+
+from sim.rehearsal.chat import sse_data
+from sim.rehearsal.whichpair import Counters
 
 
 @dataclass
@@ -66,10 +76,7 @@ def one_turn(
             if r.status_code != 200:
                 t.error = f"HTTP {r.status_code}: {r.text[:200]}"
                 return t
-            for raw in r.iter_lines(decode_unicode=True):
-                if not raw or not raw.startswith("data:"):
-                    continue
-                data = raw[5:].strip()
+            for data in sse_data(r):
                 if data == "[DONE]":
                     done = True
                     break
@@ -141,6 +148,29 @@ class Report:
     lost_in_flight: list[Turn] = field(default_factory=list)
     unexpected: list[Turn] = field(default_factory=list)
     moved: dict[str, list[str]] = field(default_factory=dict)
+    # with counters (real engines): whether the killed head still answered afterwards, and
+    # how many requests the survivor's own counter finished from `counted_from` on
+    victim_answers: bool | None = None
+    counted_from: float | None = None
+    survivor_finished: float | None = None
+
+    @property
+    def survivor(self) -> str | None:
+        """The one pair left, if the sessions lived on exactly two."""
+        rest = set(self.home.values()) - {self.killed}
+        return rest.pop() if len(rest) == 1 else None
+
+    def answered_since(self, when: float) -> int:
+        return sum(1 for t in self.turns if t.ok and t.t0 > when)
+
+    def where(self, t: Turn) -> str | None:
+        """The pair that had turn ``t``: its header, else (attributed runs) the session's
+        home before the kill and the survivor after it while the killed head stays dead."""
+        if t.pair is not None or self.counted_from is None:
+            return t.pair
+        if t.t0 < self.kill_at:
+            return self.home.get(t.session)
+        return self.survivor if self.victim_answers is False else None
 
     def lines(self) -> list[str]:
         out = [
@@ -154,7 +184,16 @@ class Report:
             f"{len(self.unexpected)}",
         ]
         for t in self.lost_in_flight + self.unexpected:
-            out.append(f"  {t.session} turn {t.n} (pair {t.pair}): {t.error}")
+            out.append(f"  {t.session} turn {t.n} (pair {self.where(t)}): {t.error}")
+        if self.counted_from is not None:
+            n = self.survivor_finished
+            out.append(
+                f"{self.survivor}'s own vllm:request_success_total: "
+                f"{'?' if n is None else f'{n:g}'} finished since the kill, "
+                f"{self.answered_since(self.counted_from)} turns "
+                f"answered; {self.killed}'s head "
+                + ("still answers" if self.victim_answers else "no longer answers")
+            )
         for s, pairs in sorted(self.moved.items()):
             out.append(f"  {s}: {self.home[s]} -> {', '.join(pairs)}")
         return out
@@ -175,18 +214,34 @@ def wait_marked_down(
     return None
 
 
-def settle(convs: list[Conversation], turns: int) -> dict[str, str]:
-    """A few turns per conversation (all in parallel); each must stay on one pair."""
+def settle(
+    convs: list[Conversation], turns: int, counters: Counters | None = None
+) -> dict[str, str]:
+    """A few turns per conversation (all in parallel; one at a time with ``counters``, each
+    attributed by them); each conversation must stay on one pair."""
+
+    def step(c: Conversation) -> None:
+        if counters is None:
+            c.step()
+            return
+        t, pair = counters.served(c.step)
+        t.pair = t.pair or pair
 
     def warm(c: Conversation) -> None:
         while sum(t.ok for t in c.turns) < turns and len(c.turns) < turns + 3:
-            c.step()
+            step(c)
 
-    threads = [threading.Thread(target=warm, args=(c,)) for c in convs]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    if counters is None:
+        threads = [threading.Thread(target=warm, args=(c,)) for c in convs]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    else:
+        for _ in range(turns + 3):
+            for c in convs:
+                if sum(t.ok for t in c.turns) < turns and len(c.turns) < turns + 3:
+                    step(c)
     home: dict[str, str] = {}
     for c in convs:
         pairs = {t.pair for t in c.turns if t.ok}
@@ -206,10 +261,11 @@ def run(
     mark_down_limit_s: float,
     turns_after: int = 3,
     max_tokens: int = 64,
+    counters: Counters | None = None,
 ) -> Report:
     """Settle, kill `victim` mid-conversation, talk on, then report (see module doc)."""
     convs = [Conversation(router_url, model, s, max_tokens) for s in sessions]
-    home = settle(convs, 2)
+    home = settle(convs, 2, counters)
     if victim not in home.values() or len(set(home.values())) < 2:
         raise AssertionError(f"sessions must cover both pairs to test failover: {home}")
     for c in convs:
@@ -220,6 +276,8 @@ def run(
     # kill, counted as "sent after the kill").
     kill()
     kill_at = time.monotonic()
+    before = counters.read() if counters else {}
+    counted_from = time.monotonic()
     marked = wait_marked_down(router_url, victim_url, kill_at, mark_down_limit_s)
     deadline = time.monotonic() + 120
     while any(c.ok_after(kill_at) < turns_after for c in convs):
@@ -231,7 +289,38 @@ def run(
     for c in convs:
         c.thread.join(timeout=70)
     turns = [t for c in convs for t in c.turns]
-    return classify(Report(victim, home, turns, kill_at, marked))
+    rep = Report(victim, home, turns, kill_at, marked)
+    if counters is not None:
+        rep.counted_from = counted_from
+        rep.victim_answers = answers(victim_url)
+        rep.survivor_finished = finished_since(counters, rep, before)
+    return classify(rep)
+
+
+def finished_since(
+    counters: Counters, rep: Report, before: dict[str, float | None]
+) -> float | None:
+    """What the survivor's own counter finished since ``before``, read until it covers the
+    answered turns or 5 s pass (it counts a request just after the client has its end)."""
+    pair, want = rep.survivor, rep.answered_since(rep.counted_from or rep.kill_at)
+    if pair is None or before.get(pair) is None:
+        return None
+    deadline = time.monotonic() + 5
+    while True:
+        now = counters.read().get(pair)
+        got = None if now is None else now - (before[pair] or 0)
+        if got is None or got >= want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
+def answers(url: str) -> bool:
+    """Whether anything still answers HTTP at ``url`` (a killed head's port is closed)."""
+    try:
+        requests.get(f"{url}/health", timeout=3)
+        return True
+    except requests.RequestException:
+        return False
 
 
 def classify(rep: Report) -> Report:
@@ -239,13 +328,17 @@ def classify(rep: Report) -> Report:
     for t in rep.turns:
         if t.ok:
             continue
-        if t.t0 < rep.kill_at and t.pair in (rep.killed, None):
+        if t.t0 < rep.kill_at and rep.where(t) in (rep.killed, None):
             rep.lost_in_flight.append(t)
         else:
             rep.unexpected.append(t)
     for s, home in rep.home.items():
         after = sorted(
-            {t.pair or "?" for t in rep.turns if t.session == s and t.ok and t.t0 > rep.kill_at}
+            {
+                rep.where(t) or "?"
+                for t in rep.turns
+                if t.session == s and t.ok and t.t0 > rep.kill_at
+            }
         )
         if after != [home]:
             rep.moved[s] = after

@@ -6,10 +6,15 @@ model dir, TileLang cache, simulator image, overlays); the router host gets the 
 "image", whose entrypoint is `sim/rehearsal/bin/vllm-router`: the real vllm-router from
 PyPI, run by the process runtime as the container would run it.
 
+With ``engine="cpu"`` each pair host gets what `make rehearse` gives one: the tiny real model
+and the real-engine image (real vLLM, CPU build; the pair's env file selects the `cpu`
+engine stack), so the fleet is two real TP=2 pairs.
+
 Which pair a simulated rank belongs to reaches the simulator through the host's
 `inject.env` (`TWIN_PAIR_ID`, harness-only, like `TWIN_FAULT`): the twin then answers with
 an `X-Spark-Pair` header, so tests can see where the router sent a request. The launcher
-and its containers are unchanged; a real vLLM gets no such variable.
+and its containers are unchanged; a real vLLM gets no such variable (the fleet rehearsal
+reads which real pair answered off the pairs' own counters, sim/rehearsal/whichpair.py).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import yaml
 from sim.rehearsal import pairenv
 from sim.rehearsal.hosts import Host, Pair
 from sim.rehearsal.store import INJECT_ENV_FILE
+from sim.rehearsal.whichpair import Counters
 
 ROUTER_IMAGE = "dsv4-vllm-router:0.1.17"
 ROUTER_IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal vllm-router image").hexdigest()
@@ -54,6 +60,7 @@ class FleetHosts:
     pair: Pair
     inventory: Path
     env_files: dict[str, Path]
+    engine: str = "sim"
 
     @property
     def router(self) -> Host:
@@ -69,6 +76,13 @@ class FleetHosts:
 
     def endpoint(self, pair_id: str) -> str:
         return f"http://{self.nodes(pair_id)[0].ip}:8000"
+
+    def counters(self) -> Counters | None:
+        """Real engines name no pair in their replies: attribute by their own counters.
+        None for the simulator, whose `X-Spark-Pair` header says it."""
+        if self.engine == "sim":
+            return None
+        return Counters({p: self.endpoint(p) for p in PAIR_IDS})
 
 
 def inventory(fh: FleetHosts, repo: Path, tuning: dict[str, int]) -> dict:
@@ -95,23 +109,31 @@ def inventory(fh: FleetHosts, repo: Path, tuning: dict[str, int]) -> dict:
     }
 
 
-def prepare(pair: Pair, repo: Path, tuning: dict[str, int] | None = None) -> FleetHosts:
-    """Model dirs, images, overlays, pair identities, env files and the inventory."""
+def prepare(
+    pair: Pair,
+    repo: Path,
+    tuning: dict[str, int] | None = None,
+    engine: str = "sim",
+    model: Path | None = None,
+) -> FleetHosts:
+    """Model dirs, images, overlays, pair identities, env files and the inventory.
+    ``engine`` "cpu" (with the built tiny ``model``): two real pairs; "sim": simulated."""
     if len(pair.hosts) != N_HOSTS:
         raise ValueError(f"a fleet rehearsal needs {N_HOSTS} hosts, got {len(pair.hosts)}")
-    lay = pairenv.layout(pair)
+    lay = pairenv.layout(pair, engine)
     env_files: dict[str, Path] = {}
     for i, pair_id in enumerate(PAIR_IDS):
         head, worker = pair.hosts[2 * i], pair.hosts[2 * i + 1]
         for host in (head, worker):
-            pairenv.prepare_node(host, lay)
-            (host.disk / "docker" / INJECT_ENV_FILE).write_text(f"TWIN_PAIR_ID={pair_id}\n")
+            pairenv.prepare_node(host, lay, engine, model)
+            if engine == "sim":
+                (host.disk / "docker" / INJECT_ENV_FILE).write_text(f"TWIN_PAIR_ID={pair_id}\n")
         pairenv.copy_overlays(pair, repo, [head, worker])
-        values = pairenv.env_values(pair, lay, pair_id, head=head, worker=worker)
+        values = pairenv.env_values(pair, lay, pair_id, head=head, worker=worker, engine=engine)
         env_files[pair_id] = pairenv.write_env(pair.base / "client" / f"{pair_id}.env", values)
     router = pair.hosts[4]
     pairenv.load_image(router, ROUTER_IMAGE_ID, ROUTER_IMAGE, entrypoint=("vllm-router",))
-    fh = FleetHosts(pair, pair.base / "client" / "fleet.yaml", env_files)
+    fh = FleetHosts(pair, pair.base / "client" / "fleet.yaml", env_files, engine)
     inv = inventory(fh, repo, tuning or REHEARSAL_TUNING)
     fh.inventory.write_text(
         "# Written by sim/rehearsal/fleet_env.py for the fleet rehearsal.\n"

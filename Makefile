@@ -20,7 +20,7 @@ export PIP_RETRIES ?= 10
 export PIP_ATTEMPTS ?= 3
 PIP_TRY := bash scripts/pip_retry.sh
 
-.PHONY: help venv engine system-deps rehearse rehearse-fleet test test-group lint pytest clean
+.PHONY: help venv engine system-deps rehearse rehearse-fleet test test-group test-outside lint pytest clean
 
 help:
 	@echo "make rehearse   offline rehearsal: the real launcher brings up a real vLLM pair (CPU build,"
@@ -32,6 +32,7 @@ help:
 	@echo "                a head killed (failover), recovery, down (root); ENGINE=sim for the simulator"
 	@echo "make test       lint (ruff, shellcheck) + the whole test suite"
 	@echo "make test-group the real TP=4 group's tests, outside the suite (root; 2.5-4.5 min)"
+	@echo "make test-outside every test outside the suite: the TP=4 group and the real fleet (root; 10-15 min)"
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -74,6 +75,11 @@ test: system-deps lint pytest
 # fit the default suite's ~12 min on 2 cores, so it runs here, on its own (docs/rehearsal.md).
 test-group: venv engine
 	DSV4_OUTSIDE_SUITE=1 $(VPY) -m pytest -q tests/test_real_group.py --durations=5
+
+# Every test too long for the default suite, one after another: the TP=4 group and the fleet
+# of two real pairs (tests/test_fleet_e2e.py's cpu walk); ~10-15 min on 2 cores.
+test-outside: system-deps venv engine
+	DSV4_OUTSIDE_SUITE=1 $(VPY) -m pytest -q -m outside_suite --durations=5
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache .ruff_cache

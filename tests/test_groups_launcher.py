@@ -147,3 +147,20 @@ def test_preflight_of_a_ring_pings_the_neighbour_links(group: Env, tmp_path: Pat
     line = next(ln for ln in p.stdout.splitlines() if "PF-RING-NEIGHBOURS" in ln)
     assert "FAIL" in line and "rank 2 -> rank 3 (127.0.0.4): 100% packet loss" in line, line
     assert p.returncode == 3
+
+
+def test_sync_overlays_refuses_a_group_whose_rank3_is_spark1_under_another_name(
+    group: Env,
+) -> None:
+    """The identity checks sync-overlays (and image ship, model fetch) run before they write
+    to any node cover every headless rank, not only rank 1: SPARK4=localhost is SPARK1's
+    127.0.0.1 by another name, which the env file's distinct-strings rule cannot see."""
+    group.values["SPARK4"] = "localhost"
+    group.write_env()
+    sync = group.run("sync-overlays")
+    assert sync.returncode == 3, sync.stdout + sync.stderr
+    fails = [ln for ln in sync.stdout.splitlines() if "FAIL" in ln and "PF-DISTINCT-NODES" in ln]
+    assert fails and "SPARK4" in sync.stdout, sync.stdout
+    assert "nothing was copied" in sync.stderr
+    assert not (group.tmp / "overlays").exists()
+    assert not [c for c in group.calls("ssh") if "tar -C" in " ".join(c["argv"])]

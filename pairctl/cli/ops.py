@@ -28,7 +28,7 @@ from pairctl.nodes.docker import pair_containers
 from pairctl.pair.config import ConfigError
 from pairctl.pair.plan import container_name
 from pairctl.pair.resolved import ResolvedPair
-from pairctl.preflight import runner
+from pairctl.preflight import group as pfgroup
 from pairctl.sentinel.pair import check_at_up, pair_monitors
 from pairctl.status import memory, ownership, watch
 from pairctl.status import pair as pst
@@ -83,9 +83,12 @@ def sync_overlays(a: Args, pair: ResolvedPair) -> int:
 
 
 def on_spark1(what: str, pair: ResolvedPair) -> bool:
-    """The identity checks up runs (this machine is SPARK1, SPARK2 another one), printed."""
+    """The identity checks up runs (this machine is SPARK1, every other SPARK another
+    machine: each headless rank's, in a group), printed."""
     specs = tuple(pf.BY_ID[i] for i in IDENTITY_CHECKS)
-    checks, _ = runner.run(pair, {}, print_check, progress, specs, False)
+    checks, _ = pfgroup.run(
+        pair, {}, print_check, progress, say=log, specs=specs, probe_rank1=False
+    )
     if pf.failed(checks):
         log(f"{what} refused: run it on this pair's rank-0 node; nothing was copied")
         return False

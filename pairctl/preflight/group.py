@@ -20,8 +20,9 @@ from dataclasses import replace
 from pairctl.pair import cabling
 from pairctl.pair.resolved import ResolvedPair
 from pairctl.preflight import runner
-from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check
+from pairctl.preflight.check import FAIL, PASS, SKIP, WARN, Check, CheckSpec
 from pairctl.preflight.evidence import ArgvCheck, Evidence
+from pairctl.preflight.registry import CHECKS
 
 RING_ID = "PF-RING-NEIGHBOURS"
 RING_WHAT = "on a ring, each headless rank reaches its next neighbour's fabric address (ping)"
@@ -98,12 +99,19 @@ def run(
     progress: Callable[[str], None] | None = None,
     local_argv: ArgvCheck | None = None,
     say: Callable[[str], None] = print,
+    specs: tuple[CheckSpec, ...] = CHECKS,
+    probe_rank1: bool = True,
 ) -> tuple[list[Check], Evidence]:
     """``runner.run`` once for a pair; for a group once per headless rank (each verdict
     emitted as it arrives, under a line naming the rank), merged. Returns the merged
-    verdicts and the last rank's evidence (the JSON's; each run printed its own)."""
+    verdicts and the last rank's evidence (the JSON's; each run printed its own).
+    ``specs``/``probe_rank1`` as runner.run's (e.g. only the identity checks, as
+    sync-overlays and the copies ask before they write to any node); the ring's own check
+    runs with the whole preflight only."""
     if pair.nnodes == 2:
-        return runner.run(pair, overlay_want, emit, progress, local_argv=local_argv)
+        return runner.run(
+            pair, overlay_want, emit, progress, specs, probe_rank1, local_argv=local_argv
+        )
     per_rank: dict[int, list[Check]] = {}
     evidence: Evidence | None = None
     for r in pair.headless_ranks:
@@ -117,7 +125,7 @@ def run(
                 progress(_SECOND.sub(lambda m: renamed_word(m.group(1), r), line))
 
         checks, evidence = runner.run(
-            pair.with_head(r), overlay_want, shown, said, local_argv=local_argv
+            pair.with_head(r), overlay_want, shown, said, specs, probe_rank1, local_argv
         )
         per_rank[r] = [renamed(c, r) for c in checks]
     assert evidence is not None  # a group has headless ranks
@@ -127,7 +135,7 @@ def run(
     for check in merged:  # what stops the group, once more, together (PASS/SKIP are above)
         if check.status in (FAIL, WARN):
             emit(check)
-    if pair.cabling == cabling.RING:
+    if pair.cabling == cabling.RING and specs == CHECKS:
         ring = ring_check(pair)
         emit(ring)
         merged.append(ring)

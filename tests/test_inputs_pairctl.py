@@ -83,8 +83,8 @@ def no_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     def probe(*_a, **_k):
         raise AssertionError("a probe ran before the bad path was refused")
 
-    monkeypatch.setattr(cli.pfgroup.runner, "run", probe)  # preflight, pair or group
-    monkeypatch.setattr(cli.ops.runner, "run", probe)
+    # every preflight, pair or group, whole or identity only (sync-overlays), runs here
+    monkeypatch.setattr(cli.pfgroup.runner, "run", probe)
 
 
 def test_preflight_json_under_proc_is_refused_before_any_probe(

@@ -27,6 +27,7 @@ from tests.support.bench_twin import (
     HEADROOM,
     LOADED_LAG_MS,
     Twin,
+    assert_client_decode_spans_the_servers,
     assert_client_ttft_holds_the_servers,
     server_ttft_ms,
 )
@@ -82,16 +83,13 @@ def test_bench_ctx_recovers_the_truth(twin, tmp_path):
     truth, recs = twin.truth, twin.records()
     for depth in ("8192", "24576"):
         s = doc["summary"][depth]
-        # Against what the server did (its records: tokens after the first / time from first
-        # to last step end), 2%; against the model, 3% (the twin's steps run late when the
-        # box is loaded).
+        # Against what the server did (its records: the decode window from first token to
+        # finish, within the loaded-box lag); against the model, 3% (the twin's steps run
+        # late when the box is loaded).
         pts = [p for p in doc["points"] if p.get("role") == "measure" and str(p["depth"]) == depth]
         for p in pts:
             rec = recs[p["metrics"]["request_id"]]
-            server_rate = (rec["completion_tokens"] - 1) / (
-                (rec["finish_ns"] - rec["first_token_ns"]) / 1e9
-            )
-            assert p["metrics"]["decode_tok_s"] == pytest.approx(server_rate, rel=0.02)
+            assert_client_decode_spans_the_servers(p["metrics"]["decode_tok_s"], rec)
         assert s["decode_tok_s"]["median"] == pytest.approx(
             truth["single_stream_decode_tok_s"], rel=0.03
         )

@@ -100,7 +100,7 @@ def test_config_file_sits_between_cli_and_defaults(tmp_path):
     "argv, text",
     [
         ([], "no model"),
-        (["m", "--nnodes", "3"], "one pair"),
+        (["m", "--nnodes", "4", "--node-rank", "4"], "out of range"),
         (["m", "--nnodes", "2", "--node-rank", "2"], "out of range"),
     ],
 )

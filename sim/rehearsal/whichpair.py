@@ -21,6 +21,8 @@ from typing import TypeVar
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from pairctl.status import metrics
+
 METRIC = "vllm:request_success_total"
 T = TypeVar("T")
 
@@ -47,8 +49,7 @@ class Counters:
         out: dict[str, float | None] = {}
         for pair, url in self.endpoints.items():
             try:
-                r = requests.get(f"{url}/metrics", timeout=self.timeout)
-                out[pair] = finished(r.text) if r.status_code == 200 else None
+                out[pair] = finished(metrics.fetch(requests, url, self.timeout))
             except (requests.RequestException, ValueError):
                 out[pair] = None
         return out

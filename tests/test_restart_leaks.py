@@ -39,6 +39,13 @@ BALLAST = (
     "print('holding', len(held), flush=True); signal.pause()"
 )
 
+# Creates, maps and holds a /dev/shm segment (argv[1]) until killed.
+MAPPER = (
+    "import mmap, os, signal, sys; fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600); "
+    "os.ftruncate(fd, 4096); m = mmap.mmap(fd, 4096); print('mapped', flush=True); "
+    "signal.pause()"
+)
+
 pair = pair_fixture("dsv4k")
 
 
@@ -81,16 +88,22 @@ def test_verdicts_see_each_kind_of_leak() -> None:
         "netns_rss_kib": 100_000,
         "mem_available_kib": 8_500_000,  # 1.5 GB gone after one cycle
     }
+    # the segment: one the pair's processes held while up (see below)
+    shm_up = leaks.Snapshot("up 1", **{**clean, "netns_rss_kib": 200_000, "shm_pair": ["psm_1"]})
     for key, value in bad.items():
         down = leaks.Snapshot("down 1", **{**clean, key: value})
-        assert leaks.verdicts(base, [ok_up], [down]), key
+        assert leaks.verdicts(base, [shm_up if key == "shm" else ok_up], [down]), key
     # /dev/shm is the machine's: an entry another job had for a moment and removed is not
-    # left behind; one still there after the last down is, held by nobody
+    # left behind; one the pair's processes held while up and still there after the last
+    # down is, held by nobody; one the pair never held is another job's (a killed engine's)
+    mapped = {**clean, "shm": ["x", "psm_2"], "shm_held": ["psm_2"], "shm_pair": ["psm_2"]}
+    pair_up = leaks.Snapshot("up 1", **mapped)
     passing = leaks.Snapshot("down 1", **{**clean, "shm": ["x", "psm_2"]})
-    assert leaks.verdicts(base, [ok_up] * 2, [passing, ok_down]) == []
-    assert leaks.verdicts(base, [ok_up] * 2, [ok_down, passing])
+    assert leaks.verdicts(base, [pair_up, ok_up], [passing, ok_down]) == []
+    assert leaks.verdicts(base, [pair_up, ok_up], [ok_down, passing])
+    assert leaks.verdicts(base, [ok_up] * 2, [ok_down, passing]) == []  # never the pair's
     held = leaks.Snapshot("down 2", **{**clean, "shm": ["x", "psm_2"], "shm_held": ["psm_2"]})
-    assert leaks.verdicts(base, [ok_up] * 2, [ok_down, held]) == []
+    assert leaks.verdicts(base, [pair_up, ok_up], [ok_down, held]) == []
     growing = [
         leaks.Snapshot(f"up {i}", **{**clean, "netns_rss_kib": 200_000 * i}) for i in range(6)
     ]
@@ -146,6 +159,19 @@ def caught_a_real_leak(
     assert leaks.MARGINS["netns_rss_kib"] < LEAK_KIB
     assert leaks.up_rss_limit(first) - first < LEAK_KIB, "growth margin over the leak"
     shm = Path("/dev/shm") / f"psm_{pair.h1.name}-leak"
+    # a process of the pair maps a segment (seen in an up snapshot), then dies by SIGKILL
+    # without unlinking it, as a killed engine's worker does
+    holder = pair.h2.popen(
+        [sys.executable, "-c", MAPPER, str(shm)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().startswith("mapped"), "the segment was not mapped"
+        mapped = leaks.snapshot(pair, f"up {len(ups) + 1} (a segment mapped)")
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert shm.name in mapped.shm_pair, mapped.shm_pair
     ballast = pair.h2.popen(
         [sys.executable, "-c", BALLAST, str(LEAK_KIB * 1024)],
         stdout=subprocess.PIPE,
@@ -154,7 +180,6 @@ def caught_a_real_leak(
     try:
         assert ballast.stdout is not None
         assert ballast.stdout.readline().startswith("holding"), "the leak did not start"
-        shm.write_bytes(b"\0" * 4096)
         leaky = leaks.snapshot(pair, f"down {len(downs) + 1} (leak injected)")
     finally:
         ballast.kill()
@@ -162,7 +187,7 @@ def caught_a_real_leak(
         shm.unlink(missing_ok=True)
     held = leaky.netns_rss_kib - base.netns_rss_kib
     assert held >= LEAK_KIB, f"the leaked process holds {held} kB, expected {LEAK_KIB}+"
-    found = leaks.verdicts(base, ups, [*downs, leaky], machine_memory=False)
+    found = leaks.verdicts(base, [*ups, mapped], [*downs, leaky], machine_memory=False)
     text = "\n".join(found)
     assert f"processes left on {pair.h2.name}" in text and "-c import signal" in text, text
     assert "resident in the hosts" in text, text

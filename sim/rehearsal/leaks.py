@@ -24,6 +24,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -89,6 +90,8 @@ class Snapshot:
     t: float = field(default_factory=time.time)
     # of ``shm``, those a live process held then: another test's engine beside this pair
     shm_held: list[str] = field(default_factory=list)
+    # of ``shm_held``, those a process of the pair's hosts held: the pair's own segments
+    shm_pair: list[str] = field(default_factory=list)
 
     def shm_new_since(self, base: Snapshot) -> set[str]:
         """Entries added since ``base`` that nobody held: what a pair that is down left."""
@@ -141,13 +144,15 @@ def containers(host: hosts.Host) -> list[str]:
 SHM_SETTLE_S = 5.0  # how long a new /dev/shm entry must stay to count as left behind
 
 
-def held_shm() -> set[str]:
+def held_shm(pids: Iterable[int] | None = None) -> set[str]:
     """/dev/shm names some live process maps or holds open. /dev/shm is the machine's, not
     the netns hosts': another test's engine beside us holds its segments while it runs. A
     segment left behind by a pair that is down is held by nobody (a pair process still
-    holding one is a leaked process, which the process check reports)."""
+    holding one is a leaked process, which the process check reports). ``pids``: only
+    those processes' (the pair's hosts'), else every process's."""
     names: set[str] = set()
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    which = (p for p in os.listdir("/proc") if p.isdigit()) if pids is None else map(str, pids)
+    for pid in which:
         try:
             with open(f"/proc/{pid}/maps") as f:
                 names |= {ln.split("/dev/shm/", 1)[1].strip() for ln in f if "/dev/shm/" in ln}
@@ -192,6 +197,7 @@ def snapshot(pair: hosts.Pair, when: str) -> Snapshot:
         mem_available_kib=mem.get("MemAvailable", 0),
         mem_total_kib=mem.get("MemTotal", 0),
         shm_held=sorted(held_shm()),
+        shm_pair=sorted(held_shm(pid for h in pair.hosts for pid in h.pids())),
     )
 
 
@@ -282,7 +288,11 @@ def verdicts(
     # Left behind is what is still there after the last down: a segment a pair leaks has
     # nobody to unlink it, while /dev/shm, the machine's, also holds other jobs' segments
     # for the moment between their process's exit and its resource tracker's unlink.
-    new_shm = downs[-1].shm_new_since(base) if downs else set()
+    # Only segments the pair's own processes were seen holding (while up, or in a leaked
+    # process) are the pair's: other tests' killed engines leave theirs on the same /dev/shm
+    # for good (a CI run saw six such appear during this pair's cycles).
+    ours = {n for snap in (*ups, *downs) for n in snap.shm_pair}
+    new_shm = downs[-1].shm_new_since(base) & ours if downs else set()
     if new_shm:
         bad.append(f"/dev/shm entries left behind: {sorted(new_shm)}")
     if downs and machine_memory:

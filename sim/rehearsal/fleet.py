@@ -20,7 +20,7 @@ Steps (each prints a progress line):
      conversations return to it;
   8. `fleet down`, then check nothing is left on any host (containers, processes, new
      /dev/shm segments of the engines); remove everything (also on failure and Ctrl-C).
-Prints the total time and the peak memory (sim/rehearsal/peakmem.py). Needs root.
+Prints the total time and the peak memory (sim/rehearsal/memwatch.py). Needs root.
 `--no-failover` skips 6-7. Exit 0 when every step passed, else 1 (or the
 failing fleet command's exit code).
 """
@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.rehearsal import chat, failover, fleet_env, hosts, leaks, pairenv, peakmem, provision
+from sim.rehearsal import chat, failover, fleet_env, hosts, leaks, memwatch, pairenv, provision
 from sim.rehearsal.rehearse import (
     LAUNCHER,
     REPO,
@@ -221,6 +221,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def timed(t0: float) -> str:
+    """Minutes and seconds since ``t0`` (time.monotonic)."""
+    s = int(time.monotonic() - t0)
+    return f"{s // 60} min {s % 60:02d} s"
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -234,12 +240,12 @@ def main(argv: list[str]) -> int:
         return 1
 
     def steps() -> bool:
-        with peakmem.Sampler(pair.hosts) as mem:
+        with memwatch.MemWatch(pair.hosts) as mem:
             try:
                 return walk(pair, args, model)
             finally:
                 say(mem.peak.line())
-                say(f"total time {peakmem.timed(T0)}")
+                say(f"total time {timed(T0)}")
 
     return run_steps(pair, steps)
 

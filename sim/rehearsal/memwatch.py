@@ -115,3 +115,9 @@ class MemWatch:
         self._stop.set()
         self._thread.join(timeout=10)
         return self.peak
+
+    def __enter__(self) -> MemWatch:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()

@@ -20,7 +20,8 @@ export PIP_RETRIES ?= 10
 export PIP_ATTEMPTS ?= 3
 PIP_TRY := bash scripts/pip_retry.sh
 
-.PHONY: help venv engine system-deps rehearse rehearse-fleet test test-group test-outside lint pytest clean
+.PHONY: help venv engine system-deps rehearse rehearse-fleet test test-group test-outside lint pytest \
+	profile-suite clean
 
 help:
 	@echo "make rehearse   offline rehearsal: the real launcher brings up a real vLLM pair (CPU build,"
@@ -33,6 +34,7 @@ help:
 	@echo "make test       lint (ruff, shellcheck) + the whole test suite"
 	@echo "make test-group the real TP=4 group's tests, outside the suite (root; 2.5-4.5 min)"
 	@echo "make test-outside every test outside the suite: the TP=4 group and the real fleet (root; 10-15 min)"
+	@echo "make profile-suite the suite as make pytest runs it, with each module's CPU summed (docs/testing.md)"
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -81,5 +83,14 @@ test-group: venv engine
 test-outside: system-deps venv engine
 	DSV4_OUTSIDE_SUITE=1 $(VPY) -m pytest -q -m outside_suite --durations=5
 
+# The suite as `make pytest` runs it, charging each test its CPU (tests/support/suite_cpu.py):
+# on 2 cores the suite is CPU-bound, so this, not --durations, says what a cut would save.
+PROFILE_DIR ?= .suite-cpu
+profile-suite: venv engine
+	rm -rf $(PROFILE_DIR)
+	DSV4_SUITE_CPU_OUT=$(PROFILE_DIR) $(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup \
+	  --durations=25 -p tests.support.suite_cpu
+	$(VPY) -m tests.support.suite_cpu $(PROFILE_DIR)
+
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache .ruff_cache $(PROFILE_DIR)

@@ -63,8 +63,8 @@ SYS_PATH_EDIT = r"\bsys\.path\.(insert|append|extend)\b|\bsys\.path\s*\+?="
 # defaults and examples use /srv/dsv4, tests/test_pairctl.py checks), container paths
 # (/root/.cache, /root/.triton, /opt/...) and fixed /tmp files a tool itself creates
 # (/tmp/P.lock, /tmp/router.txt). What is matched, by prefix:
-#   /work/...          development checkouts and worktrees (/work/main, /work/wt/NAME);
-#   /root/<not dot>    a root user's scratch directories (/root/out); dot-dirs are caches;
+#   /work/...          development checkouts and worktrees (/work/<checkout>);
+#   /root/<not dot>    a root user's scratch directories (/root/<dir>); dot-dirs are caches;
 #   /home/<not bird>, /Users/...   someone else's home directory;
 #   /tmp/ci-check, /tmp/pytest-of-, /tmp/tmpXXXXXXXX   CI scratch, pytest's and
 #                      tempfile's temporary directories.
@@ -217,7 +217,7 @@ def test_nothing_edits_sys_path():
 
 def test_no_build_machine_path_in_any_tracked_file():
     """No tracked text file names a path that exists only on a machine that built, tuned or
-    tested the repository: development checkouts (/work/...), root's scratch (/root/out),
+    tested the repository: development checkouts (/work/...), root's scratch (/root/<dir>),
     other people's homes, CI and pytest temporary directories. Paths of the deployment that
     are the same for every user (the seed's /home/bird layout,
     container caches under /root/.cache, /opt mounts, fixed /tmp files of our own tools) are
@@ -232,9 +232,9 @@ def test_no_build_machine_path_in_any_tracked_file():
 @pytest.mark.parametrize(
     "line",
     [
-        '"command": "/work/main/bench/kernels/bench_fp8_head.py --tune"',
-        "cd /work/wt/h1 && make test",
-        "--configs-out /root/out/fp8_configs.json",
+        '"command": "/work/clone-a/bench/kernels/bench_fp8_head.py --tune"',
+        "cd /work/tree-b/h1 && make test",
+        "--configs-out /root/scratch/fp8_configs.json",
         "  /tmp/ci-check/repo/tests/test_x.py:12: AssertionError",
         "/tmp/pytest-of-root/pytest-3/test_a0/doc.md",
         '"router_logs": "/tmp/tmpab3_x9z0"',

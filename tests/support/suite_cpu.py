@@ -9,8 +9,8 @@ only shows wall time, which under that load mostly measures the other workers.
     python -m tests.support.suite_cpu DIR   # the report again: a table, and DIR/report.json
 
 CPU of a process the test never reaps (a daemon re-parented to init: sshd in a netns host, a
-server the docker stand-in's supervisor owns) is not counted; the report says so beside the
-machine's own busy time, which it cannot attribute.
+server the docker stand-in's supervisor owns) is not counted, and the report's first line says
+so: compare its total with the machine's busy time (/proc/stat) over the run.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ def _cpu() -> tuple[float, float]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     out = os.environ.get(OUT_ENV)
+    if not out:
+        yield
+        return
     t0, (s0, c0) = time.monotonic(), _cpu()
     yield
-    if not out:
-        return
     t1, (s1, c1) = time.monotonic(), _cpu()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     row = {"id": item.nodeid, "worker": worker, "wall": t1 - t0, "self": s1 - s0,
@@ -70,7 +71,7 @@ def summarize(rows: list[dict]) -> dict:
     ranked = sorted(mods.items(), key=lambda kv: -kv[1]["cpu_s"])
     return {
         "tests": len(rows),
-        "cpu_s": sum(r["self"] + r["children"] for r in rows),
+        "cpu_s": sum(m["cpu_s"] for m in mods.values()),
         "modules": [
             {
                 "module": name,

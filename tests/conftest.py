@@ -19,6 +19,11 @@ REPO = Path(__file__).resolve().parents[1]
 # the launcher tests' fake-pair fixtures (endpoint, pair, dead_pair)
 pytest_plugins = ["tests.fakes.fakepair"]
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# vLLM 0.33's kernel package humming-kernels starts, at import, two background interpreters
+# that JIT-build CUDA kernels (humming/ops/utils.py, humming/utils/nvrtc.py). This machine has
+# no CUDA: they can only fail, after ~8 CPU-s between them, for every interpreter that imports
+# vLLM (52 of them in one run: 203 CPU-s, docs/testing.md). Every test's children inherit this.
+os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
 
 
 def _have_vllm() -> bool:

@@ -9,6 +9,7 @@ parser in the rehearsal's process runtime).
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,27 @@ def test_cache_key_ignores_only_the_launchers_wiring() -> None:
     assert argcheck._key("vllm==0.33.0", a) == argcheck._key("vllm==0.33.0", b)
     assert argcheck._key("vllm==0.33.0", a) != argcheck._key("vllm==0.33.0", c)
     assert argcheck._key("vllm==0.33.0", a) != argcheck._key("image:sha256:1", a)
+
+
+@pytest.mark.parametrize("operator", [None, "0"])
+def test_the_local_parser_runs_without_hummings_background_builds(
+    monkeypatch: pytest.MonkeyPatch, operator: str | None
+) -> None:
+    """The local check's child starts no CUDA JIT build (vLLM 0.33's humming-kernels does at
+    import unless HUMMING_DISABLE_PARALLEL_BUILD=1); an operator's own setting is kept."""
+    if operator is None:
+        monkeypatch.delenv("HUMMING_DISABLE_PARALLEL_BUILD", raising=False)
+    else:
+        monkeypatch.setenv("HUMMING_DISABLE_PARALLEL_BUILD", operator)
+    seen: dict[str, str] = {}
+
+    def fake_run(argv, **kw):
+        seen.update(kw["env"])
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(argcheck.subprocess, "run", fake_run)
+    argcheck.run_script_locally([["/m", "--max-num-seqs", "24"]])
+    assert seen["HUMMING_DISABLE_PARALLEL_BUILD"] == (operator or "1")
 
 
 def test_throwaway_container_is_labelled_isolated_and_removed() -> None:

@@ -109,3 +109,27 @@ def test_memwatch_sums_the_hosts_processes_and_keeps_the_worst_moment() -> None:
     assert peak.hosts_rss_max_kib >= peak.hosts_pss_max_kib
     assert peak.available_min_kib <= peak.available_before_kib
     assert "GiB (PSS;" in peak.line()
+
+
+class _RecordingHost:
+    name = "h1"
+
+    def __init__(self) -> None:
+        self.argv: list[str] = []
+
+    def docker(self, *argv: str):
+        import subprocess
+
+        self.argv = list(argv)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+def test_the_simulator_image_turns_off_cuda_jit_builds_and_other_images_keep_their_env() -> None:
+    """The simulator image is CPU-only: its ENV stops humming-kernels' background CUDA builds
+    at `import vllm` (the image probe, the argv check); the engine image keeps what it is given."""
+    host = _RecordingHost()
+    pairenv.load_image(host)
+    env = [host.argv[i + 1] for i, a in enumerate(host.argv) if a == "--env"]
+    assert env == [f"PATH={pairenv.SIM_IMAGE_PATH}", "HUMMING_DISABLE_PARALLEL_BUILD=1"]
+    pairenv.load_image(host, pairenv.ENGINE_IMAGE_ID, pairenv.ENGINE_IMAGE, env=("A=1",))
+    assert [host.argv[i + 1] for i, a in enumerate(host.argv) if a == "--env"] == ["A=1"]

@@ -105,7 +105,7 @@ def test_cpu_engine_image_is_stack_cpu_and_the_second_probe_runs_no_container(
 def test_simulator_image_is_refused_for_stack_cpu_with_the_mismatch(
     standin: Path, tmp_path: Path
 ) -> None:
-    load(pairenv.IMAGE, pairenv.IMAGE_ID, f"PATH={pairenv.SIM_IMAGE_PATH}")
+    load(pairenv.IMAGE, pairenv.IMAGE_ID, *pairenv.SIM_IMAGE_ENV)
     pair, res = probe(pairenv.IMAGE, pairenv.IMAGE_ID, "cpu", tmp_path)
     assert res.ran, res.detail
     assert res.findings.vllm == "0.33.0"  # the twin's image runs real vLLM 0.33

@@ -228,6 +228,9 @@ def run_script_locally(argvs: list[list[str]]) -> tuple[str, str]:
     the whole process); returns its stdout and stderr."""
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the parser needs a platform; CPU will do
+    # a parser needs no kernels: no background CUDA JIT builds from vLLM 0.33's humming-kernels
+    # at import (humming/ops/utils.py, humming/utils/nvrtc.py), ~8 CPU-s on every check
+    env.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
     p = subprocess.run(
         [sys.executable, "-c", SCRIPT, json.dumps(argvs)],
         capture_output=True,

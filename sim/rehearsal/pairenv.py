@@ -29,6 +29,12 @@ IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal simulator image").hexdige
 # .venv/bin, whose python3 is real vLLM 0.33, the vLLM the twin imitates: what preflight's
 # image probe and the image's argv parser read there is real (pairctl/preflight/imageprobe.py).
 SIM_IMAGE_PATH = f"{BIN_DIR}:{ENGINE_VENV.parent / '.venv' / 'bin'}:{BASE_PATH}"
+# The simulator image's ENV. It is a CPU image, so it turns off what vLLM 0.33's kernel
+# package humming-kernels does at import: two background interpreters that JIT-build CUDA
+# kernels (`build_humming_launcher_in_bg` in humming/ops/utils.py, `build_nvrtc_compile_
+# binary_in_bg` in humming/utils/nvrtc.py). On a machine with no CUDA they only burn CPU,
+# ~8 CPU-s for each `import vllm` of the image probe or the argv check.
+SIM_IMAGE_ENV = (f"PATH={SIM_IMAGE_PATH}", "HUMMING_DISABLE_PARALLEL_BUILD=1")
 MODEL_NAME = "DeepSeek-V4-Flash-DSpark"
 # The real-engine image: its `vllm` is real vLLM (CPU build; sim/rehearsal/bin/vllm reads
 # DSV4_REHEARSAL_ENGINE from the image's ENV), its python3 the engine venv's, as a real
@@ -130,9 +136,9 @@ def load_image(
     env: tuple[str, ...] | None = None,
 ) -> None:
     """``docker load-fake`` on ``host``; ``env`` None: the simulator image's own
-    (``SIM_IMAGE_PATH``) for the simulator image, none for any other."""
+    (``SIM_IMAGE_ENV``) for the simulator image, none for any other."""
     if env is None:
-        env = (f"PATH={SIM_IMAGE_PATH}",) if image == IMAGE else ()
+        env = SIM_IMAGE_ENV if image == IMAGE else ()
     extra = [a for word in entrypoint for a in ("--entrypoint", word)]
     extra += [a for item in env for a in ("--env", item)]
     res = host.docker("load-fake", image, image_id, *extra)

@@ -23,7 +23,8 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # that JIT-build CUDA kernels (humming/ops/utils.py, humming/utils/nvrtc.py). This machine has
 # no CUDA: they can only fail, after ~8 CPU-s between them, for every interpreter that imports
 # vLLM (52 of them in one run: 203 CPU-s, docs/testing.md). Every test's children inherit this.
-os.environ.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
+NO_CUDA_JIT = {"HUMMING_DISABLE_PARALLEL_BUILD": "1"}  # for a child given an env of its own
+os.environ.update({k: os.environ.get(k, v) for k, v in NO_CUDA_JIT.items()})
 
 
 def _have_vllm() -> bool:

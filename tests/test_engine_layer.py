@@ -27,6 +27,7 @@ from pairctl.pair.resolved import ResolvedPair, resolve
 from pairctl.preflight import argcheck
 from sim.engine import serve as engine_serve
 from sim.rehearsal import pairenv
+from tests.conftest import NO_CUDA_JIT
 from tests.support.vllm_src import string_constants
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,7 +140,12 @@ def _parse_with(python: str, argvs: list[list[str]]) -> dict:
         capture_output=True,
         text=True,
         timeout=300,
-        env={"VLLM_TARGET_DEVICE": "cpu", "VLLM_LOGGING_LEVEL": "ERROR", "PATH": "/usr/bin:/bin"},
+        env={
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_LOGGING_LEVEL": "ERROR",
+            "PATH": "/usr/bin:/bin",
+            **NO_CUDA_JIT,
+        },
         cwd="/",
         check=False,
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import NO_CUDA_JIT
 from tests.fakes.fakepair import IMAGE, IMAGE_ID, Env, pair_endpoint
 
 
@@ -199,7 +200,12 @@ def test_the_verify_step_fails_on_an_image_without_the_forks_vllm(tmp_path: Path
     step = verify_step()
 
     def run(version: str) -> subprocess.CompletedProcess:
-        env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "VLLM_VERSION": version}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "PYTHON": sys.executable,
+            "VLLM_VERSION": version,
+            **NO_CUDA_JIT,
+        }
         return subprocess.run(
             ["bash", "-o", "pipefail", "-c", step],
             env=env,

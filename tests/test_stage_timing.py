@@ -19,7 +19,7 @@ import pytest
 from dsv4_flash_overlays import stage_targets, stage_timing
 
 from bench.benchlib import stages
-from tests.conftest import ENGINE_PY, REPO
+from tests.conftest import ENGINE_PY, NO_CUDA_JIT, REPO
 
 MS = 1_000_000
 
@@ -190,7 +190,11 @@ _RESOLVE_ALL = (
 def _resolve_all(python: str) -> dict[str, str]:
     out = subprocess.run(
         [python, "-c", _RESOLVE_ALL],
-        env={"PYTHONPATH": str(REPO / "mods" / "dsv4-flash-overlays"), "PATH": "/usr/bin:/bin"},
+        env={
+            "PYTHONPATH": str(REPO / "mods" / "dsv4-flash-overlays"),
+            "PATH": "/usr/bin:/bin",
+            **NO_CUDA_JIT,
+        },
         capture_output=True,
         text=True,
         timeout=300,

@@ -93,6 +93,10 @@ def _undo_weight_guard():
 # rehearsals of the simulator in the other.
 ENGINE_LANE = "heavy-engine"
 NETNS_LANE = "heavy-netns"
+# Light modules that run vLLM scripts through tests/support/warm.py (marked vllm_scripts) share
+# one more lane: one worker, so one warm server per interpreter serves all their scripts and
+# vLLM is imported into one worker's own process, not into every worker's.
+VLLM_SCRIPTS_LANE = "vllm-scripts"
 # A heavy module too long for the default suite's budget (~12 min on 2 cores, docs/testing.md)
 # is marked outside_suite: deselected unless this is "1" (make test-group sets it).
 OUTSIDE_SUITE_ENV = "DSV4_OUTSIDE_SUITE"
@@ -123,6 +127,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     - every heavy test joins its lane's group (heavy_lane), so each lane runs one test at a
       time on one worker; both lanes are moved to the front, so two workers start on them at
       once (the longer lane is the suite's critical path);
+    - the light tests of modules marked vllm_scripts share one lane (VLLM_SCRIPTS_LANE), moved
+      in front of the other light tests;
     - every other test stays with its module on one worker, so a module's fixtures (a twin, a
       mock server) are built once, not once per worker;
     - a test marked outside_suite is deselected unless DSV4_OUTSIDE_SUITE=1."""
@@ -133,9 +139,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
-        group = heavy_lane(item) or item.module.__name__
+        group = heavy_lane(item) or light_lane(item)
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: not is_heavy(item))  # stable: file order kept within each
+    items.sort(key=lane_order)  # stable: file order kept within each
+
+
+def light_lane(item: pytest.Item) -> str:
+    """A light test's group: the vLLM scripts' lane, else its module."""
+    if item.get_closest_marker("vllm_scripts") is not None:
+        return VLLM_SCRIPTS_LANE
+    return item.module.__name__
+
+
+def lane_order(item: pytest.Item) -> int:
+    """The heavy lanes first, then the vLLM scripts' lane: the longest groups start first."""
+    if is_heavy(item):
+        return 0
+    return 1 if item.get_closest_marker("vllm_scripts") is not None else 2
 
 
 def grouped(nodeid: str) -> bool:

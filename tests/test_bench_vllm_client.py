@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,9 +29,10 @@ from bench.benchlib.runner import Bench
 from bench.benchlib.stats import request_metrics
 from bench.benchlib.stream import stream_request
 from sim.twin.prompting import tokenizer_path
+from tests.support import warm
 from tests.support.bench_twin import REPO, Twin, server_ttft_ms
 
-pytestmark = pytest.mark.needs_vllm
+pytestmark = [pytest.mark.needs_vllm, pytest.mark.vllm_scripts]  # tests/support/warm.py
 
 N, OUT = 10, 32
 # A 250 ms prefill step (TTFT ~252 ms) and 40 ms verify steps (TPOT ~10.6 ms): a client's own
@@ -117,8 +117,8 @@ def same_prompts(argv: list[str]) -> list[str]:
 
 def vllm_bench(argv: list[str], out_dir) -> dict:
     """`vllm bench serve` as a user runs it; its result JSON."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", *argv]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    cmd = ["-m", "vllm.entrypoints.cli.main", "bench", "serve", *argv]
+    run = warm.run(sys.executable, cmd, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads(next(out_dir.glob("*.json")).read_text())
     assert doc["completed"] == N and not any(doc.get("errors") or []), doc.get("errors")

@@ -12,7 +12,6 @@ expect fails here instead of in a rehearsal log.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,10 @@ from pairctl.preflight import argcheck
 from sim.engine import serve as engine_serve
 from sim.rehearsal import pairenv
 from tests.conftest import NO_CUDA_JIT
+from tests.support import warm
 from tests.support.vllm_src import string_constants
+
+pytestmark = pytest.mark.vllm_scripts  # tests/support/warm.py; tests/conftest.py
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "dsv4-flash-dspark.yaml"
@@ -135,10 +137,9 @@ def test_serve_execs_real_vllm_with_the_line_unchanged(monkeypatch: pytest.Monke
 
 
 def _parse_with(python: str, argvs: list[list[str]]) -> dict:
-    out = subprocess.run(
-        [python, "-c", argcheck.SCRIPT, json.dumps(argvs)],
-        capture_output=True,
-        text=True,
+    out = warm.run(
+        python,
+        ["-c", argcheck.SCRIPT, json.dumps(argvs)],
         timeout=300,
         env={
             "VLLM_TARGET_DEVICE": "cpu",
@@ -147,7 +148,6 @@ def _parse_with(python: str, argvs: list[list[str]]) -> dict:
             **NO_CUDA_JIT,
         },
         cwd="/",
-        check=False,
     )
     assert argcheck.MARK in out.stdout, out.stderr[-2000:]
     return json.loads(out.stdout.split(argcheck.MARK, 1)[1])

@@ -18,19 +18,15 @@ from pairctl.preflight.check import PASS
 from pairctl.preflight.checks_image import check_versions
 from pairctl.preflight.imageprobe import ImageFindings, ImageProbe
 from tests.conftest import ENGINE_PY
+from tests.support import warm
 from tests.test_image_probe import TORCH_BAD, make_stack
+
+pytestmark = pytest.mark.vllm_scripts  # tests/support/warm.py; tests/conftest.py
 
 
 def probe_with(python: str) -> tuple[ImageFindings, str]:
     """The script as the container runs it (``python -c SCRIPT``), from / like a container."""
-    p = subprocess.run(
-        [python, "-c", imageprobe.SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd="/",
-        check=False,
-    )
+    p = warm.run(python, ["-c", imageprobe.SCRIPT], timeout=300, cwd="/")
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(imageprobe.MARK)]
     assert len(lines) == 1, p.stdout[-2000:]

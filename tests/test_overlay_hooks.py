@@ -22,7 +22,9 @@ from dsv4_flash_overlays import flags, hooks
 
 from pairctl.engine import stack
 from tests.conftest import ENGINE_PY, REPO, require
-from tests.support import fingerprint_tree
+from tests.support import fingerprint_tree, warm
+
+pytestmark = pytest.mark.vllm_scripts  # tests/support/warm.py; tests/conftest.py
 
 PKG_DIR = REPO / "mods" / "dsv4-flash-overlays"
 FORK_FP = "fork-0bf8e4c"
@@ -41,14 +43,8 @@ def run_check(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DSV4_", "VLLM_"))}
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in [*(path_front or []), PKG_DIR])
     env.update(env_extra)
-    proc = subprocess.run(
-        [python or sys.executable, "-m", "dsv4_flash_overlays.check"],
-        env=env,
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    proc = warm.run(
+        python or sys.executable, ["-m", "dsv4_flash_overlays.check"], env=env, cwd="/", timeout=300
     )
     lines = proc.stdout.splitlines()
     assert len(lines) == 1, (proc.stdout[-2000:], proc.stderr[-2000:])

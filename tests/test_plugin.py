@@ -9,7 +9,6 @@ import configparser
 import json
 import logging
 import os
-import subprocess
 import sys
 import textwrap
 import tomllib
@@ -20,6 +19,9 @@ from dsv4_flash_overlays import flags
 
 from pairctl.engine.stack import HOOKS_ENV, load_stack
 from tests.conftest import NO_CUDA_JIT
+from tests.support import warm
+
+pytestmark = pytest.mark.vllm_scripts  # tests/support/warm.py; tests/conftest.py
 
 PKG_DIR = Path(__file__).resolve().parents[1] / "mods" / "dsv4-flash-overlays"
 DIST_INFO = PKG_DIR / "dsv4_flash_overlays-0.1.0.dist-info"
@@ -88,14 +90,7 @@ def test_vllm_load_general_plugins_runs_register_from_pythonpath_alone() -> None
         HOOKS_ENV: load_stack("upstream").hooks_json(),
         **NO_CUDA_JIT,
     }
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd="/",
-    )
+    proc = warm.run(sys.executable, ["-c", _CHILD], env=env, timeout=300, cwd="/")
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line[len("RESULT ") :])

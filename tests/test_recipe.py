@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,9 @@ from pairctl.pair.config import ConfigError, parse_env
 from pairctl.pair.plan import build_rank
 from pairctl.pair.recipe import load_recipe, parse_recipe, serve_argv
 from pairctl.pair.resolved import resolve
+from tests.support import warm
+
+pytestmark = pytest.mark.vllm_scripts  # tests/support/warm.py; tests/conftest.py
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -166,15 +168,7 @@ def vllm_parse():
 
     def run(argvs: list[list[str]]) -> dict:
         env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_LOGGING_LEVEL="ERROR")
-        p = subprocess.run(
-            [sys.executable, "-c", _PARSE],
-            input=json.dumps(argvs),
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=240,
-            check=False,
-        )
+        p = warm.run(sys.executable, ["-c", _PARSE], input=json.dumps(argvs), env=env, timeout=240)
         assert "@@JSON@@" in p.stdout, p.stderr[-3000:]
         return json.loads(p.stdout.split("@@JSON@@", 1)[1])
 

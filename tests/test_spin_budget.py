@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,6 +21,9 @@ from dsv4_flash_overlays import flags, hooks
 
 from pairctl.engine.stack import load_stack
 from tests.conftest import ENGINE_PY
+from tests.support import warm
+
+pytestmark = pytest.mark.vllm_scripts  # tests/support/warm.py; tests/conftest.py
 
 PKG_DIR = Path(__file__).resolve().parents[1] / "mods" / "dsv4-flash-overlays"
 FLAG = flags.SPIN_BUDGET_FLAG
@@ -249,15 +251,7 @@ def test_the_cpu_stack_sets_the_budget_in_the_real_cpu_engine() -> None:
             "VLLM_LOGGING_LEVEL": "INFO",
         }
     )
-    proc = subprocess.run(
-        [str(ENGINE_PY), "-c", _ENGINE_CHILD],
-        env=env,
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = warm.run(ENGINE_PY, ["-c", _ENGINE_CHILD], env=env, cwd="/", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line[len("RESULT ") :])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,9 @@ from dsv4_flash_overlays import stage_targets, stage_timing
 
 from bench.benchlib import stages
 from tests.conftest import ENGINE_PY, NO_CUDA_JIT, REPO
+from tests.support import warm
+
+pytestmark = pytest.mark.vllm_scripts  # tests/support/warm.py; tests/conftest.py
 
 MS = 1_000_000
 
@@ -188,15 +190,14 @@ _RESOLVE_ALL = (
 
 
 def _resolve_all(python: str) -> dict[str, str]:
-    out = subprocess.run(
-        [python, "-c", _RESOLVE_ALL],
+    out = warm.run(
+        python,
+        ["-c", _RESOLVE_ALL],
         env={
             "PYTHONPATH": str(REPO / "mods" / "dsv4-flash-overlays"),
             "PATH": "/usr/bin:/bin",
             **NO_CUDA_JIT,
         },
-        capture_output=True,
-        text=True,
         timeout=300,
         check=True,
     )

@@ -19,7 +19,7 @@ from tests.conftest import (  # noqa: F401  the hooks under test
 )
 
 def pytest_configure(config):
-    for name in ("needs_engine", "needs_netns", "engine_no_boot"):
+    for name in ("needs_engine", "needs_netns", "engine_no_boot", "vllm_scripts"):
         config.addinivalue_line("markers", name)
 """
 
@@ -48,6 +48,19 @@ def test_light(i):
 """
 
 
+SCRIPTS = """
+import os
+import pytest
+
+pytestmark = pytest.mark.vllm_scripts
+
+@pytest.mark.parametrize("i", range(3))
+def test_script(i):
+    with open(os.environ["BOOTS"], "a") as f:
+        f.write(f"{__name__}={os.getpid()}\\n")
+"""
+
+
 def run_suite(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_heavy_a.py").write_text(HEAVY)
@@ -56,6 +69,8 @@ def run_suite(tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
     (tmp_path / "test_netns_a.py").write_text(netns)
     for n in range(3):
         (tmp_path / f"test_light_{n}.py").write_text(LIGHT)
+    for n in range(2):
+        (tmp_path / f"test_scripts_{n}.py").write_text(SCRIPTS)
     boots = tmp_path / "boots"
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "3", "--dist", "loadgroup", "-v"]
@@ -85,9 +100,14 @@ def test_each_heavy_lane_runs_on_one_worker_and_a_module_fixture_is_built_once(
     ran_n, workers_n = lane_workers(res.stdout, "heavy-netns")
     assert ran_n == 4 and len(workers_n) == 1, res.stdout[-3000:]
     # one boot per heavy module (three modules); the engine lane's two in one process
-    pids = dict(b.split("=") for b in boots)
-    assert len(boots) == 3 and len(pids) == 3, boots
+    heavy = [b for b in boots if not b.startswith("test_scripts")]
+    pids = dict(b.split("=") for b in heavy)
+    assert len(heavy) == 3 and len(pids) == 3, boots
     assert pids["test_heavy_a"] == pids["test_heavy_b"], boots
+    # the vLLM scripts' modules share one lane, so one worker's warm servers serve them all
+    ran_s, workers_s = lane_workers(res.stdout, "vllm-scripts")
+    assert ran_s == 6 and len(workers_s) == 1, res.stdout[-3000:]
+    assert len({b.split("=")[1] for b in boots if b.startswith("test_scripts")}) == 1, boots
     # light tests keep their module's group
     assert len(re.findall(r"PASSED \S*test_light_\d\.py::\S+@test_light_\d", res.stdout)) == 9
 

@@ -34,7 +34,7 @@ help:
 	@echo "make test       lint (ruff, shellcheck) + the whole test suite"
 	@echo "make test-group the real TP=4 group's tests, outside the suite (root; 2.5-4.5 min)"
 	@echo "make test-outside every test outside the suite: the TP=4 group and the real fleet (root; 10-15 min)"
-	@echo "make profile-suite the suite as make pytest runs it, with each module's CPU summed (docs/testing.md)"
+	@echo "make profile-suite the suite as make pytest runs it: each module's CPU summed, every process sampled (docs/testing.md)"
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -83,14 +83,19 @@ test-group: venv engine
 test-outside: system-deps venv engine
 	DSV4_OUTSIDE_SUITE=1 $(VPY) -m pytest -q -m outside_suite --durations=5
 
-# The suite as `make pytest` runs it, charging each test its CPU (tests/support/suite_cpu.py):
-# on 2 cores the suite is CPU-bound, so this, not --durations, says what a cut would save.
+# The suite as `make pytest` runs it, charging each test its CPU (tests/support/suite_cpu.py),
+# with every process on the machine sampled beside it (tests/support/proc_sampler.py: the
+# daemons no test reaps): on 2 cores the suite is CPU-bound, so this, not --durations, says what
+# a cut would save.
 PROFILE_DIR ?= .suite-cpu
 profile-suite: venv engine
-	rm -rf $(PROFILE_DIR)
+	rm -rf $(PROFILE_DIR) && mkdir -p $(PROFILE_DIR)
+	$(VPY) -m tests.support.proc_sampler record $(PROFILE_DIR)/procs.json & sampler=$$!; \
 	DSV4_SUITE_CPU_OUT=$(PROFILE_DIR) $(VPY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup \
-	  --durations=25 -p tests.support.suite_cpu
-	$(VPY) -m tests.support.suite_cpu $(PROFILE_DIR)
+	  --durations=25 -p tests.support.suite_cpu; rc=$$?; \
+	kill -TERM $$sampler; wait $$sampler; \
+	$(VPY) -m tests.support.suite_cpu $(PROFILE_DIR); \
+	$(VPY) -m tests.support.proc_sampler report $(PROFILE_DIR)/procs.json; exit $$rc
 
 clean:
 	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache .ruff_cache $(PROFILE_DIR)

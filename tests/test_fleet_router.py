@@ -231,6 +231,24 @@ def test_twin_takes_the_clients_request_id(setup: Setup) -> None:
     assert "chatcmpl-fleet-test-7" in ids
 
 
+def sessions_on_both_pairs(router: str, each: int = 3) -> list[str]:
+    """Session names the router's ring puts on pair-a and on pair-b, ``each`` apiece (one
+    short turn each, read off X-Spark-Pair). The ring hashes the session header over the
+    workers' URLs, whose ports are random here: six fixed names all landed on pair-a in a
+    clean-clone CI run (2026-12-05), ~3% of runs with two pairs."""
+    from sim.rehearsal import failover
+
+    found: dict[str, list[str]] = {"pair-a": [], "pair-b": []}
+    for i in range(64):
+        turn = failover.one_turn(router, "m", f"conv-{i}", [], 0, 4)
+        assert turn.ok and turn.pair in found, (turn.pair, turn.error)
+        if len(found[turn.pair]) < each:
+            found[turn.pair].append(f"conv-{i}")
+        if all(len(names) == each for names in found.values()):
+            return found["pair-a"] + found["pair-b"]
+    raise AssertionError(f"64 sessions did not put {each} on each pair: {found}")
+
+
 def test_failover_turn_by_turn_on_the_twins_headers(setup: Setup) -> None:
     """Last in the file: it kills pair-b. What the real-engine fleet walk
     (tests/test_fleet_e2e.py) can only infer (real vLLM names no pair: it attributes by
@@ -243,7 +261,7 @@ def test_failover_turn_by_turn_on_the_twins_headers(setup: Setup) -> None:
     rep = failover.run(
         setup.router,
         "m",
-        [f"conv-{i}" for i in range(6)],
+        sessions_on_both_pairs(setup.router),
         "pair-b",
         setup.pairs["pair-b"],
         victim.proc.kill,

@@ -45,7 +45,7 @@ def test_a_childs_cpu_command_and_test_are_recorded_and_reported() -> None:
     by_pid = {r["pid"]: r for r in rows}
     assert proc_sampler.test_module(b, by_pid) == "tests/test_x.py"  # its parent shell's has it
     assert proc_sampler.kind(b) == "python -c import sys, time"
-    text = proc_sampler.report(rows)
+    text = proc_sampler.report(rows, top=len(rows))  # a loaded machine has busier processes
     assert "python -c import sys, time" in text and "tests/test_x.py" in text
 
 

@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from pairctl.preflight.argcheck import NO_CUDA_JIT
+
 REPO = Path(__file__).resolve().parents[1]
 # the launcher tests' fake-pair fixtures (endpoint, pair, dead_pair)
 pytest_plugins = ["tests.fakes.fakepair"]
 IN_CI = os.environ.get("CI", "").lower() == "true"
-# vLLM 0.33's kernel package humming-kernels starts, at import, two background interpreters
-# that JIT-build CUDA kernels (humming/ops/utils.py, humming/utils/nvrtc.py). This machine has
-# no CUDA: they can only fail, after ~8 CPU-s between them, for every interpreter that imports
-# vLLM (52 of them in one run: 203 CPU-s, docs/testing.md). Every test's children inherit this.
-NO_CUDA_JIT = {"HUMMING_DISABLE_PARALLEL_BUILD": "1"}  # for a child given an env of its own
-os.environ.update({k: os.environ.get(k, v) for k, v in NO_CUDA_JIT.items()})
+# No humming-kernels background CUDA builds at `import vllm` (argcheck.NO_CUDA_JIT): this machine
+# has no CUDA, and 52 such interpreters cost 203 CPU-s in one run (docs/testing.md). Every
+# test's children inherit it; a child given an env of its own adds NO_CUDA_JIT.
+for _name, _value in NO_CUDA_JIT.items():
+    os.environ.setdefault(_name, _value)
 
 
 def _have_vllm() -> bool:
@@ -155,7 +156,7 @@ def lane_order(item: pytest.Item) -> int:
     """The heavy lanes first, then the vLLM scripts' lane: the longest groups start first."""
     if is_heavy(item):
         return 0
-    return 1 if item.get_closest_marker("vllm_scripts") is not None else 2
+    return 1 if light_lane(item) == VLLM_SCRIPTS_LANE else 2
 
 
 def grouped(nodeid: str) -> bool:

@@ -3,6 +3,7 @@ by status's own verdict code, and its env file for four hosts; no root, no engin
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
@@ -118,10 +119,12 @@ class _RecordingHost:
         self.argv: list[str] = []
 
     def docker(self, *argv: str):
-        import subprocess
-
         self.argv = list(argv)
         return subprocess.CompletedProcess(argv, 0, "", "")
+
+    def env(self) -> list[str]:
+        """The image ENV the last `docker load-fake` gave."""
+        return [self.argv[i + 1] for i, a in enumerate(self.argv) if a == "--env"]
 
 
 def test_the_simulator_image_turns_off_cuda_jit_builds_and_other_images_keep_their_env() -> None:
@@ -129,7 +132,6 @@ def test_the_simulator_image_turns_off_cuda_jit_builds_and_other_images_keep_the
     at `import vllm` (the image probe, the argv check); the engine image keeps what it is given."""
     host = _RecordingHost()
     pairenv.load_image(host)
-    env = [host.argv[i + 1] for i, a in enumerate(host.argv) if a == "--env"]
-    assert env == [f"PATH={pairenv.SIM_IMAGE_PATH}", "HUMMING_DISABLE_PARALLEL_BUILD=1"]
+    assert host.env() == [f"PATH={pairenv.SIM_IMAGE_PATH}", "HUMMING_DISABLE_PARALLEL_BUILD=1"]
     pairenv.load_image(host, pairenv.ENGINE_IMAGE_ID, pairenv.ENGINE_IMAGE, env=("A=1",))
-    assert [host.argv[i + 1] for i, a in enumerate(host.argv) if a == "--env"] == ["A=1"]
+    assert host.env() == ["A=1"]

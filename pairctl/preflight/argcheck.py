@@ -223,14 +223,20 @@ def run_local(pair: ResolvedPair) -> ArgvCheck | None:
     return res
 
 
+# vLLM 0.33's kernel package humming-kernels starts, at import, two background interpreters that
+# JIT-build CUDA kernels (`build_humming_launcher_in_bg` in humming/ops/utils.py,
+# `build_nvrtc_compile_binary_in_bg` in humming/utils/nvrtc.py), ~8 CPU-s between them. A parser
+# needs no kernels, and without CUDA they can only fail: humming's own switch turns them off.
+NO_CUDA_JIT = {"HUMMING_DISABLE_PARALLEL_BUILD": "1"}
+
+
 def run_script_locally(argvs: list[list[str]]) -> tuple[str, str]:
     """SCRIPT with this interpreter (a child process: importing vLLM picks a platform for
     the whole process); returns its stdout and stderr."""
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")  # the parser needs a platform; CPU will do
-    # a parser needs no kernels: no background CUDA JIT builds from vLLM 0.33's humming-kernels
-    # at import (humming/ops/utils.py, humming/utils/nvrtc.py), ~8 CPU-s on every check
-    env.setdefault("HUMMING_DISABLE_PARALLEL_BUILD", "1")
+    for name, value in NO_CUDA_JIT.items():  # an operator's own setting is kept
+        env.setdefault(name, value)
     p = subprocess.run(
         [sys.executable, "-c", SCRIPT, json.dumps(argvs)],
         capture_output=True,

@@ -20,6 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pairctl.preflight.argcheck import NO_CUDA_JIT
 from sim.engine.local import ENGINE_VENV
 from sim.rehearsal.hosts import BASE_PATH, BIN_DIR, Host, Pair
 
@@ -29,12 +30,9 @@ IMAGE_ID = "sha256:" + hashlib.sha256(b"dsv4-rehearsal simulator image").hexdige
 # .venv/bin, whose python3 is real vLLM 0.33, the vLLM the twin imitates: what preflight's
 # image probe and the image's argv parser read there is real (pairctl/preflight/imageprobe.py).
 SIM_IMAGE_PATH = f"{BIN_DIR}:{ENGINE_VENV.parent / '.venv' / 'bin'}:{BASE_PATH}"
-# The simulator image's ENV. It is a CPU image, so it turns off what vLLM 0.33's kernel
-# package humming-kernels does at import: two background interpreters that JIT-build CUDA
-# kernels (`build_humming_launcher_in_bg` in humming/ops/utils.py, `build_nvrtc_compile_
-# binary_in_bg` in humming/utils/nvrtc.py). On a machine with no CUDA they only burn CPU,
-# ~8 CPU-s for each `import vllm` of the image probe or the argv check.
-SIM_IMAGE_ENV = (f"PATH={SIM_IMAGE_PATH}", "HUMMING_DISABLE_PARALLEL_BUILD=1")
+# The simulator image's ENV. It is a CPU image, so it turns off humming-kernels' background
+# CUDA builds at `import vllm` (argcheck.NO_CUDA_JIT): ~8 CPU-s for each image probe or argv check.
+SIM_IMAGE_ENV = (f"PATH={SIM_IMAGE_PATH}", *(f"{k}={v}" for k, v in NO_CUDA_JIT.items()))
 MODEL_NAME = "DeepSeek-V4-Flash-DSpark"
 # The real-engine image: its `vllm` is real vLLM (CPU build; sim/rehearsal/bin/vllm reads
 # DSV4_REHEARSAL_ENGINE from the image's ENV), its python3 the engine venv's, as a real

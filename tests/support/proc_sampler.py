@@ -86,9 +86,8 @@ def scan(seen: dict[str, dict], first: bool = False) -> None:
 def record(out: Path, interval: float, stop: threading.Event) -> None:
     seen: dict[str, dict] = {}
     scan(seen, first=True)
-    while not stop.is_set():
+    while not stop.wait(interval):
         scan(seen)
-        stop.wait(interval)
     scan(seen)
     for row in seen.values():
         row["cpu"] = round(row.pop("cpu") - row.pop("cpu0"), 2)

@@ -102,8 +102,7 @@ class _Server:
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()
             pid = json.loads(self._line(READY_TIMEOUT_S) or "{}")["pid"]
-            end = None if timeout is None else time.monotonic() + timeout
-            line = self._line(None if end is None else max(0.0, end - time.monotonic()))
+            line = self._line(timeout)
             if line is not None:
                 return json.loads(line)["rc"], False
             try:
@@ -162,16 +161,9 @@ def run(
     by a server that preloaded what importing ``targets`` loads."""
     full = [str(python), *argv]
     env = dict(os.environ if env is None else env)
-    if (
-        os.environ.get(OFF_ENV) == "0"
-        or not argv
-        or argv[0].startswith("-")
-        and argv[0]
-        not in (
-            "-c",
-            "-m",
-        )
-    ):
+    # served: `-c CODE` and `-m MODULE`, or a script's path; any other flag goes to a new process
+    served = bool(argv) and (argv[0] in ("-c", "-m") or not argv[0].startswith("-"))
+    if os.environ.get(OFF_ENV) == "0" or not served:
         return subprocess.run(
             full, env=env, cwd=cwd, input=input, timeout=timeout, check=check,
             capture_output=True, text=True,

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import runpy
 import sys
+import tempfile
 import threading
 import traceback
 import types
@@ -65,10 +68,6 @@ def discovered(targets: list[str]) -> list[str]:
     """discover()'s list, kept in the temp folder for this interpreter's vLLM install (its
     files' path and mtime): the discovery imports all of vLLM, twice the cost of a preload.
     A stale list only changes what is preloaded, never what a script sees of vLLM."""
-    import hashlib
-    import importlib.util
-    import tempfile
-
     spec = importlib.util.find_spec("vllm")
     origin = spec.origin if spec is not None and spec.origin else ""
     mtime = os.stat(origin).st_mtime_ns if origin else 0

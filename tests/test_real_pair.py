@@ -277,14 +277,20 @@ def test_vllm_bench_serve_agrees_with_our_bench_on_the_real_engine(served, tmp_p
     """vLLM 0.33's own client and ours, same prompts, one at a time, greedy: the same
     acceptance length exactly (same tokens, same drafts) and the same token counts. Each
     client sends its own `cache_salt` (vLLM's per-request prefix-cache namespace), so the
-    second gets no prefix-cache hits on the first one's prompts. Timings are two processes'
-    clocks, so they are held to order and to 3x headroom, not to each other: each client's
-    mean TTFT holds the server's own (vllm:time_to_first_token_seconds over that client's
-    requests: the server stamps arrival after the client sent and the first token before the
-    client read it), and the two median TPOTs are within 3x. (On an idle box the TTFT medians
-    agreed within 25%; on a loaded CI box vLLM's client read 72 ms where ours read 40 ms, and
-    an idle run saw ours 52 ms against its 40 ms: a load-sized tolerance between two
-    processes fails one way or the other.)"""
+    second gets no prefix-cache hits on the first one's prompts.
+
+    Timings are held to the server's own figures over each client's window, never to the
+    other client's: the two waves run one after the other, and on a loaded CI box the
+    engine itself changed speed between them (vLLM's client read a median TPOT of 46 ms,
+    ours 10 ms, an hour of CI lost to a 3x bound between the clients). Each client's mean
+    TTFT and mean E2E latency hold the server's (vllm:time_to_first_token_seconds and
+    vllm:e2e_request_latency_seconds: the server stamps arrival after the client sent and
+    each token before the client read it), and each client's mean TPOT equals the
+    server's vllm:request_time_per_output_token_seconds (vllm/v1/metrics/stats.py: decode
+    time / (tokens - 1), the definition both clients use) within half of it plus the
+    client's measured delivery lag spread over the tokens. Measured: the two agreed
+    within 0.1 ms idle and 0.8 ms beside three busy loops; a client reporting inter-token
+    latency (one event carries ~4.8 tokens here) would read 2.6x the server's."""
     from tests.test_bench_vllm_client import same_prompts
 
     n, out = 8, 24
@@ -315,6 +321,8 @@ def test_vllm_bench_serve_agrees_with_our_bench_on_the_real_engine(served, tmp_p
         "--temperature",
         "0",
         "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
         "--save-result",
         "--result-dir",
         str(tmp_path),
@@ -352,30 +360,37 @@ def test_vllm_bench_serve_agrees_with_our_bench_on_the_real_engine(served, tmp_p
         # by our definition, (last - first) / (n - 1), that is 0 ms, and vllm bench serve
         # counts such a request too (vllm/benchmarks/serve.py, calculate_metrics)
         "median_tpot_ms": statistics.median(m["tpot_ms"] or 0.0 for m in ms),
+        "mean_tpot_ms": statistics.mean(m["tpot_ms"] or 0.0 for m in ms),
+        "mean_e2el_ms": statistics.mean(m["latency_ms"] for m in ms),
     }
     print(
         f"\nvllm bench serve vs ours: ttft {theirs['median_ttft_ms']:.1f} vs "
         f"{mine['median_ttft_ms']:.1f} ms, tpot {theirs['median_tpot_ms']:.2f} vs "
-        f"{mine['median_tpot_ms']:.2f} ms, acceptance {theirs['spec_decode_acceptance_length']}"
+        f"{mine['median_tpot_ms']:.2f} ms (means {theirs['mean_tpot_ms']:.2f} vs "
+        f"{mine['mean_tpot_ms']:.2f}), acceptance {theirs['spec_decode_acceptance_length']}"
         f" vs {gp.deltas['mean_accept_len']}"
     )
     assert gp.deltas["mean_accept_len"] == pytest.approx(
         theirs["spec_decode_acceptance_length"], rel=1e-6
     )
-    for client_mean_ms, a, b_ in (
-        (theirs["mean_ttft_ms"], before, between),
-        (mine["mean_ttft_ms"], between, after),
-    ):
-        count = total(b_, "vllm:time_to_first_token_seconds_count") - total(
-            a, "vllm:time_to_first_token_seconds_count"
+    for client, a, b_ in ((theirs, before, between), (mine, between, after)):
+
+        def server_mean_ms(name: str, a=a, b_=b_) -> float:
+            count = total(b_, f"{name}_count") - total(a, f"{name}_count")
+            assert count == n, (name, count)
+            return 1000 * (total(b_, f"{name}_sum") - total(a, f"{name}_sum")) / count
+
+        ttft = server_mean_ms("vllm:time_to_first_token_seconds")
+        e2e = server_mean_ms("vllm:e2e_request_latency_seconds")
+        tpot = server_mean_ms("vllm:request_time_per_output_token_seconds")
+        assert client["mean_ttft_ms"] >= ttft
+        assert client["mean_e2el_ms"] >= e2e
+        lag_ms = (client["mean_ttft_ms"] - ttft) + (client["mean_e2el_ms"] - e2e)
+        assert abs(client["mean_tpot_ms"] - tpot) <= 0.5 * tpot + lag_ms / (out - 1), (
+            client["mean_tpot_ms"],
+            tpot,
+            lag_ms,
         )
-        server_s = total(b_, "vllm:time_to_first_token_seconds_sum") - total(
-            a, "vllm:time_to_first_token_seconds_sum"
-        )
-        assert count == n
-        assert client_mean_ms >= 1000 * server_s / count
-    ratio = mine["median_tpot_ms"] / theirs["median_tpot_ms"]
-    assert 1 / 3 <= ratio <= 3, ratio
 
 
 def _connections(host: hosts.Host) -> list[tuple[str, str]]:

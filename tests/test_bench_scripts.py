@@ -10,6 +10,7 @@ ground truth (test_bench_twin.py).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 import pytest
@@ -18,7 +19,12 @@ from bench import bench_conc, bench_ctx, bench_interfere, chat_ttft_probe
 from bench.benchlib import EXIT_CONTAMINATED, EXIT_ERROR
 from bench.benchlib.response import StreamResult
 from tests.fakes.mock_openai import FAST_BENCH_FLAGS, MockConfig, MockServer
-from tests.support.bench_twin import HEADROOM, LOADED_LAG_MS, server_ttft_ms
+from tests.support.bench_twin import (
+    HEADROOM,
+    LOADED_LAG_MS,
+    assert_client_decode_spans_the_servers,
+    server_ttft_ms,
+)
 
 FAST = FAST_BENCH_FLAGS
 
@@ -31,7 +37,9 @@ def _keep_switch_interval():
 
 
 def test_bench_ctx_numbers_and_json_schema(tmp_path, capsys):
-    cfg = MockConfig(ttft_s=0.02, step_s=0.01, tokens_per_step=(3,), prefill_tok_s=50_000)
+    # TTFT = 150 ms + P / 10k tok/s: a TTFT taken without the baseline's subtracted, or from
+    # the other depth, is off by >= 150 ms, beyond a loaded box's lag with headroom (105 ms)
+    cfg = MockConfig(ttft_s=0.15, step_s=0.01, tokens_per_step=(3,), prefill_tok_s=10_000)
     out = tmp_path / "ctx.json"
     png = tmp_path / "ctx.png"
     with MockServer(cfg) as m:
@@ -52,6 +60,7 @@ def test_bench_ctx_numbers_and_json_schema(tmp_path, capsys):
                 *FAST,
             ]
         )
+        recs = {r["id"]: r for r in m.records()}
     assert rc == 0
     text = capsys.readouterr().out
     assert "prefill_tok_s" in text and "4096" in text
@@ -76,13 +85,25 @@ def test_bench_ctx_numbers_and_json_schema(tmp_path, capsys):
     m4 = pt["metrics"]
     # The mock's prompt tokens = chars / 4, calibrated through its /tokenize.
     assert abs(m4["prompt_tokens"] - 4096) / 4096 < 0.01
-    # Mock TTFT = 20 ms + P / 50k tok/s: the baseline-corrected rate recovers 50k.
-    prefill = doc["summary"]["4096"]["prefill_tok_s"]["median"]
-    # Plumbing check only (15%): a loaded 2-core box moves a 100 ms TTFT by several ms. The 2%
-    # check is against the simulator, compared with its server-side records.
-    assert prefill == pytest.approx(50_000, rel=0.15)
     assert m4["mean_accept_len"] == pytest.approx(3.0)
-    assert doc["summary"]["4096"]["decode_tok_s"]["median"] == pytest.approx(300, rel=0.1)
+    # The baseline-corrected prefill and the decode window, held to the mock's own record of
+    # the same requests (one clock: its first token at arrival + TTFT, late only when the box
+    # is loaded), within 3x the loaded lag; not to the configured rates, which a loaded CI box
+    # missed (40.9k read for 50k over an 82 ms span, 2026-12-05). The 2% checks are against
+    # the simulator (tests/test_bench_twin.py).
+    measured = [p for p in doc["points"] if p.get("role") == "measure"]
+    assert len(measured) == 6
+    for p in measured:
+        mm = p["metrics"]
+        base = next(b for b in doc["points"] if b["label"] == f"baseline run{p['run']}")
+        t0 = statistics.median(server_ttft_ms(recs[i]) for i in base["metrics"]["request_ids"])
+        server_ms = server_ttft_ms(recs[mm["request_id"]]) - t0
+        client_ms = (mm["prompt_tokens"] - base["metrics"]["prompt_tokens"]) / mm["prefill_tok_s"]
+        assert abs(1000 * client_ms - server_ms) <= HEADROOM * LOADED_LAG_MS, (
+            p["label"],
+            server_ms,
+        )
+        assert_client_decode_spans_the_servers(mm["decode_tok_s"], recs[mm["request_id"]])
     assert png.stat().st_size > 1000
 
 
@@ -150,7 +171,8 @@ def test_bench_conc_window_rates(tmp_path):
 
 def test_chat_probe_grows_the_history(tmp_path):
     out = tmp_path / "chat.json"
-    with MockServer(MockConfig(ttft_s=0.1, step_s=0.005, prefill_tok_s=100_000)) as m:
+    # TTFT = 300 ms + P / 100k tok/s: 30% is ~90 ms, beyond a loaded box's 35 ms of lag
+    with MockServer(MockConfig(ttft_s=0.3, step_s=0.005, prefill_tok_s=100_000)) as m:
         rc = chat_ttft_probe.main(
             [
                 "--url",
@@ -174,7 +196,7 @@ def test_chat_probe_grows_the_history(tmp_path):
     p = [turns[str(t)]["prompt_tokens"]["median"] for t in range(3)]
     assert p[0] < p[1] < p[2]  # the whole history is re-sent each turn
     for t in range(3):
-        want = 100 + p[t] / 100  # mock TTFT in ms
+        want = 300 + p[t] / 100  # mock TTFT in ms
         assert turns[str(t)]["ttft_ms"]["median"] == pytest.approx(want, rel=0.3)
     assert doc["summary"]["ttft_ms"]["n"] == 3
 

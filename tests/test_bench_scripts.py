@@ -155,7 +155,7 @@ def test_bench_conc_window_rates(tmp_path):
                 "--concurrency",
                 "1,4",
                 "--max-tokens",
-                "81",
+                "201",
                 "--json",
                 str(out),
                 *FAST,
@@ -163,7 +163,8 @@ def test_bench_conc_window_rates(tmp_path):
         )
     assert rc == 0
     s = json.loads(out.read_text())["summary"]
-    # The mock does not batch: every stream decodes at 2 tokens / 10 ms whatever the load.
+    # The mock does not batch: every stream decodes at 2 tokens / 10 ms whatever the load. A
+    # ~1 s window: 12% is ~120 ms, beyond a loaded box's lag (~0.4 s gave it ~45 ms).
     assert s["4"]["per_req_decode_tok_s"]["median"] == pytest.approx(200, rel=0.12)
     assert s["4"]["aggregate_tok_s"]["median"] == pytest.approx(800, rel=0.12)
     assert s["4"]["active"]["median"] == 4

@@ -29,6 +29,7 @@ from tests.support.bench_twin import (
     Twin,
     assert_client_decode_spans_the_servers,
     assert_client_ttft_holds_the_servers,
+    record_decode_tok_s,
     server_ttft_ms,
 )
 
@@ -90,9 +91,11 @@ def test_bench_ctx_recovers_the_truth(twin, tmp_path):
         for p in pts:
             rec = recs[p["metrics"]["request_id"]]
             assert_client_decode_spans_the_servers(p["metrics"]["decode_tok_s"], rec)
-        assert s["decode_tok_s"]["median"] == pytest.approx(
-            truth["single_stream_decode_tok_s"], rel=0.03
-        )
+        # the model against the twin's own record of the same requests (its modelled timeline:
+        # the client's median of two runs is their mean, 3% of a 1.6 s window is 48 ms)
+        assert statistics.median(
+            record_decode_tok_s(recs[p["metrics"]["request_id"]]) for p in pts
+        ) == pytest.approx(truth["single_stream_decode_tok_s"], rel=0.03)
         assert s["mean_accept_len"]["median"] == pytest.approx(truth["mean_accept_len"], rel=0.02)
         for got, want in zip(s["accept_rate_pos_median"], truth["accept_rate_by_pos"], strict=True):
             assert got == pytest.approx(want, abs=0.03)
@@ -179,8 +182,9 @@ def test_foreign_traffic_in_a_wave_is_detected_retried_and_the_figure_is_clean(t
     # clock) at the single-stream rate, and the client's window is that record's within the
     # loaded lag (a 2% client rate is ~21 ms over this window, under one loaded lag)
     rec = twin.records()[gp.result.request_id]
-    rec_tok_s = (rec["completion_tokens"] - 1) / ((rec["finish_ns"] - rec["first_token_ns"]) / 1e9)
-    assert rec_tok_s == pytest.approx(twin.truth["single_stream_decode_tok_s"], rel=0.02)
+    assert record_decode_tok_s(rec) == pytest.approx(
+        twin.truth["single_stream_decode_tok_s"], rel=0.02
+    )
     assert_client_decode_spans_the_servers(m["decode_tok_s"], rec)
     twin.wait_idle()
 
@@ -212,18 +216,27 @@ def test_bench_interfere_shows_the_stall_and_its_removal(twin, tmp_path_factory,
                 ]
             )
             assert rc == 0
-            res[name] = (json.loads(out.read_text())["summary"], t.truth)
+            res[name] = (json.loads(out.read_text()), t.truth, t.records())
     finally:
         lpt.stop()
-    for name, (s, truth) in res.items():
+    for name, (doc, truth, recs) in res.items():
+        s = doc["summary"]
         why = (name, s["solo"]["decode_tok_s"], s["under_prefill"]["decode_tok_s"])
-        assert s["solo"]["decode_tok_s"]["median"] == pytest.approx(
-            truth["single_stream_decode_tok_s"], rel=0.02
-        ), why
+        # the solo rate: the twin's own record of each solo stream against the model, the
+        # client's window against that record within the loaded lag
+        solo = [p["metrics"] for p in doc["points"] if p["phase"] == "solo"]
+        assert len(solo) == 3, why
+        assert statistics.median(
+            record_decode_tok_s(recs[m["decode"]["request_id"]]) for m in solo
+        ) == pytest.approx(truth["single_stream_decode_tok_s"], rel=0.02), why
+        for m in solo:
+            assert_client_decode_spans_the_servers(
+                m["decode_tok_s"], recs[m["decode"]["request_id"]]
+            )
         assert s["under_prefill"]["decode_tok_s"]["median"] == pytest.approx(
             truth["decode_tok_s_beside_prefill"], rel=0.05
         ), why
-    plain, lpt_s = res["plain"][0], res["lpt"][0]
+    plain, lpt_s = res["plain"][0]["summary"], res["lpt"][0]["summary"]
     assert plain["under_over_solo"] < 0.15  # the stall: ~41 of ~378 tok/s
     assert lpt_s["under_over_solo"] > 2.5 * plain["under_over_solo"]  # LPT removes most of it
 
@@ -264,9 +277,6 @@ def test_bench_conc_finds_the_max_num_seqs_ceiling(tmp_path_factory, tmp_path):
     # absorbs host lag, sim/twin/engine.py CATCH_UP_S) against the model; the client's figures
     # against that record, within the loaded lag. A client rate against the model was 2.7% off
     # in a clean-clone CI run (371 vs 381 tok/s over a 790 ms window: 21 ms of read lag).
-    def rate(rec: dict) -> float:
-        return (rec["completion_tokens"] - 1) / ((rec["finish_ns"] - rec["first_token_ns"]) / 1e9)
-
     for c, batch in ((1, 1), (2, 2), (4, 4), (6, 4)):
         pt = next(p for p in doc["points"] if p["concurrency"] == c)
         # model step time at this batch x the acceptance the wave actually had (/metrics)
@@ -276,7 +286,7 @@ def test_bench_conc_finds_the_max_num_seqs_ceiling(tmp_path_factory, tmp_path):
             assert_client_decode_spans_the_servers(m["decode_tok_s"], rec)
         # the streams the steady window holds: the first `batch` to get their first token
         window = sorted(ours, key=lambda r: r["first_token_ns"])[:batch]
-        assert sum(rate(r) for r in window) == pytest.approx(want, rel=0.03), c
+        assert sum(record_decode_tok_s(r) for r in window) == pytest.approx(want, rel=0.03), c
     (solo,) = [
         recs[m["request_id"]]
         for m in next(p for p in doc["points"] if p["concurrency"] == 1)["metrics"]["requests"]

@@ -173,6 +173,12 @@ def assert_client_decode_spans_the_servers(client_tok_s: float, rec: dict) -> No
     assert abs(client_ms - server_ms) <= HEADROOM * LOADED_LAG_MS, (client_ms, server_ms)
 
 
+def record_decode_tok_s(rec: dict) -> float:
+    """The decode rate of one request by the server's own record (first token to finish, one
+    clock; the twin's records follow its modelled timeline, which absorbs host lag)."""
+    return (rec["completion_tokens"] - 1) / ((rec["finish_ns"] - rec["first_token_ns"]) / 1e9)
+
+
 def record_accept_len(recs: list[dict]) -> float:
     """Mean acceptance length of these requests as the server drew it (1 + accepted / steps)."""
     return 1 + sum(r["accepted_tokens"] for r in recs) / sum(r["verify_steps"] for r in recs)

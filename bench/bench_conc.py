@@ -54,17 +54,22 @@ def steady_window(results: list[StreamResult]) -> dict[str, Any]:
     before `end`; start = the latest first token of the active set. Returns null rates when the
     window holds fewer than MIN_WINDOW_EVENTS token events for a stream.
     """
+    none: dict[str, Any] = {
+        "active": 0,
+        "window_ms": None,
+        "rates": [],
+        "per_req_decode_tok_s": None,
+        "aggregate_tok_s": None,
+    }
     ok = [r for r in results if r.t_first_token_ns is not None and r.t_last_token_ns is not None]
     if not ok:
-        return {
-            "active": 0,
-            "window_ms": None,
-            "rates": [],
-            "per_req_decode_tok_s": None,
-            "aggregate_tok_s": None,
-        }
+        return none
     end = min(r.t_last_token_ns for r in ok)
     active = [r for r in ok if r.t_first_token_ns < end]
+    if not active:
+        # The first stream to finish came in one read (its first token is its last: a reader
+        # that lagged and found the whole answer buffered) and no other had started: no window.
+        return none
     start = max(r.t_first_token_ns for r in active)
     rates = [window_rate(r, start, end, MIN_WINDOW_EVENTS)[0] for r in active]
     complete = None not in rates and end > start

@@ -133,6 +133,19 @@ def test_conc_steady_window_too_short_gives_null_not_a_wild_rate():
     assert long["per_req_decode_tok_s"] == pytest.approx(200.0)
 
 
+def test_conc_steady_window_of_a_stream_read_in_one_go_is_null_not_a_crash():
+    """A loaded CI box read one mock stream's whole answer in one go (first token = last) while
+    the other's first token came later still: no stream decodes inside [start, end)."""
+    from bench.bench_conc import steady_window
+
+    ms = 1_000_000
+    at_once = _synthetic(50 * ms, [], tokens=8)  # one event carries all 8 tokens
+    later = _synthetic(50 * ms, [10 * ms] * 4, tokens=8)
+    w = steady_window([at_once, later])
+    assert w["active"] == 0 and w["window_ms"] is None
+    assert w["per_req_decode_tok_s"] is None and w["aggregate_tok_s"] is None
+
+
 def test_window_rate_counts_between_events():
     ms = 1_000_000
     r = _synthetic(0, [10 * ms] * 20, tokens=61)  # 3 tokens per event after the first
